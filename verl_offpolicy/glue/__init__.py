@@ -1,0 +1,1 @@
+"""verl glue: registration into verl's registries, typed configs, startup validation, trainer hooks."""
