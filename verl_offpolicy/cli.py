@@ -1,0 +1,170 @@
+"""The ``verl-offpolicy`` command: doctor, list, schedule, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import metadata
+from importlib import resources
+
+PRESET_PACKAGE = "verl_offpolicy.configs"
+
+
+def preset_names() -> list[str]:
+    """Every algorithm preset (``configs/algorithm/<name>.yaml``; files starting with ``_`` are shared parts)."""
+    folder = resources.files(PRESET_PACKAGE) / "algorithm"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml") and not p.name.startswith("_"))
+
+
+def preset_header(name: str) -> list[str]:
+    """The comment lines at the top of a preset file (its documentation)."""
+    text = (resources.files(PRESET_PACKAGE) / "algorithm" / f"{name}.yaml").read_text()
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            lines.append(line[1:].strip())
+    return lines
+
+
+def compose_preset(name: str, config_name: str = "ppo_trainer", overrides: list[str] | None = None):
+    """Compose ``config_name`` with a preset exactly as stock ``verl.trainer.main_ppo`` would."""
+    from hydra import compose, initialize_config_module
+
+    selector = f"+algorithm={name}" if config_name in ("ppo_trainer", "ppo_megatron_trainer") else f"algorithm={name}"
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name=config_name, overrides=[selector, *(overrides or [])])
+
+
+# ----------------------------------------------------------------------------------------- doctor
+
+
+def _registry_report() -> dict:
+    """Which of our names are registered in this process (run in the driver and in a Ray worker)."""
+    import verl  # noqa: F401 - loads the verl.plugins entry points, as in every verl process
+
+    from verl_offpolicy.glue.registration import expected_names, registration_failure
+
+    return {
+        "failure": registration_failure(),
+        "names": [(e.kind, e.name, e.lookup(e.name)) for e in expected_names()],
+    }
+
+
+def _ray_worker_report(timeout: float) -> dict:
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        return ray.get(ray.remote(_registry_report).remote(), timeout=timeout)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _print_registry(where: str, report: dict) -> list[str]:
+    problems = []
+    print(f"\n[{where}]")
+    if report["failure"]:
+        print(f"  REGISTRATION FAILED: {report['failure']}")
+        problems.append(f"registration failed in {where}: {report['failure']}")
+    for kind, name, ok in report["names"]:
+        print(f"  {'ok ' if ok else 'MISSING'} {kind:14s} {name}")
+        if not ok:
+            problems.append(f"{kind} '{name}' is not registered in {where}")
+    return problems
+
+
+def doctor(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    print("versions:")
+    for dist in ("verl-offpolicy", "verl", "torch", "ray", "hydra-core", "transformers", "TransferQueue"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = "not installed"
+            if dist in ("verl", "torch", "ray", "hydra-core"):
+                problems.append(f"{dist} is not installed")
+        print(f"  {dist:16s} {version}")
+    print(f"  {'python':16s} {sys.version.split()[0]}")
+
+    problems += _print_registry("driver process", _registry_report())
+    try:
+        problems += _print_registry("fresh Ray worker", _ray_worker_report(args.ray_timeout))
+    except Exception as exc:  # noqa: BLE001 - reported as a doctor finding
+        print(f"\n[fresh Ray worker]\n  FAILED: {type(exc).__name__}: {exc}")
+        problems.append(f"could not query a Ray worker: {exc}")
+
+    print("\n[Hydra search path of verl.trainer.main_ppo]")
+    for config_name in ("ppo_trainer", "offpolicy_trainer"):
+        for name in preset_names():
+            try:
+                cfg = compose_preset(name, config_name)
+                line = f"{cfg.algorithm.adv_estimator} + {cfg.actor_rollout_ref.actor.policy_loss.loss_mode}"
+                ok = True
+            except Exception as exc:  # noqa: BLE001 - reported as a doctor finding
+                line, ok = f"{type(exc).__name__}: {exc}".splitlines()[0], False
+                problems.append(f"preset {name} does not compose with {config_name}: {line}")
+            if args.verbose or not ok:
+                print(f"  {'ok ' if ok else 'FAILED'} {config_name} {name}: {line}")
+        print(f"  {config_name}: {len(preset_names())} presets checked")
+
+    if problems:
+        print("\nverl-offpolicy doctor found problems:")
+        for p in problems:
+            print(f"  - {p}")
+        return 1
+    print("\nverl-offpolicy doctor: everything is registered and visible.")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ list/schedule
+
+
+def list_presets(args: argparse.Namespace) -> int:
+    for name in preset_names():
+        header = preset_header(name)
+        print(f"{name}")
+        for line in header:
+            print(f"    {line}")
+    return 0
+
+
+def schedule(args: argparse.Namespace) -> int:
+    from verl_offpolicy.core.schedule import format_schedule_table
+
+    try:
+        print(format_schedule_table(args.sync_interval, args.sync_offset, args.steps))
+    except ValueError as exc:
+        print(f"verl-offpolicy schedule: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verl-offpolicy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("doctor", help="check versions, registrations (driver and Ray worker) and Hydra configs")
+    p.add_argument("--ray-timeout", type=float, default=120.0, help="seconds to wait for the Ray worker")
+    p.add_argument("--verbose", action="store_true", help="print every preset composition")
+    p.set_defaults(func=doctor)
+
+    p = sub.add_parser("list", help="every algorithm preset with its description and paper setting")
+    p.set_defaults(func=list_presets)
+
+    p = sub.add_parser("schedule", help="print the version/staleness table of the rollout scheduler")
+    p.add_argument("--sync-interval", "-s", type=int, required=True)
+    p.add_argument("--sync-offset", "-d", type=int, default=0)
+    p.add_argument("--steps", "-n", type=int, default=12)
+    p.set_defaults(func=schedule)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

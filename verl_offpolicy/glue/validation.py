@@ -1,0 +1,155 @@
+"""Startup validation of a whole verl config that uses verl-offpolicy, on the driver.
+
+:func:`validate_offpolicy_config` checks the typed sections (``algorithm.offpolicy``, the policy
+loss) and the combinations no single section can see, each with a message that says what to
+change. It runs
+
+- as a Hydra callback (:class:`StartupValidation`, installed by every preset) before
+  ``verl.trainer.main_ppo`` starts Ray or any worker, and
+- again in the scheduler trainer's constructor, for configs built without Hydra.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from verl_offpolicy.glue.config import (
+    LOSS_PREFIX,
+    OffPolicyLossConfig,
+    check_clip_ratios,
+    offpolicy_section,
+)
+from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAINERS, require_registration
+
+SCHEDULER_TRAINER = "offpolicy"
+SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGRO_KL_PENALTIES = ("kl", "k1")
+
+
+class OffPolicyConfigError(ValueError):
+    """An inconsistent verl-offpolicy configuration; the message says what to change."""
+
+
+def _select(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    return OmegaConf.select(cfg, key, default=default)
+
+
+def _loss_config(cfg: DictConfig) -> OffPolicyLossConfig | None:
+    """The actor's policy-loss section as our typed config, or None if it is not ours."""
+    node = _select(cfg, "actor_rollout_ref.actor.policy_loss")
+    if node is None:
+        return None
+    values = OmegaConf.to_container(node, resolve=True)
+    target = values.pop("_target_", "")
+    if not target.endswith("OffPolicyLossConfig"):
+        if values.get("loss_mode") in POLICY_LOSSES:
+            raise OffPolicyConfigError(
+                f"{LOSS_PREFIX}.loss_mode={values['loss_mode']} is a verl-offpolicy loss but {LOSS_PREFIX}._target_ "
+                f"is {target!r}: set {LOSS_PREFIX}._target_=verl_offpolicy.glue.config.OffPolicyLossConfig "
+                "or use a preset (+algorithm=<preset>)"
+            )
+        return None
+    values.pop("rollout_correction", None)  # verl's own nested dataclass, validated by verl
+    return OffPolicyLossConfig(**values)
+
+
+def validate_offpolicy_config(cfg: DictConfig) -> None:
+    """Raise :class:`OffPolicyConfigError` (or the section's ``ValueError``) on the first problem found."""
+    adv_estimator = _select(cfg, "algorithm.adv_estimator")
+    trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
+    if adv_estimator in ADV_ESTIMATORS:
+        require_registration("adv_estimator", adv_estimator)
+    if trainer_mode in TRAINERS:
+        require_registration("trainer", trainer_mode)
+
+    offpolicy = offpolicy_section(_select(cfg, "algorithm"))
+    offpolicy.check_for_estimator(adv_estimator)
+
+    actor = "actor_rollout_ref.actor"
+    loss = _loss_config(cfg)
+    if loss is not None:
+        clip_ratio = _select(cfg, f"{actor}.clip_ratio")
+        low = _select(cfg, f"{actor}.clip_ratio_low")
+        high = _select(cfg, f"{actor}.clip_ratio_high")
+        check_clip_ratios(clip_ratio if low is None else low, clip_ratio if high is None else high, loss)
+        agg = _select(cfg, f"{actor}.loss_agg_mode")
+        gspo = loss.clip_mode == "gspo-one-side" or loss.weight == "gspo_importance_sampling"
+        if loss.loss_mode == "rec" and gspo and agg not in SEQUENCE_LEVEL_AGG_MODES:
+            raise OffPolicyConfigError(
+                f"{LOSS_PREFIX}.clip_mode={loss.clip_mode}, weight={loss.weight} uses the sequence ratio ρ̄_i, so "
+                f"{actor}.loss_agg_mode must be sequence-level ({', '.join(SEQUENCE_LEVEL_AGG_MODES)}), got {agg}; "
+                f"set {actor}.loss_agg_mode=seq-mean-token-mean"
+            )
+
+    if adv_estimator == "agro":
+        _check_agro(cfg, offpolicy.beta)
+
+    _check_scheduler(cfg, offpolicy, trainer_mode)
+
+
+def _check_agro(cfg: DictConfig, beta: float) -> None:
+    """AGRO's R = r − β·log(π/π_ref) is verl's KL-in-reward with kl_penalty=kl and a fixed β."""
+    fixes = []
+    if not _select(cfg, "algorithm.use_kl_in_reward", False):
+        fixes.append("algorithm.use_kl_in_reward=true (AGRO needs a reference policy and R = r − β·log(π/π_ref))")
+    if _select(cfg, "algorithm.kl_penalty") not in AGRO_KL_PENALTIES:
+        fixes.append(f"algorithm.kl_penalty=kl (got {_select(cfg, 'algorithm.kl_penalty')})")
+    if _select(cfg, "algorithm.kl_ctrl.type") != "fixed":
+        fixes.append(f"algorithm.kl_ctrl.type=fixed (got {_select(cfg, 'algorithm.kl_ctrl.type')})")
+    kl_coef = _select(cfg, "algorithm.kl_ctrl.kl_coef")
+    if kl_coef != beta:
+        fixes.append(
+            f"algorithm.kl_ctrl.kl_coef={beta} to equal algorithm.offpolicy.beta (got kl_coef={kl_coef}); "
+            "the presets interpolate kl_coef from beta"
+        )
+    if fixes:
+        raise OffPolicyConfigError("adv_estimator=agro is inconsistent; set " + "; ".join(fixes))
+
+
+def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> None:
+    """Staleness control and non-proximal ratio anchors are provided by the ``offpolicy`` trainer."""
+    needs_scheduler = (
+        offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0 or offpolicy.ratio_anchor != "proximal"
+    )
+    uses_scheduler = bool(_select(cfg, "trainer.use_v1", False)) and trainer_mode == SCHEDULER_TRAINER
+    if needs_scheduler and not uses_scheduler:
+        raise OffPolicyConfigError(
+            f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}, "
+            f"ratio_anchor={offpolicy.ratio_anchor} need verl-offpolicy's scheduler: set trainer.use_v1=true and "
+            f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} (got use_v1={_select(cfg, 'trainer.use_v1')}, "
+            f"trainer_mode={trainer_mode})"
+        )
+    if not uses_scheduler:
+        return
+    if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
+        raise OffPolicyConfigError(
+            f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} runs colocated (hybrid engine) only; "
+            "set actor_rollout_ref.hybrid_engine=true"
+        )
+    if _select(cfg, "algorithm.rollout_correction.bypass_mode", False) and offpolicy.ratio_anchor != "rollout":
+        raise OffPolicyConfigError(
+            "algorithm.rollout_correction.bypass_mode=true already sets old_log_prob to the rollout log-probs; "
+            f"set algorithm.offpolicy.ratio_anchor=rollout or bypass_mode=false (got ratio_anchor={offpolicy.ratio_anchor})"
+        )
+    if offpolicy.ratio_anchor == "rollout" and not _select(cfg, "actor_rollout_ref.rollout.calculate_log_probs", False):
+        raise OffPolicyConfigError(
+            "algorithm.offpolicy.ratio_anchor=rollout needs the inference engine's log-probs: "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true (or choose ratio_anchor=behaviour|proximal)"
+        )
+
+
+class StartupValidation(Callback):
+    """Hydra callback: validates before ``main_ppo`` runs; exits with the message on a bad config.
+
+    Hydra turns an ``Exception`` raised by a callback into a warning, so the failure is raised as
+    ``SystemExit`` carrying the message (exit status 1, nothing started).
+    """
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            validate_offpolicy_config(config)
+        except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
+            raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
