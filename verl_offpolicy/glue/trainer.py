@@ -1,0 +1,328 @@
+"""The staleness-controlled colocated trainer: ``trainer.v1.trainer_mode=offpolicy``.
+
+It is verl's v1 ``PPOTrainer`` (stock FSDP/Megatron workers, TransferQueue, agent loop) with the
+schedule of ``SCHEDULER.md`` (see :mod:`verl_offpolicy.core.schedule`):
+
+- right before step ``version + 1`` trains, if ``version`` is a multiple of ``sync_interval`` s, the
+  rollout is woken at the current weights once and generates every batch of that version in one
+  call (s batches; s + d at version 0);
+- the batches wait in a FIFO of at most s + d batches and are trained in generation order;
+- ``ratio_anchor=behaviour``: right after generation the training engine computes the log-probs of
+  every batch that will be trained stale (staleness > 0) at the generating weights; the loss then
+  uses them as ``old_log_prob``. ``rollout`` uses the inference engine's log-probs, ``proximal``
+  keeps verl's recomputation. KL-in-reward (AGRO's regularised reward) always uses the proximal
+  log-prob: the swap happens after the advantage is computed.
+
+The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
+version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
+With s = 1, d = 0 the sequence of calls is the stock ``sync`` trainer's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import transfer_queue as tq
+from transfer_queue import KVBatchMeta
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.utils import tensordict_utils as tu
+from verl.utils.debug import marked_timer
+from verl.workers.utils.padding import response_from_nested
+
+from verl_offpolicy.core.schedule import generation_steps, staleness_of_step, version_of_step
+from verl_offpolicy.glue.config import offpolicy_section
+from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+TRAIN = "train"
+STEP_TAG = "offpolicy_step"
+VERSION_TAG = "offpolicy_version"
+BEHAVIOUR_TAG = "offpolicy_behaviour"
+BEHAVIOUR_FIELD = "behaviour_log_probs"
+GENERATION_POLL_SECONDS = 0.05
+PROGRESS_LOG_SECONDS = 60.0
+
+
+@dataclass
+class QueuedBatch:
+    """One training batch waiting in the FIFO."""
+
+    step: int  # the training step that consumes it
+    version: int  # trainer steps the generating weights had seen
+    uids: list[str]  # its prompt groups
+    behaviour: bool  # behaviour log-probs were stored (batches trained stale)
+
+
+class StalenessQueue(ReplayBuffer):
+    """Sampler of the ``offpolicy`` trainer: the FIFO of generated batches, head first.
+
+    Validation sampling keeps verl's behaviour. A training sample returns exactly the prompt groups
+    generated for this step, materialised with verl's own ``ReplayBuffer`` helpers (same key order
+    as the stock sync sampler).
+    """
+
+    def __init__(self, sync_interval: int, sync_offset: int, **kwargs):
+        super().__init__(poll_interval=GENERATION_POLL_SECONDS, **kwargs)
+        self.sync_interval = sync_interval
+        self.sync_offset = sync_offset
+        self.batches: list[QueuedBatch] = []
+        self.last_generation_size = 0
+
+    def push(self, batch: QueuedBatch) -> None:
+        self.batches.append(batch)
+        self.batches.sort(key=lambda b: b.step)
+
+    def head(self, step: int) -> QueuedBatch | None:
+        return self.batches[0] if self.batches and self.batches[0].step == step else None
+
+    def restore(self) -> None:
+        """Rebuild the FIFO from the prompt tags TransferQueue restored from a checkpoint."""
+        by_step: dict[int, QueuedBatch] = {}
+        for uid, tag in (tq.kv_list(TRAIN) or {}).get(TRAIN, {}).items():
+            if not tag.get("is_prompt", False) or STEP_TAG not in tag:
+                continue
+            step = tag[STEP_TAG]
+            entry = by_step.setdefault(step, QueuedBatch(step, tag[VERSION_TAG], [], False))
+            entry.uids.append(uid)
+            entry.behaviour = bool(tag.get(BEHAVIOUR_TAG, False))
+        self.batches = sorted(by_step.values(), key=lambda b: b.step)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        if partition_id != TRAIN:
+            return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        entry = self.head(global_steps)
+        if entry is None:
+            raise RuntimeError(
+                f"offpolicy scheduler: no batch queued for step {global_steps} "
+                f"(queued steps: {[b.step for b in self.batches]})"
+            )
+        self._sync_metadata_from_transfer_queue()
+        entry_uids = set(entry.uids)
+        terminal = self.finished_keys[TRAIN] | self.failure_keys[TRAIN]
+        sampleable = terminal if terminal == entry_uids else terminal & entry_uids
+        if sampleable != entry_uids:
+            raise RuntimeError(
+                f"offpolicy scheduler: {len(entry_uids - sampleable)} prompt groups of step {global_steps} "
+                "have not finished generating"
+            )
+        selected, snapshot, _ = self._select_prompt_uids(TRAIN, sampleable, batch_size)
+        if not any(key.split("_")[0] in entry_uids for key in snapshot):
+            raise RuntimeError(
+                f"offpolicy scheduler: every prompt group of step {global_steps} failed to generate "
+                "(see the agent loop worker log)"
+            )
+        batch = self._materialize_batch(TRAIN, selected, snapshot)
+        self.batches.remove(entry)
+        staleness = staleness_of_step(global_steps, self.sync_interval, self.sync_offset)
+        assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
+        metrics = {
+            "offpolicy/staleness/mean": float(staleness),
+            "offpolicy/staleness/max": float(staleness),
+            "offpolicy/staleness/min": float(staleness),
+            "offpolicy/version": float(entry.version),
+            "offpolicy/queue_len": float(len(self.batches) + 1),
+            "offpolicy/rollout_batches_per_sync": float(self.last_generation_size),
+        }
+        return batch, metrics
+
+
+@register_trainer("offpolicy")
+class OffPolicyTrainer(PPOTrainer):
+    """verl's v1 trainer with staleness-controlled colocated rollouts (``SCHEDULER.md``)."""
+
+    def __init__(self, config):
+        validate_offpolicy_config(config)
+        self.offpolicy = offpolicy_section(config.algorithm)
+        self._rollout_version: int | None = None  # weights version the awake rollout holds; None = asleep
+        self._generated_this_step = 0
+        super().__init__(config)
+
+    # ------------------------------------------------------------------ sampler and checkpoint
+
+    def _build_replay_buffer(self) -> StalenessQueue:
+        sampler_config = self.config.trainer.v1.sampler
+        return StalenessQueue(
+            sync_interval=self.offpolicy.sync_interval,
+            sync_offset=self.offpolicy.sync_offset,
+            trainer_mode=self.trainer_mode,
+            trainer_config=self.config.trainer.v1.get(self.trainer_mode, {}),
+            max_off_policy_threshold=None,
+            max_off_policy_strategy=sampler_config.max_off_policy_strategy,
+            sampler_kwargs=sampler_config.sampler_kwargs,
+            refill_fn=self._add_prompts_to_generate,
+        )
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()  # restores TransferQueue, hence the queued prompt tags
+        self.replay_buffer.restore()
+        if self.replay_buffer.batches:
+            logger.info(
+                "offpolicy scheduler: restored %d queued batches for steps %s",
+                len(self.replay_buffer.batches),
+                [b.step for b in self.replay_buffer.batches],
+            )
+
+    # ------------------------------------------------------------------ rollout life cycle
+
+    def _rollout_at(self, version: int) -> None:
+        """Wake the rollout with the current weights (version = trainer steps they have seen)."""
+        if self._rollout_version == version:
+            return
+        if self._rollout_version is not None:
+            self.checkpoint_manager.sleep_replicas()
+        self.checkpoint_manager.update_weights(version)
+        self._rollout_version = version
+
+    def _rollout_sleep(self) -> None:
+        if self._rollout_version is not None:
+            self.checkpoint_manager.sleep_replicas()
+            self._rollout_version = None
+
+    def _generates_after(self, version: int) -> bool:
+        steps = generation_steps(version, self.offpolicy.sync_interval, self.offpolicy.sync_offset)
+        return any(step <= self.total_training_steps for step in steps)
+
+    def on_init_end(self):
+        self._rollout_at(self.global_steps)
+
+    def on_validate_begin(self):
+        self._rollout_at(self.global_steps)
+
+    def on_sample_end(self):
+        if self.curr_step_profile:
+            self._stop_rollout_profiling()
+
+    def on_step_end(self):
+        if self._generates_after(self.global_steps):
+            with marked_timer("update_weights", self.timing_raw, color="red"):
+                self._rollout_at(self.global_steps)
+
+    # ------------------------------------------------------------------ generation
+
+    def prepare_step(self) -> dict:
+        step = self.global_steps
+        version = step - 1
+        steps = [
+            t
+            for t in generation_steps(version, self.offpolicy.sync_interval, self.offpolicy.sync_offset)
+            if t <= self.total_training_steps and not any(b.step == t for b in self.replay_buffer.batches)
+        ]
+        self._generated_this_step = len(steps)
+        if steps:
+            self._generate(version, steps)
+        else:
+            self._rollout_sleep()
+        if self.replay_buffer.head(step) is None:
+            raise RuntimeError(f"offpolicy scheduler: no batch is scheduled for step {step}")
+        return {"offpolicy/rollout_calls": float(bool(steps)), "offpolicy/generated_batches": float(len(steps))}
+
+    def _generate(self, version: int, steps: list[int]) -> None:
+        """One rollout call at ``version`` for the batches of ``steps``; then behaviour log-probs."""
+        self._rollout_at(version)
+        chunks = [self._next_train_batch() for _ in steps]
+        batch = chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks)
+        self._submit_batch_to_rollout(batch)
+        entries = []
+        tags = []
+        for step, chunk in zip(steps, chunks, strict=True):
+            uids = [str(u) for u in chunk["uid"]]
+            stale = staleness_of_step(step, self.offpolicy.sync_interval, self.offpolicy.sync_offset) > 0
+            behaviour = stale and self.offpolicy.ratio_anchor == "behaviour"
+            assert version_of_step(step, self.offpolicy.sync_interval, self.offpolicy.sync_offset) == version
+            entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour))
+            tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]
+        all_uids = [uid for entry in entries for uid in entry.uids]
+        tq.kv_batch_put(keys=all_uids, partition_id=TRAIN, tags=tags)
+        self._wait_for_generation(set(all_uids), version)
+        self._rollout_sleep()
+        behaviour_uids = {uid for entry in entries if entry.behaviour for uid in entry.uids}
+        if behaviour_uids:
+            with marked_timer("behaviour_log_prob", self.timing_raw, color="blue"):
+                self._store_behaviour_log_probs(behaviour_uids)
+        for entry in entries:
+            self.replay_buffer.push(entry)
+        self.replay_buffer.last_generation_size = len(entries)
+
+    def _wait_for_generation(self, uids: set[str], version: int) -> None:
+        started = last_report = time.time()
+        while True:
+            items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+            status = defaultdict(int)
+            for uid in uids:
+                status[items.get(uid, {}).get("status", "missing")] += 1
+            if status["finished"] + status["failure"] == len(uids):
+                if status["failure"]:
+                    logger.warning("offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version)
+                return
+            if time.time() - last_report > PROGRESS_LOG_SECONDS:
+                last_report = time.time()
+                logger.info(
+                    "offpolicy scheduler: generating version %d for %.0f s: %s", version, last_report - started, dict(status)
+                )
+            time.sleep(GENERATION_POLL_SECONDS)
+
+    def _trajectory_meta(self, uids: set[str]) -> KVBatchMeta:
+        items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+        pairs = [(k, t) for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids]
+        return KVBatchMeta(partition_id=TRAIN, keys=[k for k, _ in pairs], tags=[t for _, t in pairs])
+
+    def _store_behaviour_log_probs(self, uids: set[str]) -> None:
+        """log π at the generating weights, by the training engine, for every stale batch's trajectory."""
+        meta = self._trajectory_meta(uids)
+        if not meta.keys:
+            return
+        meta = self._balance_batch(meta, metrics={})
+        meta.extra_info.update(
+            {
+                "calculate_entropy": False,
+                "compute_loss": False,
+                "temperature": self.config.actor_rollout_ref.rollout.temperature,
+            }
+        )
+        self.actor_rollout_wg.compute_log_prob(meta)
+        real = [k for k, t in zip(meta.keys, meta.tags, strict=True) if not t.get("is_padding", False)]
+        padding = [k for k, t in zip(meta.keys, meta.tags, strict=True) if t.get("is_padding", False)]
+        data = tq.kv_batch_get(keys=real, partition_id=TRAIN, select_fields=["log_probs", "response_mask"])
+        data[BEHAVIOUR_FIELD] = response_from_nested(data.pop("log_probs"), data["response_mask"])
+        tq.kv_batch_put(keys=real, partition_id=TRAIN, fields=data.select(BEHAVIOUR_FIELD))
+        if padding:
+            tq.kv_clear(keys=padding, partition_id=TRAIN)
+
+    # ------------------------------------------------------------------ ratio anchor
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        # The advantage (and AGRO's KL-in-reward) uses the proximal old_log_probs; the loss gets the anchor.
+        batch = super()._compute_advantage(batch, metrics)
+        anchor = self.offpolicy.ratio_anchor
+        if anchor == "proximal":
+            return batch
+        keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
+        if anchor == "rollout":
+            source = "rollout_log_probs"
+        elif any(t.get(BEHAVIOUR_TAG, False) for t in batch.tags):
+            source = BEHAVIOUR_FIELD
+        else:
+            return batch  # trained at staleness 0: behaviour weights are the proximal weights
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[source, "old_log_probs", "response_mask"])
+        proximal = data.pop("old_log_probs")
+        anchored = data.pop(source)
+        metrics["offpolicy/anchor_log_ratio/mean"] = _masked_mean_gap(proximal, anchored, data["response_mask"])
+        data["old_log_probs"] = anchored
+        tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=data.select("old_log_probs"))
+        return batch
+
+
+def _masked_mean_gap(proximal, anchored, response_mask) -> float:
+    """Mean over response tokens of log π_proximal − log π_anchor (how far the anchor lags)."""
+    gap = (proximal.values() - anchored.values()).float()
+    mask = response_mask.values().float() if response_mask.is_nested else response_mask.float()
+    return float((gap * mask).sum() / mask.sum().clamp(min=1.0))
