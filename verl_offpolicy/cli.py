@@ -127,9 +127,10 @@ def doctor(args: argparse.Namespace) -> int:
 def list_presets(args: argparse.Namespace) -> int:
     for name in preset_names():
         header = preset_header(name)
-        print(f"{name}")
-        for line in header:
-            print(f"    {line}")
+        start = next(i for i, line in enumerate(header) if line.startswith("Reproduces:"))
+        print(name)
+        print(f"    {header[0]}")
+        print(f"    {' '.join(header[start:])}")
     return 0
 
 

@@ -1,0 +1,97 @@
+"""Registration through verl's ``verl.plugins`` entry point, in every process, and its loud failure."""
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+from tests.hydra_utils import VALID_SIZES
+from verl_offpolicy.glue.registration import expected_names
+
+TIMEOUT = 240
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_entry_point_is_declared_in_verl_plugins_group():
+    eps = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
+    assert eps.get("verl_offpolicy") == "verl_offpolicy.glue.plugin"
+
+
+def test_import_verl_alone_registers_every_name_in_a_fresh_process():
+    code = """
+import json, verl
+from verl_offpolicy.glue.registration import expected_names, registration_failure
+print(json.dumps({"failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
+"""
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"failure": None, "missing": []}
+    assert len(expected_names()) >= 10
+
+
+def test_plugins_disabled_means_nothing_registered_until_our_config_is_built():
+    """VERL_USE_EXTERNAL_PLUGINS=none really skips us; building our typed config registers on demand."""
+    code = """
+import os, verl
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+before = "rec" in POLICY_LOSS_REGISTRY
+from verl_offpolicy.glue.config import OffPolicyLossConfig
+OffPolicyLossConfig(loss_mode="rec")
+print(before, "rec" in POLICY_LOSS_REGISTRY)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["False", "True"]
+
+
+BROKEN = """
+import sys
+# Make one of our registration modules fail to import, as a broken install would.
+sys.modules["verl_offpolicy.glue.trainer"] = None
+"""
+CAUSE = "import of verl_offpolicy.glue.trainer halted; None in sys.modules"
+
+
+def test_failed_registration_is_logged_at_error_and_main_ppo_stops_at_startup_with_the_cause():
+    """Stock ``python -m verl.trainer.main_ppo +algorithm=...`` with a registration that raises."""
+    code = BROKEN + f"""
+import runpy
+sys.argv = ["main_ppo", "+algorithm=rec_oneside_nois", *{VALID_SIZES!r}]
+runpy.run_module("verl.trainer.main_ppo", run_name="__main__")
+"""
+    proc = _run_python(code)
+    assert proc.returncode != 0
+    assert "ERROR" in proc.stderr and "verl-offpolicy failed to register its algorithms" in proc.stderr
+    user_error = proc.stderr.strip().splitlines()[-1]
+    assert user_error.startswith("verl-offpolicy: invalid configuration:")
+    assert CAUSE in user_error
+    assert "ray init kwargs" not in proc.stdout, "Ray was started although the config is unusable"
+    assert "Unsupported loss mode" not in proc.stderr
+
+
+def test_failed_registration_surfaces_in_verl_validate_config_without_our_callback():
+    """Even without the Hydra callback, verl's own validate_config builds our loss config and fails with the cause."""
+    code = BROKEN + f"""
+from tests.hydra_utils import compose_main_ppo
+from verl.utils.config import validate_config
+cfg = compose_main_ppo("ppo_trainer", ["+algorithm=rec_ring_nois", *{VALID_SIZES!r}])
+try:
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
+except Exception as exc:
+    print("RAISED", exc)
+"""
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RAISED" in proc.stdout and CAUSE in proc.stdout
+    assert "policy_loss 'rec'" in proc.stdout

@@ -1,0 +1,220 @@
+"""Every preset composes with verl's stock and our primary configs, converts to verl's dataclasses,
+passes verl's validate_config and ours, and resolves to the settings of ALGORITHMS.md."""
+
+import numpy as np
+import pytest
+import torch
+
+from tests.hydra_utils import PRIMARY_CONFIGS, STOCK_CONFIGS, VALID_SIZES, compose_main_ppo, preset_overrides
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+from verl_offpolicy.cli import preset_names
+from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyLossConfig, offpolicy_section
+from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+REC = dict(adv="grpo", norm=False, loss="rec", agg="token-mean", anchor="behaviour", weight="none", reg="none")
+
+# The preset table of ALGORITHMS.md, written out by hand.
+SPEC = {
+    "grpo": dict(adv="grpo", norm=True, loss="vanilla", agg="token-mean", anchor="proximal", eps=(0.2, 0.2)),
+    "opmd": dict(adv="opmd", baseline="mean", loss="opmd", tau=1.0, agg="token-mean"),
+    "opmd_kimi": dict(REC, clip="none", reg="k2", coef=0.1),
+    "pmd_mean": dict(adv="rloo", loss="pmd", tau=0.01, agg="seq-mean-token-mean", anchor="behaviour"),
+    "pmd_partition": dict(adv="pmd_partition", loss="pmd", tau=0.01, anchor="behaviour"),
+    "rec_oneside_nois": dict(REC, clip="one-side", eps=(0.2, 0.2)),
+    "rec_oneside_is": dict(REC, clip="one-side", weight="importance_sampling", eps=(0.2, 0.2)),
+    "rec_oneside_nois_wide": dict(REC, clip="one-side", eps=(0.6, 2.0)),
+    "rec_twoside_nois": dict(REC, clip="two-side", eps=(0.2, 0.2)),
+    "rec_twoside_is": dict(REC, clip="two-side", weight="importance_sampling", eps=(0.2, 0.2)),
+    "rec_ring_nois": dict(REC, clip="ring", eps=(0.2, 0.2), ring=(0.6, 2.0)),
+    "rec_gspo_nois": dict(REC, clip="gspo-one-side", eps=(3e-4, 4e-4), agg="seq-mean-token-mean"),
+    "rec_gspo_is": dict(
+        REC, clip="gspo-one-side", weight="gspo_importance_sampling", eps=(3e-4, 4e-4), agg="seq-mean-token-mean"
+    ),
+    "red_drop": dict(adv="red_drop", loss="rec", clip="none", weight="none", reg="none"),
+    "red_weight": dict(adv="red_weight", temperature=1.0, loss="rec", clip="none", weight="none", reg="none"),
+    "asymre": dict(adv="asymre", shift=-0.1, loss="rec", clip="none", weight="none", reg="none"),
+    "agro": dict(adv="agro", beta=0.1, on_policy=False, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
+    "agro_onpolicy": dict(adv="agro", beta=0.1, on_policy=True, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
+}
+
+
+def test_every_spec_preset_exists_and_nothing_else():
+    assert set(preset_names()) == set(SPEC)
+
+
+def _check_against_spec(cfg, spec):
+    algo, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    loss, off = actor.policy_loss, algo.offpolicy
+    assert algo.adv_estimator == spec["adv"]
+    assert loss.loss_mode == spec["loss"]
+    checks = {
+        "norm": algo.norm_adv_by_std_in_grpo,
+        "agg": actor.loss_agg_mode,
+        "anchor": off.ratio_anchor,
+        "tau": loss.tau,
+        "baseline": off.baseline,
+        "clip": loss.clip_mode,
+        "weight": loss.weight,
+        "reg": loss.regularizer,
+        "coef": loss.regularizer_coef,
+        "shift": off.shift,
+        "temperature": off.temperature,
+        "beta": off.beta,
+        "on_policy": off.on_policy,
+        "eps": (actor.clip_ratio_low, actor.clip_ratio_high),
+        "ring": (loss.ring_clip_ratio_low, loss.ring_clip_ratio_high),
+    }
+    for key, value in spec.items():
+        if key in checks:
+            assert checks[key] == pytest.approx(value) if isinstance(value, float | tuple) else checks[key] == value, key
+    if spec.get("kl"):
+        assert algo.use_kl_in_reward and algo.kl_penalty == "kl" and algo.kl_ctrl.type == "fixed"
+        assert algo.kl_ctrl.kl_coef == spec["beta"]
+    else:
+        assert not algo.use_kl_in_reward
+    assert not actor.use_kl_loss
+    # every preset runs through the scheduler trainer, on-policy by default
+    assert cfg.trainer.v1.trainer_mode == "offpolicy" and off.sync_interval == 1 and off.sync_offset == 0
+
+
+@pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
+@pytest.mark.parametrize("preset", sorted(SPEC))
+def test_preset_composes_converts_and_validates(config_name, preset):
+    cfg = compose_main_ppo(config_name, preset_overrides(config_name, preset) + VALID_SIZES)
+    _check_against_spec(cfg, SPEC[preset])
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, OffPolicyLossConfig)
+    assert isinstance(omega_conf_to_dataclass(cfg.algorithm), OffPolicyAlgoConfig)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    validate_offpolicy_config(cfg)
+    assert need_reference_policy(cfg) == bool(SPEC[preset].get("kl"))
+    assert not need_critic(cfg)
+    expected_strategy = "megatron" if "megatron" in config_name else "fsdp"
+    assert actor.strategy == expected_strategy
+
+
+def test_primary_config_defaults_to_grpo_and_installs_validation():
+    cfg = compose_main_ppo("offpolicy_trainer", [], return_hydra_config=True)
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.hydra.callbacks.verl_offpolicy_validation._target_.endswith("StartupValidation")
+
+
+# ------------------------------------------------------------------------ overrides propagate
+
+
+def _estimator_output(cfg, rewards, index):
+    """Run the registered estimator the way verl's trainer calls it (config = the algorithm DictConfig)."""
+    scores = torch.tensor(rewards, dtype=torch.float32)
+    token_level_rewards = torch.zeros(len(rewards), 3)
+    token_level_rewards[:, -1] = scores
+    mask = torch.ones(len(rewards), 3)
+    fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+    adv, _ = fn(token_level_rewards=token_level_rewards, response_mask=mask, index=np.array(index), config=cfg.algorithm)
+    return adv[:, 0]
+
+
+def test_tau_override_reaches_loss_and_estimator():
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pmd_partition", "algorithm.offpolicy.tau=0.5"] + VALID_SIZES)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert actor.policy_loss.tau == 0.5 and offpolicy_section(cfg.algorithm).tau == 0.5
+    rewards, tau = [1.0, 0.0, 0.5], 0.5
+    adv = _estimator_output(cfg, rewards, ["a", "a", "a"])
+    # pmd_partition: A_i = r_i − τ·log(mean_{j≠i} exp(r_j/τ)), computed here from the spec
+    expected = [r - tau * np.log(np.mean([np.exp(q / tau) for j, q in enumerate(rewards) if j != i])) for i, r in enumerate(rewards)]
+    assert adv.tolist() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "preset,override,rewards,expected",
+    [
+        # asymre: A = r − (r̄ + shift), shift overridden to −0.3
+        ("asymre", "algorithm.offpolicy.shift=-0.3", [1.0, 0.0], [1.0 - 0.2, 0.0 - 0.2]),
+        # red_weight: A = (r − r̄)·exp((r − r̄)/T), T overridden to 0.5
+        ("red_weight", "algorithm.offpolicy.temperature=0.5", [1.0, 0.0], [0.5 * np.exp(1.0), -0.5 * np.exp(-1.0)]),
+        # opmd with the logavgexp baseline: b = τ·(logsumexp(r/τ) − log K), τ = 2
+        (
+            "opmd",
+            "algorithm.offpolicy.baseline=logavgexp algorithm.offpolicy.tau=2.0",
+            [1.0, 0.0],
+            [1.0 - 2.0 * np.log((np.exp(0.5) + 1.0) / 2), 0.0 - 2.0 * np.log((np.exp(0.5) + 1.0) / 2)],
+        ),
+    ],
+)
+def test_estimator_hyperparameter_overrides_reach_the_estimator(preset, override, rewards, expected):
+    cfg = compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *override.split()] + VALID_SIZES)
+    adv = _estimator_output(cfg, rewards, ["g"] * len(rewards))
+    assert adv.tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_agro_beta_override_sets_the_kl_coefficient_in_one_place():
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=agro", "algorithm.offpolicy.beta=0.5"] + VALID_SIZES)
+    assert cfg.algorithm.kl_ctrl.kl_coef == 0.5
+    validate_offpolicy_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "override,attribute,value",
+    [
+        ("actor_rollout_ref.actor.policy_loss.clip_mode=two-side", "clip_mode", "two-side"),
+        ("actor_rollout_ref.actor.policy_loss.weight=importance_sampling", "weight", "importance_sampling"),
+        ("actor_rollout_ref.actor.policy_loss.regularizer=forward-kl", "regularizer", "forward-kl"),
+        ("actor_rollout_ref.actor.policy_loss.regularizer_coef=0.3", "regularizer_coef", 0.3),
+        ("actor_rollout_ref.actor.policy_loss.ring_clip_ratio_high=3.0", "ring_clip_ratio_high", 3.0),
+    ],
+)
+def test_loss_hyperparameter_overrides_reach_the_actor_config(override, attribute, value):
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=rec_ring_nois", override] + VALID_SIZES)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert getattr(actor.policy_loss, attribute) == value
+
+
+def test_scheduler_overrides_reach_the_offpolicy_section():
+    cfg = compose_main_ppo(
+        "offpolicy_trainer",
+        ["algorithm=rec_oneside_nois", "algorithm.offpolicy.sync_interval=4", "algorithm.offpolicy.sync_offset=1"]
+        + VALID_SIZES,
+    )
+    section = offpolicy_section(cfg.algorithm)
+    assert (section.sync_interval, section.sync_offset, section.ratio_anchor) == (4, 1, "behaviour")
+
+
+# ------------------------------------------------------------------------ invalid combinations
+
+
+@pytest.mark.parametrize(
+    "preset,overrides,message",
+    [
+        ("agro", ["algorithm.use_kl_in_reward=false"], "algorithm.use_kl_in_reward=true"),
+        ("agro", ["algorithm.kl_penalty=low_var_kl"], "algorithm.kl_penalty=kl"),
+        ("agro", ["algorithm.kl_ctrl.type=adaptive"], "algorithm.kl_ctrl.type=fixed"),
+        ("agro", ["algorithm.kl_ctrl.kl_coef=0.2"], "to equal algorithm.offpolicy.beta"),
+        ("pmd_mean", ["algorithm.offpolicy.tau=0"], "tau (loss_mode=pmd) must be > 0"),
+        ("pmd_partition", ["algorithm.offpolicy.tau=-1"], "must be > 0"),
+        ("rec_gspo_is", ["actor_rollout_ref.actor.loss_agg_mode=token-mean"], "must be sequence-level"),
+        (
+            "rec_oneside_nois",
+            ["actor_rollout_ref.rollout.calculate_log_probs=false", "algorithm.offpolicy.ratio_anchor=rollout"],
+            "set actor_rollout_ref.rollout.calculate_log_probs=true",
+        ),
+        ("rec_oneside_nois", ["trainer.v1.trainer_mode=sync"], "trainer.v1.trainer_mode=offpolicy"),
+        ("rec_oneside_nois", ["trainer.use_v1=false"], "set trainer.use_v1=true"),
+        ("rec_ring_nois", ["actor_rollout_ref.actor.policy_loss.ring_clip_ratio_low=0.1"], "ring ε′ ≥ ε"),
+        ("rec_oneside_nois", ["actor_rollout_ref.actor.clip_ratio_low=-0.1"], "clip_ratio_low must be >= 0"),
+        ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.clip_mode=sideways"], "allowed values: none, one-side"),
+        ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.weight=ppo"], "policy_loss.weight='ppo' is not valid"),
+        ("opmd_kimi", ["actor_rollout_ref.actor.policy_loss.regularizer=l2"], "policy_loss.regularizer='l2'"),
+        ("opmd", ["algorithm.offpolicy.baseline=median"], "allowed values: mean, logavgexp"),
+        ("opmd", ["algorithm.offpolicy.ratio_anchor=old"], "allowed values: behaviour, rollout, proximal"),
+        ("opmd", ["algorithm.offpolicy.sync_interval=0"], "sync_interval must be an integer >= 1"),
+        ("opmd", ["algorithm.offpolicy.sync_offset=-2"], "sync_offset must be an integer >= 0"),
+        ("opmd", ["+algorithm.offpolicy.sync_intervl=2"], "unknown key(s) ['sync_intervl']"),
+        ("red_weight", ["algorithm.offpolicy.temperature=0"], "temperature must be > 0"),
+    ],
+)
+def test_invalid_combination_fails_with_what_to_change(preset, overrides, message):
+    cfg = compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *overrides] + VALID_SIZES)
+    with pytest.raises(ValueError) as info:
+        validate_offpolicy_config(cfg)
+    assert message in str(info.value)
