@@ -1,4 +1,4 @@
-"""The ``verl-offpolicy`` command: doctor, list, schedule, demo."""
+"""The ``verl-offpolicy`` command: doctor, list, schedule, check, demo."""
 
 from __future__ import annotations
 
@@ -145,6 +145,35 @@ def schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace) -> int:
+    """Compose a main_ppo command line through its Hydra search path and run every startup check."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+    try:
+        with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+            cfg = compose(config_name=args.config_name, overrides=args.overrides)
+        validate_offpolicy_config(cfg)
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    except Exception as exc:  # noqa: BLE001 - the message is the answer
+        print(f"verl-offpolicy check: invalid configuration: {exc}", file=sys.stderr)
+        return 1
+    off = OmegaConf.select(cfg, "algorithm.offpolicy") or {}
+    print(
+        f"ok: {args.config_name} | adv_estimator={cfg.algorithm.adv_estimator} "
+        f"loss_mode={actor.policy_loss.loss_mode} loss_agg_mode={actor.loss_agg_mode} "
+        f"strategy={actor.strategy} trainer_mode={cfg.trainer.v1.trainer_mode} "
+        f"sync_interval={off.get('sync_interval', 1)} sync_offset={off.get('sync_offset', 0)} "
+        f"ratio_anchor={off.get('ratio_anchor', 'proximal')}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verl-offpolicy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync-offset", "-d", type=int, default=0)
     p.add_argument("--steps", "-n", type=int, default=12)
     p.set_defaults(func=schedule)
+
+    p = sub.add_parser("check", help="compose a main_ppo command line (no GPU) and run every startup check")
+    p.add_argument("--config-name", default="ppo_trainer", help="primary config, as for main_ppo")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for main_ppo")
+    p.set_defaults(func=check)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1,0 +1,23 @@
+# Shared by the recipe scripts (sourced, not run).
+# run_main_ppo ARGS...: runs stock verl.trainer.main_ppo with the given Hydra arguments, or, with
+# DRY_RUN=1, only composes them through main_ppo's Hydra search path and validates them
+# (`verl-offpolicy check`): no GPU, no data, no model download.
+
+PRESETS=$(python3 -c "from verl_offpolicy.cli import preset_names; print(' '.join(preset_names()))")
+
+require_preset() {
+  local preset=$1
+  case " $PRESETS " in
+    *" $preset "*) ;;
+    *) echo "unknown preset '$preset'; allowed: $PRESETS" >&2; exit 2 ;;
+  esac
+}
+
+run_main_ppo() {
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    verl-offpolicy check "$@"
+  else
+    echo "+ python3 -m verl.trainer.main_ppo $*"
+    python3 -m verl.trainer.main_ppo "$@"
+  fi
+}

@@ -1,0 +1,1 @@
+"""Reward functions for verl's ``reward.custom_reward_function`` mechanism (used by the recipes)."""
