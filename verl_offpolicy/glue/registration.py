@@ -19,6 +19,8 @@ logger = logging.getLogger("verl_offpolicy")
 
 # Modules whose import registers names into verl's registries (decorators at module level).
 REGISTRATION_MODULES: tuple[str, ...] = (
+    "verl_offpolicy.glue.estimators",
+    "verl_offpolicy.glue.losses",
     "verl_offpolicy.glue.trainer",
 )
 

@@ -1,0 +1,171 @@
+"""Policy losses of ``ALGORITHMS.md``: pure per-token math (torch only, no verl).
+
+Inputs are [B, T] token tensors: ``log_prob`` = log π_θ (the only path of the gradient),
+``old_log_prob`` = log π_old, ``advantages`` (per-sequence A broadcast over tokens), ``mask`` m
+(bool). Every ratio, mask and weight is computed from detached values. Functions return per-token
+loss matrices (aggregation over the batch is the caller's, with verl's ``agg_loss``), keep masks
+and metric tensors. Padded tokens (m = 0) get a zero loss coefficient, so a response whose mask is
+all zero contributes nothing and produces no NaN (``log_prob`` must be finite on padding, as verl's zero padding is).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+def token_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
+    """log ρ_t = m·(log π_t − log π_old,t), detached (0 on padded tokens)."""
+    return torch.where(mask, log_prob.detach() - old_log_prob, 0.0)
+
+
+def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Δ_i = Σ_t m·log ρ_t and |y_i| = Σ_t m (as a float, ≥ 1 to keep empty responses finite)."""
+    return log_ratio.sum(-1), mask.sum(-1).to(log_ratio.dtype).clamp_min(1)
+
+
+def opmd_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
+    """``opmd``: ℓ_t = −A·log π_t/(1 + τ), τ ≥ 0 (REINFORCE scaled by 1/(1+τ))."""
+    return torch.where(mask, advantages, 0.0) * log_prob * (-1.0 / (1.0 + tau))
+
+
+def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
+    """``pmd``: L_i = ½·τ·(A_i/τ − Δ_i)²/|y_i|, spread as L_i/|y_i| over the response's tokens.
+
+    A_i is the masked mean of ``advantages`` over the sequence and Δ_i = Σ_t m·(log π_t − log π_old,t)
+    carries the gradient: ∂L_i/∂Δ_i = −(A_i − τΔ_i)/|y_i|. The token sum of the returned matrix over
+    a response is L_i, so aggregating it with ``seq-mean-token-sum`` gives the mean of L_i over
+    sequences. τ > 0.
+    """
+    length = mask.sum(-1).to(log_prob.dtype).clamp_min(1)
+    seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
+    delta = torch.where(mask, log_prob - old_log_prob, 0.0).sum(-1)
+    seq_loss = 0.5 * tau * (seq_advantage / tau - delta) ** 2 / length
+    return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
+
+
+def rec_keep_mask(
+    ratio: Tensor,
+    advantages: Tensor,
+    clip_mode: str,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    ring_clip_ratio_low: float,
+    ring_clip_ratio_high: float,
+) -> Tensor | None:
+    """M_t of ``rec`` from the ratio ρ (ρ_t, or ρ̄_i broadcast for ``gspo-one-side``); None means all ones.
+
+    - one-side (and gspo-one-side): (A ≥ 0 and ρ ≤ 1+ε_high) or (A ≤ 0 and ρ ≥ 1−ε_low)
+    - two-side: 1−ε_low ≤ ρ ≤ 1+ε_high
+    - ring: two-side, or (A ≥ 0 and ρ ≤ 1−ε′_low), or (A ≤ 0 and ρ ≥ 1+ε′_high)
+    """
+    if clip_mode == "none":
+        return None
+    below_high = ratio <= 1.0 + clip_ratio_high
+    above_low = ratio >= 1.0 - clip_ratio_low
+    if clip_mode in ("one-side", "gspo-one-side"):
+        return ((advantages >= 0) & below_high) | ((advantages <= 0) & above_low)
+    band = below_high & above_low
+    if clip_mode == "two-side":
+        return band
+    if clip_mode == "ring":
+        rescued_pos = (advantages >= 0) & (ratio <= 1.0 - ring_clip_ratio_low)
+        rescued_neg = (advantages <= 0) & (ratio >= 1.0 + ring_clip_ratio_high)
+        return band | rescued_pos | rescued_neg
+    raise ValueError(f"unknown rec clip_mode {clip_mode!r}")
+
+
+class RecTerms(NamedTuple):
+    """Per-token pieces of the ``rec`` loss (all [B, T])."""
+
+    loss: Tensor  # ℓ_t = −M_t·w_t·A·log π_t + reg_t
+    keep: Tensor | None  # M_t (None: every token kept)
+    band_ratio: Tensor  # the ratio the mask compared: ρ_t, or ρ̄_i for gspo-one-side
+    log_ratio: Tensor  # log ρ_t (detached, 0 on padding)
+    ratio: Tensor  # ρ_t (detached, 1 on padding)
+
+
+def rec_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_mode: str,
+    weight: str,
+    regularizer: str,
+    regularizer_coef: float,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    ring_clip_ratio_low: float,
+    ring_clip_ratio_high: float,
+) -> RecTerms:
+    """``rec``: ℓ_t = −M_t·w_t·A·log π_t + reg_t.
+
+    w_t: ``none`` → 1, ``importance_sampling`` → ρ_t, ``gspo_importance_sampling`` → ρ̄_i = exp(Δ_i/|y_i|).
+    reg_t: ``none`` → 0, ``forward-kl`` → −c·log π_t, ``k2`` → c·(log π_t − log π_old,t)².
+    M_t, w_t are detached; the gradient is −M_t·w_t·A·∇log π_t + ∇reg_t.
+    """
+    log_ratio = token_log_ratio(log_prob, old_log_prob, mask)
+    ratio = torch.exp(log_ratio)
+    needs_seq_ratio = clip_mode == "gspo-one-side" or weight == "gspo_importance_sampling"
+    if needs_seq_ratio:
+        delta, length = sequence_log_ratio(log_ratio, mask)
+        seq_ratio = torch.exp(delta / length).unsqueeze(-1).expand_as(ratio)
+    band_ratio = seq_ratio if clip_mode == "gspo-one-side" else ratio
+    keep = rec_keep_mask(
+        band_ratio, advantages, clip_mode, clip_ratio_low, clip_ratio_high, ring_clip_ratio_low, ring_clip_ratio_high
+    )
+
+    if weight == "none":
+        coef = advantages
+    elif weight == "importance_sampling":
+        coef = ratio * advantages
+    elif weight == "gspo_importance_sampling":
+        coef = seq_ratio * advantages
+    else:
+        raise ValueError(f"unknown rec weight {weight!r}")
+    active = mask if keep is None else mask & keep
+    loss = -torch.where(active, coef, 0.0) * log_prob
+
+    if regularizer == "forward-kl":
+        loss = loss - regularizer_coef * log_prob
+    elif regularizer == "k2":
+        loss = loss + regularizer_coef * torch.where(mask, log_prob - old_log_prob, 0.0).square()
+    elif regularizer != "none":
+        raise ValueError(f"unknown rec regularizer {regularizer!r}")
+    return RecTerms(loss, keep, band_ratio, log_ratio, ratio)
+
+
+METRIC_NAMES = (
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_upper",
+    "actor/pg_clipfrac_lower",
+    "actor/ratio_mean",
+    "actor/ratio_max",
+    "actor/ppo_kl",
+)
+
+
+def ratio_metrics(
+    log_ratio: Tensor, ratio: Tensor, mask: Tensor, keep: Tensor | None = None, band_ratio: Tensor | None = None
+) -> Tensor:
+    """Metrics over response tokens, as one tensor in the order of ``METRIC_NAMES``.
+
+    clipfrac = fraction of response tokens with M_t = 0, split into masked above the band
+    (ratio > 1) and below it (ratio < 1); ratio mean/max of ρ_t; ppo_kl = mean of −log ρ_t.
+    An empty batch (no response token) gives zeros.
+    """
+    n_tokens = mask.sum().to(log_ratio.dtype).clamp_min(1)
+    zero = log_ratio.new_zeros(())
+    if keep is None:
+        clipped = upper = zero
+    else:
+        dropped = mask & ~keep
+        clipped = dropped.sum() / n_tokens
+        upper = (dropped & (band_ratio > 1.0)).sum() / n_tokens
+    ratio_mean = torch.where(mask, ratio, 0.0).sum() / n_tokens
+    ratio_max = torch.where(mask, ratio, 0.0).amax() if mask.numel() else zero
+    ppo_kl = -log_ratio.sum() / n_tokens
+    return torch.stack([clipped, upper, clipped - upper, ratio_mean, ratio_max, ppo_kl])

@@ -1,0 +1,150 @@
+"""verl glue of the advantage estimators: one ``@register_adv_est`` function per name.
+
+verl calls ``fn(token_level_rewards, response_mask, config=<algorithm config>, index=uid)`` and
+expects ``(advantages, returns)``, both [B, T]. Each function here reads its hyperparameters from
+``algorithm.offpolicy`` (:func:`offpolicy_section`), turns the uids into group ids with verl's
+``as_torch_index``, calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence
+scores r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from verl.trainer.ppo.core_algos import register_adv_est
+from verl.utils import as_torch_index
+
+from verl_offpolicy.core import advantages as core
+from verl_offpolicy.glue.config import ALGO_PREFIX, OffPolicyConfig, offpolicy_section
+
+_MAX_REPORTED = 5
+
+
+def _check_finite(name: str, scores: Tensor, index: np.ndarray) -> None:
+    """Raise naming the batch position and uid of every (first few) sample with a NaN/inf reward."""
+    finite = torch.isfinite(scores)
+    if bool(finite.all()):
+        return
+    bad = (~finite).nonzero().flatten().tolist()
+    listed = "; ".join(f"batch position {i} (uid {index[i]!r}): {scores[i].item()}" for i in bad[:_MAX_REPORTED])
+    more = f"; and {len(bad) - _MAX_REPORTED} more" if len(bad) > _MAX_REPORTED else ""
+    raise ValueError(
+        f"adv_estimator={name}: {len(bad)} sample(s) have a non-finite reward (sum of token_level_rewards): "
+        f"{listed}{more}. Fix the reward function or filter these samples."
+    )
+
+
+def _group_ids(index: Any, size: int, device: torch.device) -> Tensor:
+    """uids → group ids in [0, size) with verl's ``as_torch_index`` (raw integer uids are re-numbered)."""
+    ids = as_torch_index(index, device=device)
+    if ids.numel() != size:
+        raise ValueError(f"index (uid) has {ids.numel()} entries but token_level_rewards has {size} rows")
+    if size and (bool(ids.min() < 0) or bool(ids.max() >= size)):
+        ids = torch.unique(ids, return_inverse=True)[1]
+    return ids
+
+
+def _prepare(
+    name: str, token_level_rewards: Tensor, index: Any, config: Any
+) -> tuple[OffPolicyConfig, Tensor, Tensor]:
+    """Validated ``algorithm.offpolicy``, scores r_i [B] and group ids [B]."""
+    section = offpolicy_section(config)
+    section.check_for_estimator(name)
+    if index is None:
+        raise ValueError(f"adv_estimator={name} needs the group of each response (verl's non_tensor_batch['uid'])")
+    index = np.asarray(index)
+    scores = token_level_rewards.sum(dim=-1)
+    _check_finite(name, scores, index)
+    return section, scores, _group_ids(index, scores.shape[0], scores.device)
+
+
+def _broadcast(advantage: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """A_i over the response tokens: (advantages, returns), both A_i·m_t."""
+    token_advantages = advantage.unsqueeze(-1) * response_mask
+    return token_advantages, token_advantages
+
+
+@register_adv_est("opmd")
+@torch.no_grad()
+def compute_opmd_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_i = r_i − r̄ (``algorithm.offpolicy.baseline=mean``) or r_i − τ·(logsumexp(r/τ) − log K) (``logavgexp``)."""
+    section, scores, group_ids = _prepare("opmd", token_level_rewards, index, config)
+    return _broadcast(core.opmd_advantage(scores, group_ids, section.baseline, section.tau), response_mask)
+
+
+@register_adv_est("pmd_partition")
+@torch.no_grad()
+def compute_pmd_partition_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``."""
+    section, scores, group_ids = _prepare("pmd_partition", token_level_rewards, index, config)
+    return _broadcast(core.pmd_partition_advantage(scores, group_ids, section.tau), response_mask)
+
+
+@register_adv_est("asymre")
+@torch.no_grad()
+def compute_asymre_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_i = r_i − (r̄ + shift), shift = ``algorithm.offpolicy.shift``."""
+    section, scores, group_ids = _prepare("asymre", token_level_rewards, index, config)
+    return _broadcast(core.asymre_advantage(scores, group_ids, section.shift), response_mask)
+
+
+@register_adv_est("red_weight")
+@torch.no_grad()
+def compute_red_weight_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_i = (r_i − r̄)·exp(min((r_i − r̄)/T, 20)), T = ``algorithm.offpolicy.temperature``."""
+    section, scores, group_ids = _prepare("red_weight", token_level_rewards, index, config)
+    return _broadcast(core.red_weight_advantage(scores, group_ids, section.temperature), response_mask)
+
+
+def _group_seeds(seed: int, index: np.ndarray, group_ids: Tensor) -> Tensor:
+    """[G] 32-bit seeds: CRC-32 of (seed, uid) for each group, stable across processes and runs."""
+    size = group_ids.numel()
+    first = torch.full((size,), size, dtype=torch.long, device=group_ids.device).scatter_reduce_(
+        0, group_ids, torch.arange(size, device=group_ids.device), reduce="amin"
+    )
+    prefix = zlib.crc32(f"{seed}\x00".encode())
+    seeds = [zlib.crc32(str(index[i]).encode(), prefix) if i < size else 0 for i in first.tolist()]
+    return torch.tensor(seeds, dtype=torch.long, device=group_ids.device)
+
+
+@register_adv_est("red_drop")
+@torch.no_grad()
+def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """RED-Drop: surplus negatives dropped (A = 0) reproducibly from (``algorithm.offpolicy.seed``, uid)."""
+    section, scores, group_ids = _prepare("red_drop", token_level_rewards, index, config)
+    seeds = _group_seeds(section.seed, np.asarray(index), group_ids)
+    return _broadcast(core.red_drop_advantage(scores, group_ids, seeds), response_mask)
+
+
+def _check_agro(config: Any, beta: float) -> None:
+    """R_i must already hold −β·log(π/π_ref): verl's KL-in-reward with kl_coef = β."""
+    if config is None:
+        return
+    if config.get("use_kl_in_reward", True) is False:
+        raise ValueError(
+            "adv_estimator=agro expects the KL in the reward, R = r − β·log(π/π_ref): "
+            "set algorithm.use_kl_in_reward=true, algorithm.kl_penalty=kl, algorithm.kl_ctrl.type=fixed"
+        )
+    kl_ctrl = config.get("kl_ctrl", None)
+    kl_coef = kl_ctrl.get("kl_coef", beta) if kl_ctrl is not None else beta
+    if kl_coef != beta:
+        raise ValueError(
+            f"adv_estimator=agro: algorithm.kl_ctrl.kl_coef={kl_coef} must equal {ALGO_PREFIX}.beta={beta}"
+        )
+
+
+@register_adv_est("agro")
+@torch.no_grad()
+def compute_agro_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """D_i = R_i − R̄_{−i}; A_i = D_i, or D_i − (D_i² − mean_j D_j²)/(2β) if ``algorithm.offpolicy.on_policy``.
+
+    R_i = Σ_t token_level_rewards already contains −β·log(π/π_ref) (verl's KL-in-reward, kl_penalty=kl).
+    """
+    section, scores, group_ids = _prepare("agro", token_level_rewards, index, config)
+    _check_agro(config, section.beta)
+    return _broadcast(core.agro_advantage(scores, group_ids, section.beta, section.on_policy), response_mask)

@@ -1,0 +1,133 @@
+"""verl glue of the policy losses: one ``@register_policy_loss`` function per name.
+
+verl's ``ppo_loss`` calls ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+config=ActorConfig, rollout_is_weights)`` and expects ``(loss, metrics)``. Each function here reads
+its parameters from ``config.policy_loss`` (an :class:`OffPolicyLossConfig`) and ε_low/ε_high from the
+actor, builds the per-token loss with :mod:`verl_offpolicy.core.losses`, multiplies it by
+``rollout_is_weights`` when given, and aggregates with verl's ``agg_loss(...,
+**config.global_batch_info)`` so that micro-batch sums equal the global-batch value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+
+from verl_offpolicy.core import losses as core
+from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyLossConfig, check_clip_ratios
+
+# pmd is a mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens.
+PMD_AGG_MODE = "seq-mean-token-sum"
+
+
+def _loss_config(loss_mode: str, config: Any) -> OffPolicyLossConfig:
+    policy_loss = getattr(config, "policy_loss", None)
+    if not isinstance(policy_loss, OffPolicyLossConfig):
+        raise TypeError(
+            f"{LOSS_PREFIX}.loss_mode={loss_mode} is a verl-offpolicy loss, but {LOSS_PREFIX} is a "
+            f"{type(policy_loss).__name__}, not verl-offpolicy's OffPolicyLossConfig: set "
+            f"{LOSS_PREFIX}._target_=verl_offpolicy.glue.config.OffPolicyLossConfig or use a preset "
+            "(+algorithm=<name>)"
+        )
+    return policy_loss
+
+
+def _clip_ratios(config: Any) -> tuple[float, float]:
+    """(ε_low, ε_high): the actor's clip_ratio_low/high, falling back to clip_ratio."""
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    return low, high
+
+
+def _aggregate(
+    loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, config: Any, rollout_is_weights: Tensor | None
+) -> Tensor:
+    if rollout_is_weights is not None:
+        loss_mat = loss_mat * rollout_is_weights
+    return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+
+
+def _metrics(values: Tensor) -> dict[str, float]:
+    """verl's metric names as plain Python floats (one device sync)."""
+    return dict(zip(core.METRIC_NAMES, values.detach().tolist(), strict=True))
+
+
+@register_policy_loss("opmd")
+def compute_policy_loss_opmd(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """ℓ_t = −A·log π_t/(1 + τ), τ = ``policy_loss.tau`` ≥ 0, aggregated with ``loss_agg_mode``."""
+    loss_config = _loss_config("opmd", config)
+    mask = response_mask.bool()
+    loss_mat = core.opmd_loss(log_prob, advantages, mask, loss_config.tau)
+    loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
+    log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
+    return loss, _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
+
+
+@register_policy_loss("pmd")
+def compute_policy_loss_pmd(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """L_i = ½·τ·(A_i/τ − Δ_i)²/|y_i|, τ = ``policy_loss.tau`` > 0; loss = mean of L_i over sequences.
+
+    The sequence mean is the loss's definition, so it does not depend on ``loss_agg_mode``: the
+    per-token matrix L_i/|y_i| is aggregated with ``seq-mean-token-sum`` (global sequence count from
+    ``global_batch_info``).
+    """
+    loss_config = _loss_config("pmd", config)
+    mask = response_mask.bool()
+    loss_mat = core.pmd_loss(log_prob, old_log_prob, advantages, mask, loss_config.tau)
+    loss = _aggregate(loss_mat, mask, PMD_AGG_MODE, config, rollout_is_weights)
+    log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
+    return loss, _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
+
+
+@register_policy_loss("rec")
+def compute_policy_loss_rec(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """ℓ_t = −M_t·w_t·A·log π_t + reg_t (``policy_loss.clip_mode``, ``weight``, ``regularizer``)."""
+    loss_config = _loss_config("rec", config)
+    clip_low, clip_high = _clip_ratios(config)
+    check_clip_ratios(clip_low, clip_high, loss_config)
+    mask = response_mask.bool()
+    terms = core.rec_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        mask,
+        clip_mode=loss_config.clip_mode,
+        weight=loss_config.weight,
+        regularizer=loss_config.regularizer,
+        regularizer_coef=loss_config.regularizer_coef,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        ring_clip_ratio_low=loss_config.ring_clip_ratio_low,
+        ring_clip_ratio_high=loss_config.ring_clip_ratio_high,
+    )
+    loss = _aggregate(terms.loss, mask, loss_agg_mode, config, rollout_is_weights)
+    metrics = core.ratio_metrics(terms.log_ratio, terms.ratio, mask, terms.keep, terms.band_ratio)
+    return loss, _metrics(metrics)
