@@ -19,6 +19,7 @@ logger = logging.getLogger("verl_offpolicy")
 
 # Modules whose import registers names into verl's registries (decorators at module level).
 REGISTRATION_MODULES: tuple[str, ...] = (
+    "verl_offpolicy.cpu.registration",  # opt-in CPU platform + hf rollout (cheap; heavy parts lazy)
     "verl_offpolicy.glue.estimators",
     "verl_offpolicy.glue.losses",
     "verl_offpolicy.glue.trainer",
@@ -52,6 +53,19 @@ def _in_loss_registry(name: str) -> bool:
     return name in POLICY_LOSS_REGISTRY
 
 
+def _in_platform_registry(name: str) -> bool:
+    from verl.plugin.platform import PlatformRegistry
+
+    return PlatformRegistry.get(name) is not None
+
+
+def _in_rollout_registry(name: str) -> bool:
+    # Importing verl's rollout package runs our post-import registration (verl_offpolicy.cpu.registration).
+    from verl.workers.rollout import base, replica
+
+    return name in replica.RolloutReplicaRegistry._registry and (name, "async") in base._ROLLOUT_REGISTRY
+
+
 def _in_trainer_registry(name: str) -> bool:
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
@@ -61,6 +75,8 @@ def _in_trainer_registry(name: str) -> bool:
 ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro")
 POLICY_LOSSES = ("opmd", "pmd", "rec")
 TRAINERS = ("offpolicy",)
+PLATFORMS = ("cpu",)
+ROLLOUTS = ("hf",)
 
 
 def expected_names() -> list[RegisteredName]:
@@ -71,6 +87,8 @@ def expected_names() -> list[RegisteredName]:
         for n in POLICY_LOSSES
     ]
     names += [RegisteredName("trainer", n, "trainer.v1.trainer_mode", _in_trainer_registry) for n in TRAINERS]
+    names += [RegisteredName("platform", n, "VERL_PLATFORM (environment)", _in_platform_registry) for n in PLATFORMS]
+    names += [RegisteredName("rollout", n, "actor_rollout_ref.rollout.name", _in_rollout_registry) for n in ROLLOUTS]
     return names
 
 

@@ -1,0 +1,17 @@
+"""Opt-in CPU path of verl-offpolicy: verl's real pipeline on a CPU-only machine, without patching verl.
+
+- :mod:`.platform`: verl platform ``cpu`` (selected with ``VERL_PLATFORM=cpu``).
+- :mod:`.rollout`: rollout backend ``hf`` (transformers generation; replica, server, adapter).
+- :mod:`.registration`: registers both into verl's registries at ``import verl`` (cheap).
+- :mod:`.guards`: startup checks of a CPU config (Hydra callback of the ``+cpu=demo`` overlay).
+- :mod:`.tiny`, :mod:`.task`: a tiny local Llama + tokenizer and a synthetic task with its reward.
+- :mod:`.demo`: ``run_demo()``: stock ``main_ppo`` end to end on the CPU, reward curve.
+- :mod:`.harness`: a single-process FSDP2 ``TrainingWorker`` for tests of real actor updates.
+
+Nothing here is imported unless asked for, and nothing changes for GPU users.
+"""
+
+# Import verl first: its plugin loading imports verl_offpolicy.cpu.registration, which imports
+# .platform. Importing .platform before verl would otherwise run that chain while .platform is only
+# half initialised.
+import verl  # noqa: E402, F401
