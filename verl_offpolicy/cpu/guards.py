@@ -1,0 +1,185 @@
+"""Startup checks of the CPU path: a bad setting fails before Ray starts, with what to set.
+
+Without them, several CPU mistakes fail late or not at all: TransferQueue's placement group waits
+forever for CPUs Ray does not have, a worker without ``VERL_PLATFORM=cpu`` builds a CUDA engine,
+FSDP1/flash-attention/torch.compile fail deep inside a worker, and a model path that is not on disk
+makes transformers try to download.
+
+:class:`CPUStartupGuard` is a Hydra callback (installed by the ``+cpu=<overlay>`` configs). Hydra
+turns an ``Exception`` raised by a callback into a warning, so a failure is raised as
+``SystemExit`` with the message (exit status 1, nothing started). It also switches the driver
+process itself to the CPU platform (verl reads ``trainer.device`` against it before Ray starts).
+The rollout backend re-checks the platform in every process it runs in
+(:func:`verl_offpolicy.cpu.platform.require_cpu_platform`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, PLATFORM_NAME
+
+ROLLOUT_NAME = "hf"
+# Each training process's placement-group bundle reserves this many CPUs (verl's ResourcePoolManager).
+CPUS_PER_TRAINING_BUNDLE = 3
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+
+class CPUConfigError(ValueError):
+    """The configuration cannot run on verl's CPU path; the message lists what to set."""
+
+
+def _select(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    try:
+        return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
+    except Exception:  # noqa: BLE001 - an unresolvable interpolation counts as unset here
+        return default
+
+
+def cpu_path_selected(cfg: DictConfig) -> bool:
+    """True if the config (or the environment) asks for verl's CPU path."""
+    return (
+        _select(cfg, "actor_rollout_ref.rollout.name") == ROLLOUT_NAME
+        or _select(cfg, "trainer.device") == PLATFORM_NAME
+        or str(_select(cfg, f"{ENV_PREFIX}.{ENV_PLATFORM}", "")).lower() == PLATFORM_NAME
+        or os.environ.get(ENV_PLATFORM, "").strip().lower() == PLATFORM_NAME
+    )
+
+
+def required_ray_cpus(cfg: DictConfig) -> int:
+    """Logical Ray CPUs that verl reserves up front (TransferQueue + training placement groups).
+
+    TransferQueue's controller takes one CPU and each storage unit one placement-group bundle of one
+    CPU; each training process's bundle reserves ``max_colocate_count`` (3) CPUs. If Ray has fewer,
+    ``ray.get(placement_group.ready())`` waits forever.
+    """
+    units = int(_select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8) or 0)
+    gpus = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
+    return 1 + units + CPUS_PER_TRAINING_BUNDLE * gpus
+
+
+def check_cpu_config(cfg: DictConfig) -> list[str]:
+    """All problems of ``cfg`` for the CPU path, each naming the key and the value to set."""
+    problems: list[str] = []
+
+    def need(key: str, ok: bool, got: Any, fix: str) -> None:
+        if not ok:
+            problems.append(f"{key}={got!r}: {fix}")
+
+    rollout = "actor_rollout_ref.rollout"
+    name = _select(cfg, f"{rollout}.name")
+    need(f"{rollout}.name", name == ROLLOUT_NAME, name,
+         f"vLLM/SGLang do not run here; set {rollout}.name={ROLLOUT_NAME} (transformers generation on the CPU)")
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+        value = _select(cfg, f"{rollout}.{key}", 1)
+        need(f"{rollout}.{key}", value == 1, value, f"the {ROLLOUT_NAME} rollout runs one process; set {rollout}.{key}=1")
+    mode = _select(cfg, f"{rollout}.mode", "async")
+    need(f"{rollout}.mode", mode == "async", mode, f"set {rollout}.mode=async")
+    hybrid = _select(cfg, "actor_rollout_ref.hybrid_engine", True)
+    need("actor_rollout_ref.hybrid_engine", bool(hybrid), hybrid,
+         f"the {ROLLOUT_NAME} rollout is colocated with the actor; set actor_rollout_ref.hybrid_engine=true")
+
+    device = _select(cfg, "trainer.device")
+    need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")
+
+    for prefix, engine_key in (
+        ("actor_rollout_ref.actor", "fsdp_config"),
+        ("actor_rollout_ref.ref", "fsdp_config"),
+        ("critic", "fsdp"),
+    ):
+        if prefix == "critic" and _select(cfg, "algorithm.adv_estimator") != "gae" and not _select(cfg, "critic.enable"):
+            continue
+        for key in (f"{prefix}.strategy", f"{prefix}.{engine_key}.strategy"):
+            value = _select(cfg, key)
+            if value is not None:
+                need(key, value == "fsdp2", value, f"FSDP1 does not run on the CPU; set {key}=fsdp2")
+        for key in (f"{prefix}.use_torch_compile", f"{prefix}.{engine_key}.use_torch_compile"):
+            value = _select(cfg, key)
+            if value is not None:
+                need(key, value is False, value, f"torch.compile is not supported on the CPU path; set {key}=false")
+
+    for prefix in ("actor_rollout_ref.model", "critic.model"):
+        if prefix == "critic.model" and _select(cfg, "algorithm.adv_estimator") != "gae" and not _select(cfg, "critic.enable"):
+            continue
+        attn = _select(cfg, f"{prefix}.override_config.attn_implementation", "flash_attention_2")
+        need(f"{prefix}.override_config.attn_implementation", attn in SUPPORTED_ATTENTION, attn,
+             f"flash-attention needs CUDA; set +{prefix}.override_config.attn_implementation=sdpa "
+             f"(allowed: {', '.join(SUPPORTED_ATTENTION)})")
+        fused = _select(cfg, f"{prefix}.use_fused_kernels", False)
+        need(f"{prefix}.use_fused_kernels", not fused, fused, f"fused kernels need CUDA; set {prefix}.use_fused_kernels=false")
+        for key in ("path", "tokenizer_path"):
+            path = _select(cfg, f"{prefix}.{key}")
+            if path is None and key == "tokenizer_path":
+                continue
+            local = os.path.expanduser(str(path)) if path is not None else ""
+            need(f"{prefix}.{key}", bool(path) and os.path.isdir(local), path,
+                 "must be a local directory (nothing is downloaded on the CPU path); build a tiny model with "
+                 "verl_offpolicy.cpu.tiny.build_tiny(dir) or use verl_offpolicy.cpu.demo.run_demo")
+
+    for env_key, value in CPU_ENV.items():
+        got = _select(cfg, f"{ENV_PREFIX}.{env_key}")
+        need(f"{ENV_PREFIX}.{env_key}", str(got) == value, got,
+             f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}")
+
+    ray_init = "ray_kwargs.ray_init"
+    gpus_needed = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
+    num_gpus = _select(cfg, f"{ray_init}.num_gpus")
+    need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed, num_gpus,
+         f"verl places each training process on a Ray 'GPU'; on the CPU these are fake: set "
+         f"+{ray_init}.num_gpus={gpus_needed} (= trainer.n_gpus_per_node x trainer.nnodes)")
+    num_cpus = _select(cfg, f"{ray_init}.num_cpus")
+    have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+    required = required_ray_cpus(cfg)
+    units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
+    need(f"{ray_init}.num_cpus", have >= required, num_cpus,
+         f"TransferQueue (1 controller + {units} storage units) and the training placement group need {required} "
+         f"logical Ray CPUs, Ray would have {have} and wait forever; set {ray_init}.num_cpus=16 and "
+         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
+
+    n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
+    nnodes = _select(cfg, "trainer.nnodes", 1)
+    need("trainer.nnodes", nnodes == 1, nnodes, "the CPU path runs on one machine; set trainer.nnodes=1")
+    need("trainer.n_gpus_per_node", n_gpus is not None and n_gpus >= 1, n_gpus,
+         "set trainer.n_gpus_per_node=1 (one training process; more work but share the same cores)")
+    return problems
+
+
+def validate_cpu_config(cfg: DictConfig) -> None:
+    """Raise :class:`CPUConfigError` listing every problem of ``cfg`` for the CPU path."""
+    problems = check_cpu_config(cfg)
+    if problems:
+        raise CPUConfigError(
+            "this configuration cannot run on verl's CPU path (+cpu=demo sets all of these):\n  - "
+            + "\n  - ".join(problems)
+        )
+
+
+class CPUStartupGuard(Callback):
+    """Hydra callback of the CPU overlays: validate, then put the driver on the CPU platform."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not cpu_path_selected(config):
+            return
+        try:
+            validate_cpu_config(config)
+            from verl_offpolicy.cpu.platform import activate_cpu_platform
+
+            activate_cpu_platform(check_stale=False)
+        except Exception as exc:  # noqa: BLE001 - Hydra would turn an Exception into a warning
+            raise SystemExit(f"verl-offpolicy: {exc}") from exc
+
+
+__all__ = [
+    "CPUConfigError",
+    "CPUStartupGuard",
+    "ENV_ENGINE_DEVICE",
+    "check_cpu_config",
+    "cpu_path_selected",
+    "required_ray_cpus",
+    "validate_cpu_config",
+]
