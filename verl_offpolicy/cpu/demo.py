@@ -1,0 +1,524 @@
+"""End-to-end CPU demo: stock ``python -m verl.trainer.main_ppo`` on a tiny model, in a few minutes.
+
+:func:`run_demo` builds the tiny model (:mod:`.tiny`) and the repeat task (:mod:`.task`) into
+``output_dir``, runs verl's real pipeline in a subprocess with the ``+cpu=demo`` overlay (plus the
+algorithm preset and any extra Hydra overrides), streams per-step progress to the console, and
+finally reads verl's file logger (JSONL) and writes a reward-curve PNG. The subprocess runs in its
+own process group and its own Ray temp dir: on timeout or failure the group is killed and every
+process of that Ray session is ended, so nothing is left behind.
+
+Usage::
+
+    from verl_offpolicy.cpu.demo import run_demo
+    result = run_demo(steps=40, output_dir="runs/cpu_demo")
+    print(result.reward_start, result.reward_end, result.timings)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from verl_offpolicy.cpu.platform import CPU_ENV
+
+DEFAULT_CONFIG_NAME = "ppo_trainer"
+CPU_OVERLAY = "+cpu=demo"
+TRAIN_SCORE = "critic/score/mean"
+STEP_TIME = "timing_s/step"
+LOG_NAME = "train.log"
+METRICS_NAME = "metrics.jsonl"
+PLOT_NAME = "reward_curve.png"
+
+
+class DemoError(RuntimeError):
+    """The demo run failed or timed out; the message carries the end of the training log."""
+
+
+def preset_overrides(preset: str) -> list[str]:
+    """Hydra overrides selecting an algorithm.
+
+    ``grpo`` is verl's built-in GRPO with the vanilla PPO-clip loss, on the stock ``ppo_trainer``.
+    Any other name selects the preset file ``verl_offpolicy/configs/algorithm/<preset>.yaml``
+    (``+algorithm=<preset>`` on the stock config).
+    """
+    if preset == "grpo":
+        return [
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=true",
+            "algorithm.use_kl_in_reward=false",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+            "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        ]
+    return [f"+algorithm={preset}"]
+
+
+@dataclass
+class DemoInputs:
+    model_path: str
+    tokenizer_path: str
+    train_files: str
+    val_files: str
+
+
+def build_inputs(output_dir: str | os.PathLike, seed: int = 0, max_response_length: int = 8) -> DemoInputs:
+    """Build (or reuse) the tiny model, tokenizer and repeat-task data under ``output_dir``."""
+    from verl_offpolicy.cpu.task import build_dataset
+    from verl_offpolicy.cpu.tiny import TinyModelSpec, build_tiny
+
+    output_dir = Path(output_dir)
+    tiny = build_tiny(output_dir / "tiny", TinyModelSpec(seed=seed))
+    data = build_dataset(output_dir / "data", seed=seed, max_response_length=max_response_length)
+    return DemoInputs(**tiny, **data)
+
+
+def demo_command(
+    inputs: DemoInputs,
+    *,
+    output_dir: str | os.PathLike,
+    preset: str = "grpo",
+    steps: int = 20,
+    seed: int = 0,
+    overrides: Sequence[str] = (),
+    config_name: str = DEFAULT_CONFIG_NAME,
+    ray_temp_dir: Optional[str] = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The ``main_ppo`` command line of a demo run (overlay, inputs, preset, then ``overrides``)."""
+    output_dir = Path(output_dir).resolve()
+    command = [
+        python,
+        "-m",
+        "verl.trainer.main_ppo",
+        "--config-name",
+        config_name,
+        CPU_OVERLAY,
+        f"actor_rollout_ref.model.path={inputs.model_path}",
+        f"actor_rollout_ref.model.tokenizer_path={inputs.tokenizer_path}",
+        f"data.train_files={inputs.train_files}",
+        f"data.val_files={inputs.val_files}",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        f"actor_rollout_ref.actor.data_loader_seed={seed}",
+        f"actor_rollout_ref.actor.fsdp_config.seed={seed}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={output_dir / 'checkpoints'}",
+        f"hydra.run.dir={output_dir / 'hydra'}",
+        *preset_overrides(preset),
+    ]
+    if ray_temp_dir:
+        command.append(f"+ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
+    command += list(overrides)
+    return command
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------
+
+
+def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """verl FileLogger JSONL -> {step: merged metrics} (a step may be logged more than once)."""
+    steps: dict[int, dict[str, Any]] = {}
+    path = Path(path)
+    if not path.exists():
+        return steps
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        record = json.loads(line)
+        steps.setdefault(int(record["step"]), {}).update(record["data"])
+    return steps
+
+
+_VAL_KEY = re.compile(r"^val-(core|aux)/[^@]+/(reward|acc)/mean@\d+$")
+
+
+def validation_key(metrics: dict[str, Any]) -> Optional[str]:
+    """The mean validation reward key if logged: ``val-(core|aux)/<data_source>/(reward|acc)/mean@<n>``.
+
+    verl names the custom reward ``reward`` (``val-aux``) and, for a float score, also ``acc``
+    (``val-core``); both hold the same mean. ``reward`` is preferred.
+    """
+    keys = sorted((k for k in metrics if _VAL_KEY.match(k)), key=lambda k: ("/reward/" not in k, k))
+    return keys[0] if keys else None
+
+
+@dataclass
+class DemoResult:
+    output_dir: str
+    command: list[str]
+    metrics: list[dict[str, Any]]  # one dict per training step (step >= 1), with "step"
+    validation: dict[int, float]  # step -> mean validation reward (greedy); step 0 = before training
+    timings: dict[str, float]
+    plot_path: Optional[str]
+    log_path: str
+    metrics_path: str
+    rollout_vs_trainer: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [m[TRAIN_SCORE] for m in self.metrics if TRAIN_SCORE in m]
+
+    @property
+    def reward_start(self) -> float:
+        return self.rewards[0]
+
+    @property
+    def reward_end(self) -> float:
+        return self.rewards[-1]
+
+    def summary(self) -> dict[str, Any]:
+        rewards = self.rewards
+        window = max(1, min(3, len(rewards) // 3))
+        return {
+            "steps": len(self.metrics),
+            "reward_first": rewards[0] if rewards else None,
+            "reward_last": rewards[-1] if rewards else None,
+            f"reward_first{window}_mean": sum(rewards[:window]) / window if rewards else None,
+            f"reward_last{window}_mean": sum(rewards[-window:]) / window if rewards else None,
+            "validation": self.validation,
+            "timings": self.timings,
+            "rollout_vs_trainer": self.rollout_vs_trainer,
+            "plot": self.plot_path,
+        }
+
+
+def write_plot(result_metrics: list[dict[str, Any]], validation: dict[int, float], path: str | os.PathLike) -> str:
+    """Reward curve (train score per step, greedy validation reward) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = [m["step"] for m in result_metrics if TRAIN_SCORE in m]
+    ax.plot(steps, [m[TRAIN_SCORE] for m in result_metrics if TRAIN_SCORE in m], marker="o", label="train reward (sampled)")
+    if validation:
+        val_steps = sorted(validation)
+        ax.plot(val_steps, [validation[s] for s in val_steps], marker="s", label="validation reward (greedy)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("verl-offpolicy CPU demo (tiny Llama, repeat task)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Process management
+# ----------------------------------------------------------------------------------------------
+
+
+def _session_processes(marker: str) -> list:
+    """Processes whose command line mentions ``marker`` (our unique Ray temp dir)."""
+    import psutil
+
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.info["pid"] != me and marker in cmdline:
+            found.append(proc)
+    return found
+
+
+def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:
+    """End the run: its process group (SIGTERM, then SIGKILL) and every process of its Ray session.
+
+    Ray's GCS/raylet/workers are found by the run's own temp dir in their command line, so other Ray
+    clusters on the machine are untouched. Returns the pids that had to be killed.
+    """
+    import psutil
+
+    killed: list[int] = []
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=grace_s)
+        killed.append(proc.pid)
+    if ray_marker:
+        leftovers = _session_processes(ray_marker)
+        for p in leftovers:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(leftovers, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        killed += [p.pid for p in leftovers]
+    return killed
+
+
+def _number(text: str) -> str:
+    """'np.float64(0.109375)' / '2.4956220470' -> '0.1094' / '2.496' (4 significant digits)."""
+    inner = re.search(r"\(([^()]*)\)", text)  # np.float64(0.1) -> 0.1
+    match = re.search(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", inner.group(1) if inner else text)
+    if not match:
+        return text
+    return f"{float(match.group(0)):.4g}"
+
+
+_STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - ")
+_ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception): |verl-offpolicy:")
+
+
+def _progress_line(line: str) -> Optional[str]:
+    """A compact console line for verl's per-step console log, or None to stay quiet."""
+    match = _STEP_LINE.search(line)
+    if match:
+        line = line[match.start() :].strip()
+        fields = {}
+        for part in line.split(" - "):
+            if ":" in part:
+                key, _, value = part.rpartition(":")
+                fields[key.strip()] = value.strip()
+        step = fields.get("step", "?")
+        keys = [
+            ("reward", TRAIN_SCORE),
+            ("step_s", STEP_TIME),
+            ("pg_loss", "actor/pg_loss"),
+            ("|p_rollout-p_actor|max", "training/rollout_probs_diff_max"),
+        ]
+        shown = [f"{label}={_number(fields[k])}" for label, k in keys if k in fields]
+        val_key = validation_key(fields)
+        val = [f"val={_number(fields[val_key])}"] if val_key else []
+        return f"[cpu-demo] step {step}: " + " ".join(shown + val)
+    if "Warning" not in line and _ERROR_LINE.search(line):
+        return f"[cpu-demo] {line}"
+    return None
+
+
+def run_subprocess(
+    command: Sequence[str],
+    *,
+    env: dict[str, str],
+    log_path: str | os.PathLike,
+    timeout: float,
+    ray_marker: Optional[str] = None,
+    on_line: Optional[Callable[[str], None]] = None,
+    cwd: Optional[str] = None,
+) -> tuple[int, float, dict[str, float]]:
+    """Run ``command`` in its own process group with a timeout; log to ``log_path``.
+
+    Returns (return code, wall seconds, {first_step_line: seconds after launch}). On timeout the
+    process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
+    processes of the run's Ray session that are still alive are ended.
+    """
+    start = time.monotonic()
+    marks: dict[str, float] = {}
+    log_path = Path(log_path)
+    with open(log_path, "w", buffering=1) as log:
+        proc = subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                log.write(raw)
+                if "first_step" not in marks:
+                    match = _STEP_LINE.search(line)
+                    if match and match.group(1) == "1":
+                        marks["first_step"] = time.monotonic() - start
+                if on_line is not None:
+                    try:
+                        on_line(line)
+                    except Exception:  # noqa: BLE001 - the pipe must keep draining or the child blocks
+                        pass
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_process_tree(proc, ray_marker)
+            reader.join(timeout=5)
+            raise DemoError(
+                f"the CPU demo did not finish within {timeout:.0f}s and was killed (process group and its Ray "
+                f"session); end of {log_path}:\n{tail(log_path)}"
+            ) from None
+        except BaseException:
+            kill_process_tree(proc, ray_marker)
+            raise
+        reader.join(timeout=30)
+        # A clean exit shuts Ray down itself; this catches anything a failed run left behind.
+        kill_process_tree(proc, ray_marker)
+    return returncode, time.monotonic() - start, marks
+
+
+def tail(path: str | os.PathLike, lines: int = 60) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"
+
+
+def cpu_env(metrics_path: str | os.PathLike, base: Optional[dict[str, str]] = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(CPU_ENV)
+    env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env.setdefault("RAY_DEDUP_LOGS", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return env
+
+
+def run_demo(
+    preset: str = "grpo",
+    steps: int = 40,
+    seed: int = 0,
+    output_dir: Optional[str | os.PathLike] = None,
+    timeout: float = 900.0,
+    overrides: Iterable[str] = (),
+    config_name: str = DEFAULT_CONFIG_NAME,
+    stream: bool = True,
+    plot: bool = True,
+) -> DemoResult:
+    """Train the tiny model on the repeat task through stock ``main_ppo`` on the CPU.
+
+    Args:
+        preset: ``grpo`` (verl's GRPO, vanilla loss) or an algorithm preset name
+            (``+algorithm=<preset>``, see :func:`preset_overrides`).
+        steps: training steps (``trainer.total_training_steps``).
+        seed: seeds the model init, the data order and the rollout sampler.
+        output_dir: where model, data, log, metrics and plot go (default: a new temp dir).
+        timeout: seconds before the run is killed (and a :class:`DemoError` raised).
+        overrides: extra Hydra overrides, applied last.
+        config_name: primary config (``ppo_trainer``; e.g. ``offpolicy_trainer`` with its presets).
+        stream: print a progress line per step to stdout.
+        plot: write ``reward_curve.png``.
+
+    Returns:
+        :class:`DemoResult` with per-step metrics, validation rewards and timings.
+    """
+    output_dir = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix="vo-cpu-demo-"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = output_dir.resolve()
+    t0 = time.monotonic()
+    inputs = build_inputs(output_dir, seed=seed)
+    metrics_path = output_dir / METRICS_NAME
+    if metrics_path.exists():
+        metrics_path.unlink()
+    # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
+    ray_temp_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    command = demo_command(
+        inputs,
+        output_dir=output_dir,
+        preset=preset,
+        steps=steps,
+        seed=seed,
+        overrides=list(overrides),
+        config_name=config_name,
+        ray_temp_dir=ray_temp_dir,
+    )
+
+    def on_line(line: str) -> None:
+        if stream:
+            shown = _progress_line(line)
+            if shown:
+                print(shown, flush=True)
+
+    if stream:
+        print(f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})")
+    try:
+        returncode, wall, marks = run_subprocess(
+            command,
+            env=cpu_env(metrics_path),
+            log_path=output_dir / LOG_NAME,
+            timeout=timeout,
+            ray_marker=ray_temp_dir,
+            on_line=on_line,
+            cwd=str(output_dir),
+        )
+    finally:
+        shutil.rmtree(ray_temp_dir, ignore_errors=True)
+    if returncode != 0:
+        raise DemoError(f"main_ppo exited with status {returncode}; end of {output_dir / LOG_NAME}:\n{tail(output_dir / LOG_NAME)}")
+
+    by_step = read_metrics(metrics_path)
+    metrics = [{"step": s, **m} for s, m in sorted(by_step.items()) if s >= 1 and TRAIN_SCORE in m]
+    if len(metrics) < steps:
+        raise DemoError(
+            f"main_ppo exited 0 but {metrics_path} has {len(metrics)} training steps, expected {steps}; "
+            f"end of log:\n{tail(output_dir / LOG_NAME)}"
+        )
+    validation = {}
+    for s, m in sorted(by_step.items()):
+        key = validation_key(m)
+        if key is not None:
+            validation[s] = float(m[key])
+    step_times = [m[STEP_TIME] for m in metrics if STEP_TIME in m]
+    timings = {
+        "total_s": round(time.monotonic() - t0, 2),
+        "subprocess_s": round(wall, 2),
+        "mean_step_s": round(sum(step_times) / len(step_times), 3) if step_times else float("nan"),
+    }
+    if "first_step" in marks and step_times:
+        timings["startup_s"] = round(marks["first_step"] - step_times[0], 2)
+    diffs = [m["training/rollout_probs_diff_max"] for m in metrics if "training/rollout_probs_diff_max" in m]
+    rollout_vs_trainer = {}
+    if diffs:
+        rollout_vs_trainer = {
+            "rollout_probs_diff_max": max(diffs),
+            "rollout_probs_diff_mean": sum(m["training/rollout_probs_diff_mean"] for m in metrics) / len(metrics),
+        }
+    plot_path = write_plot(metrics, validation, output_dir / PLOT_NAME) if plot else None
+    result = DemoResult(
+        output_dir=str(output_dir),
+        command=command,
+        metrics=metrics,
+        validation=validation,
+        timings=timings,
+        plot_path=plot_path,
+        log_path=str(output_dir / LOG_NAME),
+        metrics_path=str(metrics_path),
+        rollout_vs_trainer=rollout_vs_trainer,
+    )
+    (output_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2, default=str))
+    if stream:
+        print(f"[cpu-demo] done: {json.dumps(result.summary(), default=str)}", flush=True)
+    return result
