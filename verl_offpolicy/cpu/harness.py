@@ -277,12 +277,14 @@ class IsolatedRunError(RuntimeError):
     """The isolated function failed or timed out; the message has its output."""
 
 
-def run_isolated(target: str, kwargs: Optional[dict[str, Any]] = None, timeout: float = 300.0) -> Any:
+def run_isolated(
+    target: str, kwargs: Optional[dict[str, Any]] = None, timeout: float = 300.0, cpu: bool = True
+) -> Any:
     """Run ``module:function(**kwargs)`` in a fresh Python process on the CPU platform.
 
     The function's return value must be JSON-serialisable. The process gets ``VERL_PLATFORM=cpu``
-    from the start (so no verl module caches another device), runs in its own session, and is
-    killed if it does not finish within ``timeout`` seconds.
+    from the start (so no verl module caches another device; ``cpu=False`` removes it instead),
+    runs in its own session, and is killed if it does not finish within ``timeout`` seconds.
     """
     module, _, function = target.partition(":")
     with tempfile.TemporaryDirectory(prefix="vo-isolated-") as tmp:
@@ -294,7 +296,11 @@ def run_isolated(target: str, kwargs: Optional[dict[str, Any]] = None, timeout: 
             f"open({str(result_path)!r}, 'w').write(json.dumps(result))\n"
         )
         env = dict(os.environ)
-        env.update(CPU_ENV)
+        if cpu:
+            env.update(CPU_ENV)
+        else:
+            for key in CPU_ENV:
+                env.pop(key, None)
         env.setdefault("HF_HUB_OFFLINE", "1")
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(key, None)

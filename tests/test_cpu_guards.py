@@ -1,0 +1,94 @@
+"""Bad CPU settings fail at startup, before Ray starts, with a message naming the key and what to set."""
+
+import tempfile
+
+import pytest
+
+from tests.cpu_harness import run_main_ppo
+from verl_offpolicy.cpu.guards import check_cpu_config, required_ray_cpus, validate_cpu_config, CPUConfigError
+from verl_offpolicy.cpu.harness import compose_cpu_config
+from verl_offpolicy.cpu.tiny import build_tiny
+
+GUARD_TIMEOUT = 120  # a guard failure must be quick: no Ray, no workers
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny(tempfile.mkdtemp(prefix="vo-guard-") + "/tiny")
+
+
+def _problems(tiny, *overrides):
+    return check_cpu_config(compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], list(overrides)))
+
+
+def test_overlay_is_accepted(tiny):
+    assert _problems(tiny, "algorithm.adv_estimator=grpo") == []
+
+
+@pytest.mark.parametrize(
+    "override, key, fix",
+    [
+        ("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.strategy='fsdp'", "=fsdp2"),
+        ("actor_rollout_ref.actor.fsdp_config.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.strategy='fsdp'", "=fsdp2"),
+        (
+            "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+            "actor_rollout_ref.model.override_config.attn_implementation='flash_attention_2'",
+            "attn_implementation=sdpa",
+        ),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size=2", "tensor_model_parallel_size=1"),
+        ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name='vllm'", "rollout.name=hf"),
+        ("actor_rollout_ref.actor.fsdp_config.use_torch_compile=true", "use_torch_compile=True", "use_torch_compile=false"),
+        ("ray_kwargs.ray_init.num_cpus=2", "ray_kwargs.ray_init.num_cpus=2", "num_cpus=16"),
+        ("transfer_queue.backend.SimpleStorage.num_data_storage_units=16", "ray_kwargs.ray_init.num_cpus=16", "num_data_storage_units=1"),
+        ("ray_kwargs.ray_init.num_gpus=0", "ray_kwargs.ray_init.num_gpus=0", "num_gpus=1"),
+        ("~ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM", "env_vars.VERL_PLATFORM=None", "VERL_PLATFORM=cpu"),
+        ("~ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE", "env_vars.VERL_ENGINE_DEVICE=None", "VERL_ENGINE_DEVICE=cuda"),
+        ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path='/nonexistent/model'", "local directory"),
+        ("trainer.device=cuda", "trainer.device='cuda'", "trainer.device=cpu"),
+        ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine=False", "hybrid_engine=true"),
+    ],
+)
+def test_bad_setting_is_named_with_its_fix(tiny, override, key, fix):
+    problems = _problems(tiny, override)
+    matching = [p for p in problems if key in p]
+    assert matching, problems
+    assert fix in matching[0], matching[0]
+
+
+def test_required_cpus_counts_transfer_queue_and_placement_groups(tiny):
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"])
+    assert required_ray_cpus(cfg) == 1 + 1 + 3  # controller + 1 storage unit + one training bundle
+    with pytest.raises(CPUConfigError, match="cannot run on verl's CPU path"):
+        validate_cpu_config(compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["ray_kwargs.ray_init.num_cpus=3"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy='fsdp'"),
+        (["transfer_queue.backend.SimpleStorage.num_data_storage_units=8", "ray_kwargs.ray_init.num_cpus=4"], "wait forever"),
+    ],
+)
+def test_main_ppo_exits_before_ray_with_the_message(tiny, overrides, expected):
+    rc, output, seconds = run_main_ppo(
+        [
+            "+cpu=demo",
+            f"actor_rollout_ref.model.path={tiny['model_path']}",
+            f"actor_rollout_ref.model.tokenizer_path={tiny['tokenizer_path']}",
+            "algorithm.adv_estimator=grpo",
+            *overrides,
+        ],
+        timeout=GUARD_TIMEOUT,
+    )
+    assert rc == 1, output[-3000:]
+    assert "verl-offpolicy:" in output and expected in output, output[-3000:]
+    assert "ray init kwargs" not in output  # main_ppo never reached ray.init
+    assert seconds < GUARD_TIMEOUT
+
+
+def test_worker_without_cpu_platform_gets_the_fix_in_its_error():
+    from tests.cpu_harness import isolated
+
+    message = isolated("tests.cpu_harness:adapter_outside_cpu_platform", timeout=120, cpu=False)
+    assert "VERL_PLATFORM=cpu" in message
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu" in message

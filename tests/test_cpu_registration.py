@@ -1,0 +1,107 @@
+"""The CPU platform and the hf rollout are in verl's registries, cheaply and only where asked for."""
+
+import json
+import subprocess
+import sys
+
+from verl_offpolicy.cpu.platform import CPU_ENV
+from verl_offpolicy.glue.registration import expected_names
+
+TIMEOUT = 240
+
+
+def _python(code: str, cpu: bool) -> dict:
+    import os
+
+    env = dict(os.environ)
+    for key in CPU_ENV:
+        env.pop(key, None)
+    if cpu:
+        env.update(CPU_ENV)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_private_rollout_registry_has_hf_adapter():
+    """verl registers adapters only in the private dict base._ROLLOUT_REGISTRY: fail loudly if it moves."""
+    from verl.workers.rollout import base
+    from verl.workers.rollout.base import BaseRollout, get_rollout_class
+
+    assert base._ROLLOUT_REGISTRY[("hf", "async")] == "verl_offpolicy.cpu.rollout.HFServerAdapter"
+    adapter = get_rollout_class("hf", "async")
+    assert issubclass(adapter, BaseRollout)
+    assert adapter.__name__ == "HFServerAdapter"
+    # The same private dict still holds verl's own backends (the contract we rely on).
+    assert ("vllm", "async") in base._ROLLOUT_REGISTRY
+
+
+def test_public_replica_registry_has_hf_replica():
+    from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, get_rollout_replica_class
+
+    replica = get_rollout_replica_class("hf")
+    assert issubclass(replica, RolloutReplica)
+    assert replica is RolloutReplicaRegistry.get("hf")
+    assert replica.__name__ == "HFReplica"
+
+
+def test_cpu_platform_registered_and_expected_names_resolve():
+    from verl.plugin.platform import PlatformBase, PlatformRegistry
+
+    platform_cls = PlatformRegistry.get("cpu")
+    assert platform_cls is not None and issubclass(platform_cls, PlatformBase)
+    ours = {(e.kind, e.name): e for e in expected_names() if e.kind in ("platform", "rollout")}
+    assert set(ours) == {("platform", "cpu"), ("rollout", "hf")}
+    assert all(e.lookup(e.name) for e in ours.values())
+
+
+def test_gpu_processes_are_untouched():
+    """Without VERL_PLATFORM=cpu: no CPU platform, verl's own process-group default, no rollout import."""
+    report = _python(
+        """
+import json, sys, verl
+from verl.plugin.platform import get_platform
+import verl.utils.distributed as d
+print(json.dumps({
+    "platform": get_platform().device_name,
+    "gloo_wrapper": getattr(d.initialize_global_process_group_ray, "_verl_offpolicy_gloo", False),
+    "hf_rollout_imported": "verl_offpolicy.cpu.rollout" in sys.modules,
+}))
+""",
+        cpu=False,
+    )
+    assert report == {"platform": "cuda", "gloo_wrapper": False, "hf_rollout_imported": False}
+
+
+def test_cpu_process_gets_platform_engine_and_gloo():
+    from tests.cpu_harness import isolated
+
+    facts = isolated("tests.cpu_harness:platform_facts", timeout=TIMEOUT)
+    assert facts == {
+        "device_name": "cpu",
+        "ray_resource_name": "GPU",
+        "current_device": "cpu",
+        "backend": "gloo",
+        "engine_class": "FSDPEngineWithLMHead",
+        "max_memory_allocated_positive": True,
+    }
+
+
+def test_rollout_registration_waits_for_verl_rollout_import():
+    """`import verl` does not import verl's rollout package for us; importing it registers hf."""
+    report = _python(
+        """
+import json, sys, verl
+from verl_offpolicy.cpu import registration
+hook_pending = any(isinstance(f, registration._AfterImportHook) for f in sys.meta_path)
+before = "verl.workers.rollout" in sys.modules
+import verl.workers.rollout.base as base
+print(json.dumps({"before": before, "hook_pending": hook_pending or before,
+                  "registered": registration.rollout_registered(),
+                  "hook_left": any(isinstance(f, registration._AfterImportHook) for f in sys.meta_path)}))
+""",
+        cpu=False,
+    )
+    assert report["registered"] is True
+    assert report["hook_pending"] is True
+    assert report["hook_left"] is False
