@@ -1,15 +1,16 @@
 """Advantage estimators of ``ALGORITHMS.md``: pure math on per-sequence scores (torch only, no verl).
 
 Every estimator takes scores r [B] (one scalar reward per response) and integer group ids g [B]
-(responses to the same prompt share an id, 0 ≤ g < B) and returns per-sequence advantages A [B].
-Group statistics are segment reductions over the ids (``index_add_``, ``scatter_reduce``), never a
-Python loop over groups.
+(responses to the same prompt share an id ≥ 0) and returns per-sequence advantages A [B]. Group
+statistics are segment reductions over the ids (``index_add_``, ``scatter_reduce``) computed once
+per group and gathered back, never a Python loop over groups.
 
 Conventions of the spec, kept by every function here:
 
 - a singleton group (K = 1) has baseline 0, so A = r;
-- a group whose rewards are all equal gets A = 0 bit-exactly: group statistics are computed
-  relative to the group maximum M (mean = M + Σ(r − M)/K), so they return the common value exactly;
+- a group whose rewards are all equal gets A = 0 bit-exactly: rewards are centred on the group
+  maximum M (c_i = r_i − M, which is exactly 0 for every member of such a group) and advantages are
+  computed from c, e.g. r_i − r̄ = c_i − Σ_j c_j/K;
 - log-sum-exp is shifted by the group (or leave-one-out) maximum, so rewards of 1e4 with τ = 0.01
   stay finite.
 """
@@ -23,113 +24,114 @@ import torch
 from torch import Tensor
 
 _UINT32 = 0xFFFFFFFF
+# Exponents of the shifted log-sum-exp are ≤ 0 and the sums hold a term e⁰ = 1; terms below e⁻⁸⁰
+# (≈ 1.8e−35) cannot change such a sum in float32 or float64, but float32 subnormals (below e⁻⁸⁷)
+# make ``exp`` an order of magnitude slower, so exponents are floored at −80.
+_EXP_FLOOR = -80.0
 
 
 class Groups(NamedTuple):
-    """Group ids with the per-sample group size, built once per estimator call."""
+    """Group ids [B] and the size K_g of every group [G] (G = max id + 1; unused ids have K = 0)."""
 
-    ids: Tensor  # [B] int64 in [0, num)
-    num: int  # number of segments G (ids need not use all of them)
-    size: Tensor  # [B] K of each sample's group, in the scores' dtype
+    ids: Tensor
+    count: Tensor
 
 
 def make_groups(group_ids: Tensor, dtype: torch.dtype) -> Groups:
-    """Validate ``group_ids`` ([B] integer, ≥ 0) and count the members of each group."""
+    """Validate ``group_ids`` (1-D, integer, ≥ 0) and count the members of each group."""
     if group_ids.dim() != 1 or group_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"group_ids must be a 1-D int64 tensor, got shape {tuple(group_ids.shape)} {group_ids.dtype}")
+        raise ValueError(f"group_ids must be a 1-D integer tensor, got shape {tuple(group_ids.shape)} {group_ids.dtype}")
     ids = group_ids.long()
-    num = int(ids.max()) + 1 if ids.numel() else 0
-    count = torch.zeros(num, dtype=dtype, device=ids.device).index_add_(0, ids, torch.ones_like(ids, dtype=dtype))
-    return Groups(ids, num, count[ids])
+    return Groups(ids, torch.bincount(ids).to(dtype))
 
 
-def group_sum(values: Tensor, groups: Groups) -> Tensor:
-    """S_g = Σ_{i ∈ g} v_i, gathered back to each sample ([B])."""
-    return values.new_zeros(groups.num).index_add_(0, groups.ids, values)[groups.ids]
+def gather(group_values: Tensor, groups: Groups) -> Tensor:
+    """The value of each sample's group: v_{g_i} ([G] → [B])."""
+    return group_values.index_select(0, groups.ids)
 
 
-def group_max(values: Tensor, groups: Groups) -> Tensor:
-    """M_g = max_{i ∈ g} v_i, gathered back to each sample ([B])."""
-    init = values.new_full((groups.num,), -math.inf)
-    return init.scatter_reduce_(0, groups.ids, values, reduce="amax")[groups.ids]
+def segment_sum(values: Tensor, groups: Groups) -> Tensor:
+    """S_g = Σ_{i ∈ g} v_i ([B] → [G])."""
+    return values.new_zeros(groups.count.shape).index_add_(0, groups.ids, values)
 
 
-def group_mean(values: Tensor, groups: Groups) -> Tensor:
-    """v̄_g = M_g + Σ_{i ∈ g}(v_i − M_g)/K_g ([B]); exactly the common value if all v_i of g are equal."""
-    top = group_max(values, groups)
-    return top + group_sum(values - top, groups) / groups.size
+def segment_max(values: Tensor, groups: Groups) -> Tensor:
+    """M_g = max_{i ∈ g} v_i ([B] → [G]; −inf for an empty id)."""
+    return values.new_full(groups.count.shape, -math.inf).scatter_reduce_(0, groups.ids, values, reduce="amax")
 
 
-def mean_baseline(scores: Tensor, groups: Groups) -> Tensor:
-    """b_i = r̄ (group mean); 0 for a singleton group."""
-    return torch.where(groups.size > 1, group_mean(scores, groups), 0.0)
+def centre_on_max(scores: Tensor, groups: Groups) -> tuple[Tensor, Tensor]:
+    """(M_g [G], c_i = r_i − M_{g_i} [B]); c_i is exactly 0 for members at their group maximum."""
+    top = segment_max(scores, groups)
+    return top, scores - gather(top, groups)
 
 
-def leave_one_out_mean_baseline(scores: Tensor, groups: Groups) -> Tensor:
-    """b_i = r̄_{−i} = Σ_{j≠i} r_j/(K − 1); 0 for a singleton group."""
-    top = group_max(scores, groups)
-    centred = scores - top
-    others = (group_sum(centred, groups) - centred) / (groups.size - 1).clamp_min(1)
-    return torch.where(groups.size > 1, top + others, 0.0)
+def _exp(exponent: Tensor) -> Tensor:
+    """exp of a log-sum-exp exponent (≤ 0 wherever it is used), clamped to [``_EXP_FLOOR``, 0]."""
+    return torch.exp(exponent.clamp(_EXP_FLOOR, 0.0))
 
 
-def logavgexp_baseline(scores: Tensor, groups: Groups, tau: float) -> Tensor:
-    """b_i = τ·(logsumexp_{j∈g}(r_j/τ) − log K) = M + τ·(log Σ_j exp((r_j − M)/τ) − log K); 0 if K = 1."""
-    top = group_max(scores, groups)
-    sum_exp = group_sum(torch.exp((scores - top) / tau), groups)
-    return torch.where(groups.size > 1, top + tau * (torch.log(sum_exp) - torch.log(groups.size)), 0.0)
-
-
-def leave_one_out_logavgexp_baseline(scores: Tensor, groups: Groups, tau: float) -> Tensor:
-    """b_i = τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), exact (no clamp); 0 if K = 1.
-
-    Shifted by the leave-one-out maximum M_{−i} so the sum is ≥ 1 and nothing over- or underflows:
-    if another member attains the group maximum M, M_{−i} = M and Σ_{j≠i} = Σ_j − exp((r_i − M)/τ)
-    (≥ 1, no cancellation); if i is the unique maximum, M_{−i} is the second largest value M₂ and the
-    sum runs over the members below M.
-    """
-    top = group_max(scores, groups)
-    at_top = scores == top
-    unique_top = at_top & (group_sum(at_top.to(scores.dtype), groups) == 1)
-    second = group_max(torch.where(at_top, -math.inf, scores), groups)  # -inf if all members are at M
-
-    others_below_top = group_sum(torch.where(at_top, 0.0, torch.exp((scores - second) / tau)), groups)
-    exp_vs_top = torch.exp((scores - top) / tau)
-    others_with_top = group_sum(exp_vs_top, groups) - exp_vs_top
-
-    shift = torch.where(unique_top, second, top)
-    others = torch.where(unique_top, others_below_top, others_with_top)
-    log_mean = torch.log(others) - torch.log((groups.size - 1).clamp_min(1))
-    return torch.where(groups.size > 1, shift + tau * log_mean, 0.0)
+def _singleton_or(values: Tensor, singleton_value: Tensor, groups: Groups) -> Tensor:
+    """Group-level ``values``, replaced by ``singleton_value`` for groups with K = 1."""
+    return torch.where(groups.count > 1, values, singleton_value)
 
 
 def opmd_advantage(scores: Tensor, group_ids: Tensor, baseline: str = "mean", tau: float = 1.0) -> Tensor:
-    """``opmd``: A_i = r_i − b, b = r̄ (``mean``) or b = τ·(logsumexp(r/τ) − log K) (``logavgexp``, τ > 0)."""
+    """``opmd``: A_i = r_i − b, b = r̄ (``mean``) or b = τ·(logsumexp_j(r_j/τ) − log K) (``logavgexp``, τ > 0).
+
+    Computed as A_i = c_i − q_g with q = Σ_j c_j/K (mean) or q = τ·(log Σ_j exp(c_j/τ) − log K)
+    (logavgexp: the log-sum-exp shifted by the group maximum). A singleton has b = 0 (q = −M).
+    """
     groups = make_groups(group_ids, scores.dtype)
+    top, centred = centre_on_max(scores, groups)
     if baseline == "mean":
-        return scores - mean_baseline(scores, groups)
-    if baseline == "logavgexp":
-        return scores - logavgexp_baseline(scores, groups, tau)
-    raise ValueError(f"opmd baseline must be 'mean' or 'logavgexp', got {baseline!r}")
+        offset = segment_sum(centred, groups) / groups.count
+    elif baseline == "logavgexp":
+        sum_exp = segment_sum(_exp(centred / tau), groups)
+        offset = tau * (torch.log(sum_exp) - torch.log(groups.count))
+    else:
+        raise ValueError(f"opmd baseline must be 'mean' or 'logavgexp', got {baseline!r}")
+    return centred - gather(_singleton_or(offset, -top, groups), groups)
 
 
 def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Tensor:
-    """``pmd_partition``: A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ > 0.
+    """``pmd_partition``: A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ > 0, exact (A is not clamped).
 
-    τ → ∞ gives RLOO (r_i − r̄_{−i}); τ → 0 gives r_i − max_{j≠i} r_j.
+    τ → ∞ gives RLOO (r_i − r̄_{−i}); τ → 0 gives r_i − max_{j≠i} r_j. The leave-one-out sum is
+    shifted by the leave-one-out maximum, so it is ≥ 1 and nothing over- or underflows:
+
+    - if another member also attains the group maximum M (or r_i < M):
+      A_i = c_i − τ·(log(Σ_j e_j − e_i) − log(K−1)), e_j = exp((r_j − M)/τ), the sum holding a term 1;
+    - if i is the unique maximum, with M₂ the largest other reward:
+      A_i = r_i − M₂ − τ·(log Σ_{j≠i} exp((r_j − M₂)/τ) − log(K−1)).
     """
     groups = make_groups(group_ids, scores.dtype)
-    return scores - leave_one_out_logavgexp_baseline(scores, groups, tau)
+    top, centred = centre_on_max(scores, groups)
+    at_top = centred == 0
+    unique_top = at_top & (gather(segment_sum(at_top.to(scores.dtype), groups), groups) == 1)
+    log_others = torch.log((groups.count - 1).clamp_min(1))
+
+    exp_vs_top = _exp(centred / tau)
+    sum_vs_top = gather(segment_sum(exp_vs_top, groups), groups)
+    shared_top = centred - tau * (torch.log(sum_vs_top - exp_vs_top) - gather(log_others, groups))
+
+    second = segment_max(scores.masked_fill(at_top, -math.inf), groups)  # −inf if all members are at M
+    below_top = _exp((scores - gather(second, groups)) / tau).masked_fill_(at_top, 0.0)
+    sum_below = segment_sum(below_top, groups)
+    max_baseline = _singleton_or(second + tau * (torch.log(sum_below) - log_others), torch.zeros_like(top), groups)
+    return torch.where(unique_top, scores - gather(max_baseline, groups), shared_top)
 
 
 def asymre_advantage(scores: Tensor, group_ids: Tensor, shift: float) -> Tensor:
-    """``asymre``: A_i = r_i − (r̄ + shift); a singleton has baseline 0 (A = r).
+    """``asymre``: A_i = r_i − (r̄ + shift) = c_i − (Σ_j c_j/K + shift); a singleton has baseline 0 (A = r).
 
     A group of equal rewards gets A = −shift exactly: the shift is AsymRE's forward-KL pull
     (REINFORCE − c·log π ≡ shift −c), so it is not removed there.
     """
     groups = make_groups(group_ids, scores.dtype)
-    return torch.where(groups.size > 1, (scores - group_mean(scores, groups)) - shift, scores)
+    top, centred = centre_on_max(scores, groups)
+    offset = segment_sum(centred, groups) / groups.count + shift
+    return centred - gather(_singleton_or(offset, -top, groups), groups)
 
 
 def red_weight_advantage(scores: Tensor, group_ids: Tensor, temperature: float) -> Tensor:
@@ -139,23 +141,30 @@ def red_weight_advantage(scores: Tensor, group_ids: Tensor, temperature: float) 
     A singleton has no group to weight against: its weight is 1 and A = r (spec: singletons get A = r).
     """
     groups = make_groups(group_ids, scores.dtype)
-    centred = scores - group_mean(scores, groups)
-    weighted = centred * torch.exp((centred / temperature).clamp(max=20.0))
-    return torch.where(groups.size > 1, weighted, scores)
+    _, centred = centre_on_max(scores, groups)
+    diff = centred - gather(segment_sum(centred, groups) / groups.count, groups)
+    weighted = diff * torch.exp((diff / temperature).clamp(max=20.0))
+    return torch.where(gather(groups.count, groups) > 1, weighted, scores)
 
 
 def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bool) -> Tensor:
     """``agro``: D_i = R_i − R̄_{−i}; off-policy A_i = D_i; on-policy A_i = D_i − (D_i² − mean_j D_j²)/(2β).
 
     ``scores`` are the regularised returns R_i = r_i − β·log(π(y_i)/π_ref(y_i)) (KL already in the
-    reward). A singleton has D = R and mean_j D_j² = D², so A = R in both forms.
+    reward). D_i = (K·c_i − Σ_j c_j)/(K − 1) on the centred returns. A singleton has D = R and
+    mean_j D_j² = D², so A = R in both forms.
     """
     groups = make_groups(group_ids, scores.dtype)
-    diff = scores - leave_one_out_mean_baseline(scores, groups)
+    top, centred = centre_on_max(scores, groups)
+    others = (groups.count - 1).clamp_min(1)
+    scale = _singleton_or(groups.count / others, torch.ones_like(top), groups)
+    offset = _singleton_or(segment_sum(centred, groups) / others, -top, groups)
+    diff = gather(scale, groups) * centred - gather(offset, groups)
     if not on_policy:
         return diff
     square = diff * diff
-    return diff - (square - group_mean(square, groups)) / (2.0 * beta)
+    mean_square = segment_sum(square, groups) / groups.count
+    return diff - (square - gather(mean_square, groups)) / (2.0 * beta)
 
 
 def _mix32(x: Tensor) -> Tensor:
@@ -165,45 +174,58 @@ def _mix32(x: Tensor) -> Tensor:
     return (x >> 16) ^ x
 
 
-def occurrence_in_group(groups: Groups) -> Tensor:
-    """o_i = #{j < i : g_j = g_i}, the position of each sample among its group's members in batch order."""
-    order = torch.argsort(groups.ids, stable=True)
-    starts = torch.cumsum(torch.bincount(groups.ids, minlength=groups.num), 0) - torch.bincount(
-        groups.ids, minlength=groups.num
-    )
+def occurrence_in_group(group_ids: Tensor, order: Tensor | None = None) -> Tensor:
+    """o_i = #{j < i : g_j = g_i}: each sample's position among its group's members in batch order.
+
+    ``order`` is a stable argsort of ``group_ids`` if the caller has one (computed otherwise).
+    """
+    ids = group_ids.long()
+    if order is None:
+        order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids)
+    starts = torch.cumsum(counts, 0) - counts
     occurrence = torch.empty_like(order)
-    occurrence[order] = torch.arange(order.numel(), device=order.device) - starts[groups.ids[order]]
+    occurrence[order] = torch.arange(order.numel(), device=order.device) - starts.index_select(0, ids[order])
     return occurrence
 
 
-def red_drop_advantage(scores: Tensor, group_ids: Tensor, group_seeds: Tensor) -> Tensor:
+def red_drop_advantage(
+    scores: Tensor, group_ids: Tensor, group_seeds: Tensor, occurrence: Tensor | None = None
+) -> Tensor:
     """``red_drop``: drop surplus negatives at random, then A_i = r_i − mean(kept rewards); dropped get 0.
 
-    Positives are r_i ≥ r̄ (ties positive). If #neg > #pos in a group, #neg − #pos negatives are
-    dropped uniformly at random (each negative's random key is a hash of its group's seed and of
-    its occurrence index in the group, and the #pos smallest keys are kept), so the drop depends only
-    on the group's seed (derived from (seed, uid)) and its rewards in batch order. A singleton gets A = r.
+    Positives are r_i ≥ r̄ (ties positive). If #neg > #pos in a group, #neg − #pos of its negatives
+    are dropped uniformly at random: each member gets the key hash(seed_g, o_i) from its group's seed
+    (derived from (seed, uid)) and its occurrence index o_i in the group, and the #pos negatives with
+    the smallest keys are kept. The drop therefore depends only on the group's seed and its rewards
+    in batch order, not on the rest of the batch. A singleton gets A = r.
 
     Args:
         group_seeds: [G] int64 in [0, 2³²), one seed per group id.
+        occurrence: o_i from :func:`occurrence_in_group`, if the caller has it.
     """
     groups = make_groups(group_ids, scores.dtype)
     ids = groups.ids
-    positive = scores >= group_mean(scores, groups)
-    n_pos = group_sum(positive.to(scores.dtype), groups)
-    quota = torch.minimum(n_pos, groups.size - n_pos)  # negatives kept
+    top, centred = centre_on_max(scores, groups)
+    positive = centred >= gather(segment_sum(centred, groups) / groups.count, groups)
+    n_pos = segment_sum(positive.to(scores.dtype), groups)
+    quota = torch.minimum(n_pos, groups.count - n_pos)  # negatives kept per group
 
-    key = _mix32((group_seeds[ids] + occurrence_in_group(groups) * 0x9E3779B9) & _UINT32)
-    # sort by (group, positive, key): each group's negatives come first, ordered by key
-    order = torch.argsort((ids << 34) | (positive.long() << 33) | key, stable=True)
-    counts = torch.bincount(ids, minlength=groups.num)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device) - starts[ids[order]]
-    kept = positive | (rank < quota)
+    if occurrence is None:
+        occurrence = occurrence_in_group(ids)
+    key = _mix32((gather(group_seeds, groups) + occurrence * 0x9E3779B9) & _UINT32)
+    # rank of each negative among its group's negatives by key: a row sort of a [G, K_max] table of
+    # keys made unique by the occurrence (positives after every negative, padding last)
+    width = int(groups.count.max())
+    slot = ids * width + occurrence
+    table = torch.full((groups.count.numel() * width,), 2**33 * width, dtype=torch.long, device=ids.device)
+    table.index_put_((slot,), torch.where(positive, 2**32, key) * width + occurrence)
+    by_key = torch.argsort(table.view(-1, width), dim=1)
+    columns = torch.arange(width, device=ids.device).expand_as(by_key)
+    rank = torch.empty_like(by_key).scatter_(1, by_key, columns).view(-1).index_select(0, slot)
+    kept = positive | (rank < gather(quota, groups))
 
-    top = group_max(scores, groups)
     kept_f = kept.to(scores.dtype)
-    kept_mean = top + group_sum((scores - top) * kept_f, groups) / group_sum(kept_f, groups)
-    advantage = torch.where(kept, scores - kept_mean, 0.0)
-    return torch.where(groups.size > 1, advantage, scores)
+    kept_mean = segment_sum(centred * kept_f, groups) / segment_sum(kept_f, groups)
+    advantage = torch.where(kept, centred - gather(kept_mean, groups), 0.0)
+    return torch.where(gather(groups.count, groups) > 1, advantage, scores)

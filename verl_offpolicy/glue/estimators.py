@@ -9,6 +9,7 @@ scores r_i = Σ_t token_level_rewards, and broadcasts A_i over the response toke
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Any
 
@@ -27,8 +28,10 @@ _MAX_REPORTED = 5
 
 def _check_finite(name: str, scores: Tensor, index: np.ndarray) -> None:
     """Raise naming the batch position and uid of every (first few) sample with a NaN/inf reward."""
+    if math.isfinite(scores.sum()):  # a NaN/inf anywhere makes the sum non-finite
+        return
     finite = torch.isfinite(scores)
-    if bool(finite.all()):
+    if bool(finite.all()):  # the sum overflowed, every reward is finite
         return
     bad = (~finite).nonzero().flatten().tolist()
     listed = "; ".join(f"batch position {i} (uid {index[i]!r}): {scores[i].item()}" for i in bad[:_MAX_REPORTED])
@@ -101,15 +104,22 @@ def compute_red_weight_advantage(token_level_rewards, response_mask, index=None,
     return _broadcast(core.red_weight_advantage(scores, group_ids, section.temperature), response_mask)
 
 
-def _group_seeds(seed: int, index: np.ndarray, group_ids: Tensor) -> Tensor:
-    """[G] 32-bit seeds: CRC-32 of (seed, uid) for each group, stable across processes and runs."""
-    size = group_ids.numel()
-    first = torch.full((size,), size, dtype=torch.long, device=group_ids.device).scatter_reduce_(
-        0, group_ids, torch.arange(size, device=group_ids.device), reduce="amin"
-    )
+def _layout(seed: int, index: np.ndarray, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(group seeds [G], occurrence of each sample in its group [B]) for ``red_drop``.
+
+    A group's seed is the CRC-32 of (seed, uid), stable across processes and runs. The stable sort
+    by group id is numpy's (a radix sort for < 2¹⁶ groups).
+    """
+    ids = group_ids.cpu().numpy()
+    counts = np.bincount(ids)
+    order = np.argsort(ids.astype(np.uint16 if counts.size <= 2**16 else np.int64), kind="stable")
+    first = order[(np.cumsum(counts) - counts)[counts > 0]]
     prefix = zlib.crc32(f"{seed}\x00".encode())
-    seeds = [zlib.crc32(str(index[i]).encode(), prefix) if i < size else 0 for i in first.tolist()]
-    return torch.tensor(seeds, dtype=torch.long, device=group_ids.device)
+    seeds = np.zeros(counts.size, dtype=np.int64)
+    seeds[counts > 0] = [zlib.crc32(str(uid).encode(), prefix) for uid in index[first]]
+    device = group_ids.device
+    occurrence = core.occurrence_in_group(group_ids, torch.from_numpy(order).to(device))
+    return torch.from_numpy(seeds).to(device), occurrence
 
 
 @register_adv_est("red_drop")
@@ -117,8 +127,8 @@ def _group_seeds(seed: int, index: np.ndarray, group_ids: Tensor) -> Tensor:
 def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """RED-Drop: surplus negatives dropped (A = 0) reproducibly from (``algorithm.offpolicy.seed``, uid)."""
     section, scores, group_ids = _prepare("red_drop", token_level_rewards, index, config)
-    seeds = _group_seeds(section.seed, np.asarray(index), group_ids)
-    return _broadcast(core.red_drop_advantage(scores, group_ids, seeds), response_mask)
+    seeds, occurrence = _layout(section.seed, np.asarray(index), group_ids)
+    return _broadcast(core.red_drop_advantage(scores, group_ids, seeds, occurrence), response_mask)
 
 
 def _check_agro(config: Any, beta: float) -> None:
