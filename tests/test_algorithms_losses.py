@@ -1,0 +1,291 @@
+"""Policy losses of ALGORITHMS.md, through verl's registry (``get_policy_loss_fn``).
+
+Hand-derived values in the comments; gradients dL/dlog_prob from autograd are compared with the
+closed forms of the spec.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.workers.config import ActorConfig, PolicyLossConfig
+from verl_offpolicy.glue.config import OffPolicyLossConfig
+
+F64 = torch.float64
+RHO = [0.5, 0.79, 0.8, 1.0, 1.2, 1.21, 2.9, 3.0, 3.1]
+METRICS = {
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_upper",
+    "actor/pg_clipfrac_lower",
+    "actor/ratio_mean",
+    "actor/ratio_max",
+    "actor/ppo_kl",
+}
+
+
+def actor(loss_mode, clip=(0.2, 0.2), **loss_kw):
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio_low=clip[0],
+        clip_ratio_high=clip[1],
+        policy_loss=OffPolicyLossConfig(loss_mode=loss_mode, **loss_kw),
+    )
+
+
+def call(config, old, log_prob, adv, mask, agg="token-sum", weights=None):
+    """Registered loss and its gradient w.r.t. log_prob."""
+    log_prob = log_prob.clone().requires_grad_(True)
+    loss, metrics = get_policy_loss_fn(config.policy_loss.loss_mode)(
+        old_log_prob=old,
+        log_prob=log_prob,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=agg,
+        config=config,
+        rollout_is_weights=weights,
+    )
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    assert set(metrics) == METRICS and all(type(v) is float for v in metrics.values())
+    return loss.detach(), grad, metrics
+
+
+# ---------------------------------------------------------------- opmd
+
+
+@pytest.mark.parametrize("tau", [0.0, 1.0, 3.0])
+def test_opmd_value_and_gradient(tau):
+    # log π = [ln ½, ln ¼], A = 2 on both tokens: ℓ = −2·[−ln 2, −2 ln 2]/(1+τ) = [2 ln 2, 4 ln 2]/(1+τ)
+    # token-mean = 3 ln 2/(1+τ); ∂/∂log π_t = −A/(1+τ)/2 = −1/(1+τ)
+    log_prob = torch.tensor([[math.log(0.5), math.log(0.25)]], dtype=F64)
+    adv = torch.full((1, 2), 2.0, dtype=F64)
+    loss, grad, _ = call(actor("opmd", tau=tau), log_prob, log_prob, adv, torch.ones(1, 2, dtype=torch.bool), "token-mean")
+    torch.testing.assert_close(loss, torch.tensor(3 * math.log(2) / (1 + tau), dtype=F64))
+    torch.testing.assert_close(grad, torch.full((1, 2), -1 / (1 + tau), dtype=F64))
+
+
+# ---------------------------------------------------------------- pmd
+
+
+def test_pmd_value_and_gradient():
+    # τ = 0.1. seq 0: |y| = 2, A = 0.3, log π − log π_old = [0.2, 0.1] → Δ = 0.3
+    #   L_0 = ½·0.1·(0.3/0.1 − 0.3)²/2 = 0.05·2.7²/2 = 0.18225
+    # seq 1: |y| = 1 (second token padded), A = −0.1, Δ = −0.5
+    #   L_1 = 0.05·(−1 + 0.5)²/1 = 0.0125
+    # loss = mean over the 2 sequences = 0.097375 (whatever loss_agg_mode says)
+    # ∂loss/∂log π_{i,t} = −(A_i − τΔ_i)·m_t/|y_i|/2: seq 0: −(0.3 − 0.03)/4 = −0.0675; seq 1: −(−0.1 + 0.05)/2 = 0.025
+    old = torch.tensor([[-1.0, -2.0], [-1.0, 0.0]], dtype=F64)
+    log_prob = old + torch.tensor([[0.2, 0.1], [-0.5, 7.0]], dtype=F64)
+    adv = torch.tensor([[0.3, 0.3], [-0.1, 0.0]], dtype=F64)
+    mask = torch.tensor([[True, True], [True, False]])
+    for agg in ("seq-mean-token-mean", "token-mean"):
+        loss, grad, _ = call(actor("pmd", tau=0.1), old, log_prob, adv, mask, agg)
+        torch.testing.assert_close(loss, torch.tensor(0.097375, dtype=F64))
+        torch.testing.assert_close(grad, torch.tensor([[-0.0675, -0.0675], [0.025, 0.0]], dtype=F64))
+
+
+def test_pmd_gradient_random_batch():
+    # ∂/∂log π_{i,t} = −(A_i − τΔ_i)·m_t/(|y_i|·N) for random ragged batches
+    g = torch.Generator().manual_seed(0)
+    b, t, tau = 6, 5, 0.05
+    old = -torch.rand(b, t, generator=g, dtype=F64) * 3
+    log_prob = old + 0.3 * torch.randn(b, t, generator=g, dtype=F64)
+    mask = torch.arange(t) < torch.tensor([5, 1, 3, 4, 2, 5]).unsqueeze(-1)
+    adv = torch.randn(b, 1, generator=g, dtype=F64) * mask
+    _, grad, _ = call(actor("pmd", tau=tau), old, log_prob, adv, mask)
+    length = mask.sum(-1, keepdim=True).to(F64)
+    delta = ((log_prob - old) * mask).sum(-1, keepdim=True)
+    seq_adv = adv.sum(-1, keepdim=True) / length
+    torch.testing.assert_close(grad, -(seq_adv - tau * delta) * mask / (length * b))
+
+
+# ---------------------------------------------------------------- rec: masks (truth table of the spec)
+
+TRUTH = {
+    "one-side": ([1, 1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1, 1]),
+    "two-side": ([0, 0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0, 0, 0]),
+    "ring": ([0, 0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0, 1, 1]),
+    "gspo-one-side": ([1, 1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1, 1]),  # T = 1: ρ̄ = ρ
+    "none": ([1] * 9, [1] * 9),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("mode", list(TRUTH))
+def test_rec_truth_table(mode, dtype):
+    # one token per sequence, ρ from the spec's table, ε = 0.2/0.2, ε′ = 0.6/2.0; with weight none and
+    # token-sum aggregation, ∂ℓ/∂log π = −M·A, so the gradient reads the mask M.
+    config = actor("rec", clip_mode=mode, ring_clip_ratio_low=0.6, ring_clip_ratio_high=2.0)
+    old = torch.zeros(9, 1, dtype=dtype)
+    log_prob = torch.log(torch.tensor(RHO, dtype=dtype)).unsqueeze(-1)
+    mask = torch.ones(9, 1, dtype=torch.bool)
+    for sign, row in zip((1.0, -1.0), TRUTH[mode], strict=True):
+        _, grad, metrics = call(config, old, log_prob, torch.full((9, 1), sign, dtype=dtype), mask)
+        assert (grad[:, 0] == -sign).long().tolist() == row
+        kept = torch.tensor(row, dtype=torch.bool)
+        rho = torch.tensor(RHO)
+        assert metrics["actor/pg_clipfrac"] == pytest.approx((~kept).float().mean().item())
+        assert metrics["actor/pg_clipfrac_upper"] == pytest.approx((~kept & (rho > 1)).float().mean().item())
+        assert metrics["actor/pg_clipfrac_lower"] == pytest.approx((~kept & (rho < 1)).float().mean().item())
+        assert metrics["actor/ratio_mean"] == pytest.approx(sum(RHO) / 9, rel=1e-6)
+        assert metrics["actor/ratio_max"] == pytest.approx(3.1, rel=1e-6)
+        assert metrics["actor/ppo_kl"] == pytest.approx(-sum(math.log(x) for x in RHO) / 9, rel=1e-5)
+
+
+def test_ring_rescues_far_positive_tokens():
+    # ρ = 0.3 ≤ 1 − ε′_low = 0.4 with A > 0: ring keeps it, one-side keeps it, two-side masks it
+    old, log_prob = torch.zeros(1, 1), torch.log(torch.tensor([[0.3]]))
+    adv, mask = torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool)
+    kept = {}
+    for mode in ("ring", "one-side", "two-side"):
+        _, grad, _ = call(actor("rec", clip_mode=mode), old, log_prob, adv, mask)
+        kept[mode] = grad.item() == -1.0
+    assert kept == {"ring": True, "one-side": True, "two-side": False}
+
+
+def test_gspo_one_side_uses_the_length_normalised_sequence_ratio():
+    # 2 tokens with ρ_t = [e^{0.4}, e^{−0.2}] (ρ_0 > 1.2 alone), ρ̄ = exp(0.2/2) = e^{0.1} ≈ 1.105 ≤ 1.2:
+    # gspo-one-side keeps both tokens of the A > 0 sequence; token-level one-side masks the first one.
+    old = torch.zeros(1, 2, dtype=F64)
+    log_prob = torch.tensor([[0.4, -0.2]], dtype=F64)
+    adv, mask = torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool)
+    _, grad, _ = call(actor("rec", clip_mode="gspo-one-side"), old, log_prob, adv, mask)
+    assert grad.tolist() == [[-1.0, -1.0]]
+    _, grad, _ = call(actor("rec", clip_mode="one-side"), old, log_prob, adv, mask)
+    assert grad.tolist() == [[0.0, -1.0]]
+    # with ε_high = 0.1: ρ̄ ≈ 1.105 > 1.1 → the whole sequence is masked (counted as above the band)
+    _, grad, metrics = call(actor("rec", clip=(0.1, 0.1), clip_mode="gspo-one-side"), old, log_prob, adv, mask)
+    assert grad.tolist() == [[0.0, 0.0]]
+    assert metrics["actor/pg_clipfrac_upper"] == 1.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
+
+
+# ---------------------------------------------------------------- rec: weights, regularisers, gradients
+
+
+def _random_batch(seed=0, b=5, t=4):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g, dtype=F64) * 2
+    log_prob = old + 0.4 * torch.randn(b, t, generator=g, dtype=F64)
+    mask = torch.arange(t) < torch.tensor([4, 2, 0, 3, 1]).unsqueeze(-1)  # row 2: all-zero mask
+    adv = torch.randn(b, 1, generator=g, dtype=F64) * mask
+    return old, log_prob, adv, mask
+
+
+@pytest.mark.parametrize("weight", ["none", "importance_sampling", "gspo_importance_sampling"])
+@pytest.mark.parametrize("regularizer", ["none", "forward-kl", "k2"])
+@pytest.mark.parametrize("clip_mode", ["none", "one-side", "two-side", "ring", "gspo-one-side"])
+def test_rec_gradient_matches_closed_form(weight, regularizer, clip_mode):
+    # ∂ℓ/∂log π_t = −M_t·w_t·A + ∂reg_t, reg' = −c (forward-kl) or 2c·(log π − log π_old) (k2); token-sum
+    old, log_prob, adv, mask = _random_batch()
+    c = 0.3
+    config = actor("rec", clip_mode=clip_mode, weight=weight, regularizer=regularizer, regularizer_coef=c)
+    loss, grad, _ = call(config, old, log_prob, adv, mask)
+
+    log_ratio = (log_prob - old) * mask
+    rho = torch.exp(log_ratio)
+    length = mask.sum(-1, keepdim=True).clamp_min(1)
+    rho_seq = torch.exp(log_ratio.sum(-1, keepdim=True) / length).expand_as(rho)
+    band = rho_seq if clip_mode == "gspo-one-side" else rho
+    pos, neg = adv >= 0, adv <= 0
+    keep = {
+        "none": torch.ones_like(mask),
+        "one-side": (pos & (band <= 1.2)) | (neg & (band >= 0.8)),
+        "gspo-one-side": (pos & (band <= 1.2)) | (neg & (band >= 0.8)),
+        "two-side": (band >= 0.8) & (band <= 1.2),
+        "ring": ((band >= 0.8) & (band <= 1.2)) | (pos & (band <= 0.4)) | (neg & (band >= 3.0)),
+    }[clip_mode]
+    w = {"none": torch.ones_like(rho), "importance_sampling": rho, "gspo_importance_sampling": rho_seq}[weight]
+    reg_grad = {"none": 0.0, "forward-kl": -c, "k2": 2 * c * (log_prob - old)}[regularizer]
+    expected = (-(keep * w * adv) + reg_grad) * mask
+    torch.testing.assert_close(grad, expected)
+    # value: Σ_t m·(−M·w·A·log π + reg)
+    reg = {"none": 0.0, "forward-kl": -c * log_prob, "k2": c * (log_prob - old) ** 2}[regularizer]
+    torch.testing.assert_close(loss, ((-(keep * w * adv) * log_prob + reg) * mask).sum())
+
+
+def test_rollout_is_weights_multiply_the_per_token_loss():
+    old, log_prob, adv, mask = _random_batch(seed=1)
+    weights = torch.rand(old.shape, generator=torch.Generator().manual_seed(2), dtype=F64) + 0.5
+    for config in (actor("rec", regularizer="k2", regularizer_coef=0.1), actor("opmd", tau=0.5)):
+        plain_loss, plain_grad, _ = call(config, old, log_prob, adv, mask)
+        loss, grad, _ = call(config, old, log_prob, adv, mask, weights=weights)
+        # token-sum of w_t·ℓ_t: the gradient of every token is scaled by its own weight
+        torch.testing.assert_close(grad, plain_grad * weights)
+        assert not torch.allclose(loss, plain_loss)
+
+
+# ---------------------------------------------------------------- robustness, aggregation, errors
+
+LOSS_CONFIGS = [
+    actor("opmd", tau=1.0),
+    actor("pmd", tau=0.01),
+    actor("rec", clip_mode="one-side", weight="importance_sampling", regularizer="k2", regularizer_coef=0.1),
+    actor("rec", clip_mode="gspo-one-side", weight="gspo_importance_sampling"),
+]
+
+
+@pytest.mark.parametrize("config", LOSS_CONFIGS, ids=lambda c: f"{c.policy_loss.loss_mode}-{c.policy_loss.clip_mode}")
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_all_zero_mask_response_contributes_nothing(config, agg):
+    old, log_prob, adv, mask = _random_batch(seed=3)
+    log_prob[2] = 50.0  # garbage on the fully padded response (ratio e^50 would overflow a weight)
+    loss, grad, metrics = call(config, old, log_prob, adv, mask, agg)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert torch.all(grad[2] == 0)
+    keep = torch.tensor([0, 1, 3, 4])
+    loss_without, grad_without, _ = call(config, old[keep], log_prob[keep], adv[keep], mask[keep], agg)
+    torch.testing.assert_close(loss, loss_without)
+    torch.testing.assert_close(grad[keep], grad_without)
+
+
+@pytest.mark.parametrize("config", LOSS_CONFIGS, ids=lambda c: f"{c.policy_loss.loss_mode}-{c.policy_loss.clip_mode}")
+def test_empty_batch_metrics_are_finite(config):
+    mask = torch.zeros(2, 3, dtype=torch.bool)
+    _, grad, metrics = call(config, torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), mask, "token-mean")
+    assert all(math.isfinite(v) for v in metrics.values()) and torch.all(grad == 0)
+
+
+@pytest.mark.parametrize("config", LOSS_CONFIGS, ids=lambda c: f"{c.policy_loss.loss_mode}-{c.policy_loss.clip_mode}")
+def test_micro_batches_sum_to_the_global_loss(config):
+    # with verl's global_batch_info, the sum over micro-batches (and their gradients) equals the whole batch
+    old, log_prob, adv, mask = _random_batch(seed=4)
+    agg = "seq-mean-token-mean" if config.policy_loss.clip_mode == "gspo-one-side" else "token-mean"
+    whole, whole_grad, _ = call(config, old, log_prob, adv, mask, agg)
+    config.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=int((mask.sum(-1) > 0).sum()))
+    try:
+        parts = [call(config, old[s], log_prob[s], adv[s], mask[s], agg) for s in (slice(0, 2), slice(2, 5))]
+    finally:
+        config.global_batch_info.clear()
+    torch.testing.assert_close(parts[0][0] + parts[1][0], whole)
+    torch.testing.assert_close(torch.cat([parts[0][1], parts[1][1]]), whole_grad)
+
+
+@pytest.mark.parametrize("loss_mode", ["opmd", "pmd", "rec"])
+def test_plain_verl_policy_loss_config_is_a_clear_error(loss_mode):
+    config = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=PolicyLossConfig(loss_mode=loss_mode)
+    )
+    with pytest.raises(TypeError, match=r"policy_loss._target_=verl_offpolicy.glue.config.OffPolicyLossConfig"):
+        call(config, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_clip_ratio_falls_back_to_clip_ratio():
+    # clip_ratio_low/high = None → ε = clip_ratio = 0.5: ρ = 1.3 with A > 0 stays inside one-side (1.3 ≤ 1.5)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=0.5,
+        clip_ratio_low=None,
+        clip_ratio_high=None,
+        policy_loss=OffPolicyLossConfig(loss_mode="rec", clip_mode="one-side"),
+    )
+    _, grad, _ = call(config, torch.zeros(1, 1), torch.log(torch.tensor([[1.3]])), torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool))
+    assert grad.item() == -1.0

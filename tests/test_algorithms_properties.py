@@ -1,0 +1,320 @@
+"""The eight tabular properties of ALGORITHMS.md, driven through the REGISTERED estimators and losses.
+
+Single prompt, softmax policy over n arms, each "sequence" is one token (T = 1), gradient ascent on
+the logits θ (descent on the registered loss). Expectations are exact: a batch holds each arm with a
+multiplicity proportional to its behaviour probability (μ = [0.3, 0.6, 0.1] → counts [3, 6, 1]), so
+verl's token-mean over the batch is E_{y∼μ}[ℓ(y)] and the group mean is V^μ. With exact expectations
+the dynamics are deterministic, so a step whose gradient is exactly zero is a fixed point.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, kl_penalty
+from verl.workers.config import ActorConfig
+from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig, OffPolicyLossConfig
+
+F64 = torch.float64
+REWARD = torch.tensor([0.0, 0.8, 1.0], dtype=F64)
+MU = torch.tensor([0.3, 0.6, 0.1], dtype=F64)
+V_MU = 0.58  # 0.3·0 + 0.6·0.8 + 0.1·1
+MU_ARMS = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 6, 1]))  # 10 samples, exactly μ
+
+
+def actor(loss_mode, clip=(0.2, 0.2), **loss_kw):
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio_low=clip[0],
+        clip_ratio_high=clip[1],
+        policy_loss=OffPolicyLossConfig(loss_mode=loss_mode, **loss_kw),
+    )
+
+
+def estimate(name, arms, rewards=REWARD, config=None, sample_rewards=None, **offpolicy):
+    """Registered estimator on one group (one uid) of one-token responses; returns A [B, 1].
+
+    The reward of sample i is ``rewards[arms[i]]``, or ``sample_rewards[i]`` when given.
+    """
+    token_rewards = (rewards[arms] if sample_rewards is None else sample_rewards).unsqueeze(-1)
+    if config is None:
+        config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": offpolicy})
+    kwargs = {"norm_adv_by_std_in_grpo": False} if name == "grpo" else {}
+    advantages, _ = get_adv_estimator_fn(name)(
+        token_level_rewards=token_rewards,
+        response_mask=torch.ones_like(token_rewards),
+        index=np.zeros(len(arms), dtype=np.int64),
+        config=config,
+        **kwargs,
+    )
+    return advantages
+
+
+def loss_gradient(config, theta, arms, behaviour, advantages, agg="token-mean", weights=None, extra=None):
+    """∂(registered loss)/∂θ for the batch ``arms`` with old_log_prob = log behaviour."""
+    theta = theta.detach().requires_grad_(True)
+    log_prob = torch.log_softmax(theta, 0)[arms].unsqueeze(-1)
+    old = torch.log(behaviour)[arms].unsqueeze(-1)
+    mask = torch.ones_like(old, dtype=torch.bool)
+    loss, _ = get_policy_loss_fn(config.policy_loss.loss_mode)(
+        old, log_prob, advantages, mask, agg, config, rollout_is_weights=weights
+    )
+    if extra is not None:
+        loss = loss + extra(log_prob, mask)
+    (grad,) = torch.autograd.grad(loss, theta)
+    return grad
+
+
+def train(config, advantages, steps, lr, behaviour=MU, theta=None):
+    """Gradient ascent on the logits with fixed data from ``behaviour``; stops at an exact fixed point."""
+    theta = torch.log(behaviour) if theta is None else theta
+    for step in range(steps):
+        grad = loss_gradient(config, theta, MU_ARMS, behaviour, advantages)
+        if not grad.any():
+            return theta, step
+        theta = theta - lr * grad
+    return theta, steps
+
+
+def expected_reward(theta):
+    return float(torch.softmax(theta, 0) @ REWARD)
+
+
+# ---------------------------------------------------------------- 1. REINFORCE / OPMD → the 0.8 arm
+
+
+@pytest.mark.parametrize(
+    "estimator, config",
+    [("grpo", actor("rec")), ("opmd", actor("rec"))] + [("opmd", actor("opmd", tau=tau)) for tau in (0.0, 1.0, 4.0)],
+)
+def test_1_mean_baseline_reinforce_converges_to_the_08_arm(estimator, config):
+    # off-policy REINFORCE ascends μ⊙(r − V^μ)/(1+τ) = [−0.174, 0.132, 0.042]/(1+τ): arm 1 wins
+    theta, _ = train(config, estimate(estimator, MU_ARMS), steps=1000, lr=1.0)
+    pi = torch.softmax(theta, 0)
+    assert pi[1] > 0.99 and pi[2] < 0.01, pi
+
+
+# ---------------------------------------------------------------- 2. REC with IS, no clipping → best arm
+
+
+def test_2_rec_importance_sampling_reaches_the_best_arm():
+    # w = ρ = π/μ turns E_μ into E_π: the on-policy gradient π⊙(r − V^π), maximised by the best arm
+    config = actor("rec", clip_mode="none", weight="importance_sampling")
+    theta, _ = train(config, estimate("grpo", MU_ARMS), steps=3000, lr=2.0)
+    assert torch.softmax(theta, 0)[2] > 0.99
+
+
+# ---------------------------------------------------------------- 3. every clip mode stops in its trust region
+
+
+@pytest.mark.parametrize("weight", ["none", "importance_sampling"])
+@pytest.mark.parametrize("clip_mode", ["one-side", "two-side", "ring", "gspo-one-side"])
+@pytest.mark.parametrize("lr", [0.1, 1.0])
+def test_3_clip_modes_stop_inside_the_trust_region(clip_mode, weight, lr):
+    config = actor("rec", clip=(0.2, 0.2), clip_mode=clip_mode, weight=weight)
+    theta, steps = train(config, estimate("grpo", MU_ARMS), steps=5000, lr=lr)
+    assert steps < 5000, "the masked gradient never reached exactly zero"
+    assert expected_reward(theta) > V_MU + 0.1
+    log_ratio = torch.log_softmax(theta, 0) - torch.log(MU)
+    assert log_ratio.abs().max() < 0.75, log_ratio  # ≈ 0.7 for ε = 0.2 (log 1.2 = 0.18 per token)
+
+
+# ---------------------------------------------------------------- 4. behaviour refreshed every s = 1000 steps
+
+N_SAMPLES = 20000
+
+
+def _sample_exactly(probs):
+    """Counts of N_SAMPLES draws closest to N·probs (largest remainder), as a batch of arms."""
+    raw = probs * N_SAMPLES
+    counts = torch.floor(raw).long()
+    counts[torch.argsort(raw - counts, descending=True)[: N_SAMPLES - int(counts.sum())]] += 1
+    return counts
+
+
+def _sync_run(config, estimator, phases, sync_interval=1000, lr=1.0, **offpolicy):
+    """Every ``sync_interval`` steps the behaviour becomes π and a new batch is drawn from it.
+
+    The estimator runs on the full batch of N_SAMPLES responses; the loss runs on the 3 distinct arms
+    with ``rollout_is_weights`` = 3·count/N, which makes verl's token-mean equal the full-batch mean.
+    """
+    theta = torch.log(MU)
+    arms = torch.arange(3)
+    for _ in range(phases):
+        behaviour = torch.softmax(theta, 0)
+        counts = _sample_exactly(behaviour)
+        batch = torch.repeat_interleave(arms, counts)
+        per_sample = estimate(estimator, batch, **offpolicy)[:, 0]
+        advantages = torch.zeros(3, dtype=F64).index_put_((batch,), per_sample).unsqueeze(-1)
+        weights = (3 * counts.to(F64) / N_SAMPLES).unsqueeze(-1)
+        for _ in range(sync_interval):
+            grad = loss_gradient(config, theta, arms, behaviour, advantages, weights=weights)
+            if not grad.any():  # exact fixed point until the next refresh
+                break
+            theta = theta - lr * grad
+    return torch.softmax(theta, 0)
+
+
+@pytest.mark.parametrize(
+    "algorithm, config, estimator, offpolicy",
+    [
+        ("reinforce", actor("rec"), "opmd", {"baseline": "mean"}),
+        ("asymre", actor("rec"), "asymre", {"shift": -0.1}),
+        ("rec one-side", actor("rec", clip_mode="one-side"), "opmd", {"baseline": "mean"}),
+    ],
+)
+def test_4_sync_interval_1000_reinforce_and_asymre_stay_rec_reaches_best(algorithm, config, estimator, offpolicy):
+    # REINFORCE/REC use the mean baseline (opmd estimator, baseline=mean: A = r − r̄, as grpo without std)
+    pi = _sync_run(config, estimator, phases=8, **offpolicy)
+    if algorithm == "rec one-side":
+        assert pi[2] > 0.98, pi
+    else:
+        assert pi[1] > 0.99, pi
+
+
+# ---------------------------------------------------------------- 5. AsymRE limits
+
+
+@pytest.mark.parametrize("shift", [-1.0, -0.5, -0.1])
+def test_5_asymre_negative_shift_limit_beats_the_behaviour(shift):
+    theta, _ = train(actor("rec"), estimate("asymre", MU_ARMS, shift=shift), steps=3000, lr=2.0)
+    pi = torch.softmax(theta, 0)
+    assert expected_reward(theta) >= V_MU
+    # Hand-derived limits, c = −shift: the ascent direction on θ_a is μ_a(r_a − V^μ + c) − c·π_a.
+    # c = 1: interior zero at π_a = μ_a(1 + (r_a − V^μ)/c) = [0.126, 0.732, 0.142].
+    # c = 0.5: arm 0 always decreases; on {1, 2} equal rates need 0.432 − 0.5π₁ = 0.092 − 0.5π₂ → π = [0, 0.84, 0.16].
+    # c = 0.1: 0.192 − 0.1π₁ > 0.052 − 0.1π₂ always → arm 1.
+    expected = {-1.0: [0.126, 0.732, 0.142], -0.5: [0.0, 0.84, 0.16], -0.1: [0.0, 1.0, 0.0]}[shift]
+    torch.testing.assert_close(pi, torch.tensor(expected, dtype=F64), atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.1])
+def test_5_asymre_non_negative_shift_collapses(shift):
+    theta, _ = train(actor("rec"), estimate("asymre", MU_ARMS, shift=shift), steps=3000, lr=2.0)
+    assert torch.softmax(theta, 0).max() > 0.999
+
+
+# ---------------------------------------------------------------- 6. AGRO reaches π* ∝ π_ref·exp(r/β)
+
+BETA = 0.1
+REWARD6 = torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], dtype=F64)
+REF_COUNTS = torch.tensor([1, 2, 3, 4, 5, 5])
+PI_REF = REF_COUNTS.to(F64) / 20
+REF_ARMS = torch.repeat_interleave(torch.arange(6), REF_COUNTS)  # data from π_ref only, exact
+PI_STAR = PI_REF * torch.exp(REWARD6 / BETA) / (PI_REF * torch.exp(REWARD6 / BETA)).sum()
+
+
+def _kl(p, q):
+    return float((p * (p.log() - q.log())).sum())
+
+
+def test_6_agro_converges_to_the_regularised_optimum():
+    algo = OffPolicyAlgoConfig(
+        adv_estimator="agro",
+        use_kl_in_reward=True,
+        kl_penalty="kl",
+        kl_ctrl={"type": "fixed", "kl_coef": BETA},
+        offpolicy=OffPolicyConfig(beta=BETA, on_policy=False),
+    )
+    config = actor("rec")
+    ref_log_prob = torch.log(PI_REF)[REF_ARMS].unsqueeze(-1)
+    theta = torch.log(PI_REF)
+    for _ in range(500):
+        # verl's KL-in-reward at the current (proximal) weights: R = r − β·(log π − log π_ref)
+        log_prob = torch.log_softmax(theta, 0)[REF_ARMS].unsqueeze(-1)
+        token_rewards = REWARD6[REF_ARMS].unsqueeze(-1) - BETA * kl_penalty(log_prob, ref_log_prob, "kl")
+        advantages = estimate("agro", REF_ARMS, config=algo, sample_rewards=token_rewards[:, 0])
+        grad = loss_gradient(config, theta, REF_ARMS, PI_REF, advantages, agg="seq-mean-token-sum")
+        theta = theta - 20.0 * grad
+    assert _kl(torch.softmax(theta, 0), PI_STAR) < 1e-8
+
+
+def test_6_grpo_with_k2_kl_loss_misses_the_regularised_optimum():
+    # mean baseline on the raw reward + β·k2 KL loss (verl's kl_penalty "k2" and agg_loss)
+    advantages = estimate("grpo", REF_ARMS, rewards=REWARD6)
+
+    def kl_loss(log_prob, mask):
+        ref_log_prob = torch.log(PI_REF)[REF_ARMS].unsqueeze(-1)
+        return BETA * agg_loss(kl_penalty(log_prob, ref_log_prob, "k2"), mask, "token-mean")
+
+    theta = torch.log(PI_REF)
+    for _ in range(3000):
+        grad = loss_gradient(actor("rec"), theta, REF_ARMS, PI_REF, advantages, extra=kl_loss)
+        theta = theta - 10.0 * grad
+    assert grad.abs().max() < 1e-9  # converged, to the wrong point
+    assert _kl(torch.softmax(theta, 0), PI_STAR) > 1e-2
+
+
+# ---------------------------------------------------------------- 7. RED-Drop on binary rewards
+
+
+def test_7_red_drop_binary_rewards():
+    rewards = torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0])
+    uids = np.array(["a"] * 8 + ["b"] * 4, dtype=object)
+    adv, _ = get_adv_estimator_fn("red_drop")(rewards.unsqueeze(-1), torch.ones(12, 1), uids, config=None)
+    a = adv[:, 0]
+    # group a: one negative kept, A = +0.5 / −0.5, six zeros
+    assert a[0] == 0.5 and sorted(a[1:8].tolist()) == [-0.5] + [0.0] * 6
+    # group b: nothing dropped, A = [0.25, 0.25, 0.25, −0.75]
+    assert a[8:].tolist() == [0.25, 0.25, 0.25, -0.75]
+
+
+# ---------------------------------------------------------------- 8. PMD gradient and the OPMD pairwise identity
+
+
+def test_8_pmd_gradient_is_minus_a_minus_tau_delta_grad_delta_over_length():
+    # sequences of several tokens over a 4-token vocabulary: log π_t = log_softmax(θ_t)[y_t]
+    g = torch.Generator().manual_seed(0)
+    b, t, vocab, tau = 4, 3, 4, 0.05
+    theta = torch.randn(b, t, vocab, generator=g, dtype=F64, requires_grad=True)
+    tokens = torch.randint(0, vocab, (b, t), generator=g)
+    old = torch.log_softmax(torch.randn(b, t, vocab, generator=g, dtype=F64), -1).gather(-1, tokens[..., None])[..., 0]
+    mask = torch.arange(t) < torch.tensor([3, 1, 2, 3]).unsqueeze(-1)
+    adv = torch.randn(b, 1, generator=g, dtype=F64) * mask
+    log_prob = torch.log_softmax(theta, -1).gather(-1, tokens[..., None])[..., 0]
+    loss, _ = get_policy_loss_fn("pmd")(old, log_prob, adv, mask, "seq-mean-token-mean", actor("pmd", tau=tau))
+    (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
+
+    # closed form: (1/N)·Σ_i −(A_i − τΔ_i)·∇Δ_i/|y_i|, ∇Δ_i = Σ_t m_t·∇log π_t (autograd only for ∇log π)
+    length = mask.sum(-1).to(F64)
+    delta = ((log_prob - old) * mask).sum(-1).detach()
+    coef = -(adv.sum(-1) / length - tau * delta) / length / b
+    (expected,) = torch.autograd.grad((coef.unsqueeze(-1) * mask * log_prob).sum(), theta)
+    torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_8_opmd_pairwise_identity(tau):
+    # a_i = r_i − τ·log(π_θ(y_i)/π_t(y_i)); at θ = θ_t:
+    # ∇ Σ_{i<j} (a_i − a_j)²/(1+τ)² = −(2τK/(1+τ)²)·Σ_i (r_i − r̄)·∇log π(y_i)
+    # and the registered opmd loss (token-sum) has ∇ = −(1/(1+τ))·Σ_i (r_i − r̄)·∇log π(y_i).
+    g = torch.Generator().manual_seed(1)
+    theta_t = torch.randn(5, generator=g, dtype=F64)
+    arms = torch.tensor([0, 1, 1, 3, 4, 2])
+    rewards = torch.rand(5, generator=g, dtype=F64)
+    k = len(arms)
+
+    theta = theta_t.clone().requires_grad_(True)
+    log_pi = torch.log_softmax(theta, 0)[arms]
+    a = rewards[arms] - tau * (log_pi - torch.log_softmax(theta_t, 0)[arms])
+    pairwise = sum((a[i] - a[j]) ** 2 for i in range(k) for j in range(i + 1, k)) / (1 + tau) ** 2
+    (lhs,) = torch.autograd.grad(pairwise, theta)
+
+    advantages = estimate("opmd", arms, rewards=rewards)
+    behaviour = torch.softmax(theta_t, 0)
+    grad = loss_gradient(actor("opmd", tau=tau), theta_t, arms, behaviour, advantages, agg="token-sum")
+    torch.testing.assert_close(lhs, (2 * tau * k / (1 + tau)) * grad)
+    # and the closed form of the spec
+    theta = theta_t.clone().requires_grad_(True)
+    centred = rewards[arms] - rewards[arms].mean()
+    (rhs,) = torch.autograd.grad((centred * torch.log_softmax(theta, 0)[arms]).sum(), theta)
+    torch.testing.assert_close(lhs, -(2 * tau * k / (1 + tau) ** 2) * rhs)
+    assert not math.isclose(float(lhs.abs().sum()), 0.0)
