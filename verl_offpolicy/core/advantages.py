@@ -141,10 +141,10 @@ def red_weight_advantage(scores: Tensor, group_ids: Tensor, temperature: float) 
     A singleton has no group to weight against: its weight is 1 and A = r (spec: singletons get A = r).
     """
     groups = make_groups(group_ids, scores.dtype)
-    _, centred = centre_on_max(scores, groups)
-    diff = centred - gather(segment_sum(centred, groups) / groups.count, groups)
-    weighted = diff * torch.exp((diff / temperature).clamp(max=20.0))
-    return torch.where(gather(groups.count, groups) > 1, weighted, scores)
+    top, centred = centre_on_max(scores, groups)
+    diff = centred - gather(segment_sum(centred, groups) / groups.count, groups)  # 0 for a singleton
+    singleton_reward = _singleton_or(torch.zeros_like(top), top, groups)  # adds r to a singleton's 0
+    return diff * torch.exp((diff / temperature).clamp(max=20.0)) + gather(singleton_reward, groups)
 
 
 def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bool) -> Tensor:
@@ -184,9 +184,8 @@ def occurrence_in_group(group_ids: Tensor, order: Tensor | None = None) -> Tenso
         order = torch.argsort(ids, stable=True)
     counts = torch.bincount(ids)
     starts = torch.cumsum(counts, 0) - counts
-    occurrence = torch.empty_like(order)
-    occurrence[order] = torch.arange(order.numel(), device=order.device) - starts.index_select(0, ids[order])
-    return occurrence
+    in_order = torch.arange(order.numel(), device=order.device) - starts.index_select(0, ids.index_select(0, order))
+    return torch.empty_like(order).scatter_(0, order, in_order)
 
 
 def red_drop_advantage(
@@ -219,7 +218,7 @@ def red_drop_advantage(
     width = int(groups.count.max())
     slot = ids * width + occurrence
     table = torch.full((groups.count.numel() * width,), 2**33 * width, dtype=torch.long, device=ids.device)
-    table.index_put_((slot,), torch.where(positive, 2**32, key) * width + occurrence)
+    table.index_copy_(0, slot, (key + positive.long() * 2**32) * width + occurrence)
     by_key = torch.argsort(table.view(-1, width), dim=1)
     columns = torch.arange(width, device=ids.device).expand_as(by_key)
     rank = torch.empty_like(by_key).scatter_(1, by_key, columns).view(-1).index_select(0, slot)
@@ -227,5 +226,5 @@ def red_drop_advantage(
 
     kept_f = kept.to(scores.dtype)
     kept_mean = segment_sum(centred * kept_f, groups) / segment_sum(kept_f, groups)
-    advantage = torch.where(kept, centred - gather(kept_mean, groups), 0.0)
-    return torch.where(gather(groups.count, groups) > 1, advantage, scores)
+    advantage = (centred - gather(kept_mean, groups)) * kept_f  # 0 for a singleton (its member is kept, c = 0)
+    return advantage + gather(_singleton_or(torch.zeros_like(top), top, groups), groups)

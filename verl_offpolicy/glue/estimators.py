@@ -116,7 +116,7 @@ def _layout(seed: int, index: np.ndarray, group_ids: Tensor) -> tuple[Tensor, Te
     first = order[(np.cumsum(counts) - counts)[counts > 0]]
     prefix = zlib.crc32(f"{seed}\x00".encode())
     seeds = np.zeros(counts.size, dtype=np.int64)
-    seeds[counts > 0] = [zlib.crc32(str(uid).encode(), prefix) for uid in index[first]]
+    seeds[counts > 0] = [zlib.crc32(uid.encode(), prefix) for uid in map(str, index[first])]
     device = group_ids.device
     occurrence = core.occurrence_in_group(group_ids, torch.from_numpy(order).to(device))
     return torch.from_numpy(seeds).to(device), occurrence
