@@ -92,7 +92,8 @@ def _rec_actor(clip_low=0.2, clip_high=0.2, **loss_kw):
 
 def _rec(config):
     x = torch.zeros(2, 3, requires_grad=True)
-    return get_policy_loss_fn("rec")(x.detach(), x, torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), "token-mean", config)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    return get_policy_loss_fn("rec")(x.detach(), x, torch.ones(2, 3), mask, "token-mean", config)
 
 
 @pytest.mark.parametrize(

@@ -25,17 +25,18 @@ from verl_offpolicy.glue.estimators import _layout
 F64 = torch.float64
 
 
-def run(name, rewards, uids, mask=None, dtype=F64, **offpolicy):
-    """Call the registered estimator with T = 1 (or the given mask); returns per-sequence A [B]."""
-    scores = torch.as_tensor(rewards, dtype=dtype)
-    token_rewards = scores.unsqueeze(-1) if mask is None else scores.unsqueeze(-1) * mask / mask.sum(-1, keepdim=True).clamp_min(1)
-    response_mask = torch.ones_like(token_rewards) if mask is None else mask.to(dtype)
+def run(name, rewards, uids, dtype=F64, **offpolicy):
+    """Call the registered estimator on one-token responses (T = 1); returns per-sequence A [B]."""
+    token_rewards = torch.as_tensor(rewards, dtype=dtype).unsqueeze(-1)
     config = OmegaConf.create({"adv_estimator": name, "offpolicy": offpolicy})
     advantages, returns = get_adv_estimator_fn(name)(
-        token_level_rewards=token_rewards, response_mask=response_mask, index=np.array(uids, dtype=object), config=config
+        token_level_rewards=token_rewards,
+        response_mask=torch.ones_like(token_rewards),
+        index=np.array(uids, dtype=object),
+        config=config,
     )
     assert advantages.shape == token_rewards.shape and torch.equal(advantages, returns)
-    return advantages.sum(-1) if mask is not None else advantages[:, 0]
+    return advantages[:, 0]
 
 
 ALL = ["opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro"]
@@ -118,7 +119,8 @@ def test_agro_reads_kl_in_reward_from_verl_kl_penalty():
         kl_ctrl={"type": "fixed", "kl_coef": beta},
         offpolicy=OffPolicyConfig(beta=beta),
     )
-    adv, _ = get_adv_estimator_fn("agro")(token_rewards, torch.ones(2, 2, dtype=F64), np.array(["p", "p"]), config=config)
+    mask = torch.ones(2, 2, dtype=F64)
+    adv, _ = get_adv_estimator_fn("agro")(token_rewards, mask, np.array(["p", "p"]), config=config)
     torch.testing.assert_close(adv, torch.tensor([[1.1, 1.1], [-1.1, -1.1]], dtype=F64))
 
 
@@ -126,8 +128,14 @@ def test_agro_rejects_config_without_kl_in_reward():
     config = OffPolicyAlgoConfig(adv_estimator="agro", use_kl_in_reward=False)
     with pytest.raises(ValueError, match="use_kl_in_reward=true"):
         get_adv_estimator_fn("agro")(torch.ones(2, 1), torch.ones(2, 1), np.array(["p", "p"]), config=config)
+    config = OffPolicyAlgoConfig(adv_estimator="agro", use_kl_in_reward=True, kl_penalty="low_var_kl")
+    with pytest.raises(ValueError, match="algorithm.kl_penalty must be kl"):
+        get_adv_estimator_fn("agro")(torch.ones(2, 1), torch.ones(2, 1), np.array(["p", "p"]), config=config)
     config = OffPolicyAlgoConfig(
-        adv_estimator="agro", use_kl_in_reward=True, kl_ctrl={"type": "fixed", "kl_coef": 0.2}, offpolicy=OffPolicyConfig(beta=0.1)
+        adv_estimator="agro",
+        use_kl_in_reward=True,
+        kl_ctrl={"type": "fixed", "kl_coef": 0.2},
+        offpolicy=OffPolicyConfig(beta=0.1),
     )
     with pytest.raises(ValueError, match=r"algorithm.kl_ctrl.kl_coef=0.2 must equal algorithm.offpolicy.beta=0.1"):
         get_adv_estimator_fn("agro")(torch.ones(2, 1), torch.ones(2, 1), np.array(["p", "p"]), config=config)
@@ -136,10 +144,10 @@ def test_agro_rejects_config_without_kl_in_reward():
 def test_estimator_reads_dataclass_config():
     # OffPolicyAlgoConfig (what verl builds from algorithm._target_) instead of a DictConfig: τ = 2 as above
     config = OffPolicyAlgoConfig(adv_estimator="opmd", offpolicy=OffPolicyConfig(baseline="logavgexp", tau=2.0))
-    adv, _ = get_adv_estimator_fn("opmd")(
-        torch.tensor([[0.0], [2 * math.log(3)]], dtype=F64), torch.ones(2, 1, dtype=F64), np.array(["u", "u"]), config=config
-    )
-    torch.testing.assert_close(adv[:, 0], torch.tensor([-2 * math.log(2), 2 * math.log(3) - 2 * math.log(2)], dtype=F64))
+    rewards = torch.tensor([[0.0], [2 * math.log(3)]], dtype=F64)
+    adv, _ = get_adv_estimator_fn("opmd")(rewards, torch.ones(2, 1, dtype=F64), np.array(["u", "u"]), config=config)
+    expected = torch.tensor([-2 * math.log(2), 2 * math.log(3) - 2 * math.log(2)], dtype=F64)
+    torch.testing.assert_close(adv[:, 0], expected)
 
 
 def test_advantage_is_broadcast_over_tokens_times_mask():
@@ -272,6 +280,12 @@ def test_large_rewards_small_tau_are_stable():
 def test_non_finite_reward_names_the_sample(name, bad):
     with pytest.raises(ValueError, match=r"batch position 2 \(uid 'prompt-b'\)"):
         run(name, [0.0, 1.0, bad, 1.0], ["prompt-a", "prompt-a", "prompt-b", "prompt-b"])
+
+
+def test_non_finite_reward_names_numpy_string_uids():
+    rewards = torch.tensor([[1.0], [float("nan")]])
+    with pytest.raises(ValueError, match=r"batch position 1 \(uid 'b'\): nan"):
+        get_adv_estimator_fn("opmd")(rewards, torch.ones(2, 1), np.array(["a", "b"]), config=None)  # dtype <U1
 
 
 def test_missing_index_is_a_clear_error():

@@ -65,7 +65,8 @@ def test_opmd_value_and_gradient(tau):
     # token-mean = 3 ln 2/(1+τ); ∂/∂log π_t = −A/(1+τ)/2 = −1/(1+τ)
     log_prob = torch.tensor([[math.log(0.5), math.log(0.25)]], dtype=F64)
     adv = torch.full((1, 2), 2.0, dtype=F64)
-    loss, grad, _ = call(actor("opmd", tau=tau), log_prob, log_prob, adv, torch.ones(1, 2, dtype=torch.bool), "token-mean")
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, grad, _ = call(actor("opmd", tau=tau), log_prob, log_prob, adv, mask, "token-mean")
     torch.testing.assert_close(loss, torch.tensor(3 * math.log(2) / (1 + tau), dtype=F64))
     torch.testing.assert_close(grad, torch.full((1, 2), -1 / (1 + tau), dtype=F64))
 
@@ -258,7 +259,8 @@ def test_micro_batches_sum_to_the_global_loss(config):
     old, log_prob, adv, mask = _random_batch(seed=4)
     agg = "seq-mean-token-mean" if config.policy_loss.clip_mode == "gspo-one-side" else "token-mean"
     whole, whole_grad, _ = call(config, old, log_prob, adv, mask, agg)
-    config.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=int((mask.sum(-1) > 0).sum()))
+    num_sequences = int((mask.sum(-1) > 0).sum())
+    config.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=num_sequences)
     try:
         parts = [call(config, old[s], log_prob[s], adv[s], mask[s], agg) for s in (slice(0, 2), slice(2, 5))]
     finally:
@@ -287,5 +289,6 @@ def test_clip_ratio_falls_back_to_clip_ratio():
         clip_ratio_high=None,
         policy_loss=OffPolicyLossConfig(loss_mode="rec", clip_mode="one-side"),
     )
-    _, grad, _ = call(config, torch.zeros(1, 1), torch.log(torch.tensor([[1.3]])), torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool))
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    _, grad, _ = call(config, torch.zeros(1, 1), torch.log(torch.tensor([[1.3]])), torch.ones(1, 1), mask)
     assert grad.item() == -1.0

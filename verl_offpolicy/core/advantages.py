@@ -40,7 +40,8 @@ class Groups(NamedTuple):
 def make_groups(group_ids: Tensor, dtype: torch.dtype) -> Groups:
     """Validate ``group_ids`` (1-D, integer, ≥ 0) and count the members of each group."""
     if group_ids.dim() != 1 or group_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"group_ids must be a 1-D integer tensor, got shape {tuple(group_ids.shape)} {group_ids.dtype}")
+        shape = tuple(group_ids.shape)
+        raise ValueError(f"group_ids must be a 1-D integer tensor, got shape {shape} {group_ids.dtype}")
     ids = group_ids.long()
     return Groups(ids, torch.bincount(ids).to(dtype))
 

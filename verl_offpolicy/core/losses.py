@@ -5,7 +5,8 @@ Inputs are [B, T] token tensors: ``log_prob`` = log π_θ (the only path of the 
 (bool). Every ratio, mask and weight is computed from detached values. Functions return per-token
 loss matrices (aggregation over the batch is the caller's, with verl's ``agg_loss``), keep masks
 and metric tensors. Padded tokens (m = 0) get a zero loss coefficient, so a response whose mask is
-all zero contributes nothing and produces no NaN (``log_prob`` must be finite on padding, as verl's zero padding is).
+all zero contributes nothing and produces no NaN (``log_prob`` must be finite on padding, as verl's
+zero padding is).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _check_finite(name: str, scores: Tensor, index: np.ndarray) -> None:
     if bool(finite.all()):  # the sum overflowed, every reward is finite
         return
     bad = (~finite).nonzero().flatten().tolist()
-    listed = "; ".join(f"batch position {i} (uid {index[i]!r}): {scores[i].item()}" for i in bad[:_MAX_REPORTED])
+    listed = "; ".join(f"batch position {i} (uid {str(index[i])!r}): {scores[i].item()}" for i in bad[:_MAX_REPORTED])
     more = f"; and {len(bad) - _MAX_REPORTED} more" if len(bad) > _MAX_REPORTED else ""
     raise ValueError(
         f"adv_estimator={name}: {len(bad)} sample(s) have a non-finite reward (sum of token_level_rewards): "
@@ -139,6 +139,11 @@ def _check_agro(config: Any, beta: float) -> None:
         raise ValueError(
             "adv_estimator=agro expects the KL in the reward, R = r − β·log(π/π_ref): "
             "set algorithm.use_kl_in_reward=true, algorithm.kl_penalty=kl, algorithm.kl_ctrl.type=fixed"
+        )
+    kl_penalty = config.get("kl_penalty", "kl")
+    if kl_penalty not in ("kl", "k1"):
+        raise ValueError(
+            f"adv_estimator=agro needs R = r − β·log(π/π_ref): algorithm.kl_penalty must be kl (or k1), got {kl_penalty}"
         )
     kl_ctrl = config.get("kl_ctrl", None)
     kl_coef = kl_ctrl.get("kl_coef", beta) if kl_ctrl is not None else beta
