@@ -166,6 +166,7 @@ class DemoResult:
     log_path: str
     metrics_path: str
     rollout_vs_trainer: dict[str, float] = field(default_factory=dict)
+    ray_temp_dir: Optional[str] = None  # the run's own Ray session dir (removed after the run)
 
     @property
     def rewards(self) -> list[float]:
@@ -517,6 +518,7 @@ def run_demo(
         log_path=str(output_dir / LOG_NAME),
         metrics_path=str(metrics_path),
         rollout_vs_trainer=rollout_vs_trainer,
+        ray_temp_dir=ray_temp_dir,
     )
     (output_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2, default=str))
     if stream:

@@ -407,6 +407,7 @@ class HFRolloutServer:
         for _ in range(max_steps):
             tokens, log_probs = sample_next(logits, key, generator, seen)
             token_list, log_prob_list = tokens.tolist(), log_probs.tolist()
+            self.stats["tokens"] += sum(active)
             for i, request in enumerate(requests):
                 if not active[i]:
                     continue
@@ -416,7 +417,6 @@ class HFRolloutServer:
                     request.token_ids
                 ) >= request.max_tokens:
                     active[i] = False
-            self.stats["tokens"] += sum(active)
             if not any(active):
                 break
             if self._abort_running:

@@ -37,7 +37,7 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Size of the tiny Llama (defaults: ~60k parameters, fast on 2 CPU cores)."""
+    """Size and init of the tiny Llama (defaults: ~77k parameters, fast on 2 CPU cores)."""
 
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -45,6 +45,9 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 128
+    # Larger than Llama's 0.02: with a near-uniform start the copy circuit forms slowly (in a pure
+    # PyTorch GRPO simulation of the demo, 0.1 reached ~0.95 reward in 40 steps, 0.02 ~0.5).
+    initializer_range: float = 0.1
     seed: int = 0
 
 
@@ -96,6 +99,7 @@ def build_model(out_dir: str | os.PathLike, tokenizer, spec: TinyModelSpec = Tin
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
+        initializer_range=spec.initializer_range,
         torch_dtype="float32",
     )
     config.architectures = ["LlamaForCausalLM"]
