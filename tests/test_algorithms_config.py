@@ -133,13 +133,17 @@ def test_hydra_composition_reports_the_key():
 
 def test_offpolicy_section_defaults_match_the_spec():
     section = OffPolicyConfig()
-    assert (section.baseline, section.tau, section.shift, section.temperature, section.beta, section.on_policy) == (
+    assert (section.baseline, section.shift, section.temperature, section.beta, section.on_policy) == (
         "mean",
-        1.0,
         -0.1,
         1.0,
         0.1,
         False,
     )
+    # τ left unset takes each consumer's default from the spec: opmd 1.0, pmd_partition 0.01, pmd loss 0.01.
+    assert (section.tau_for("opmd"), section.tau_for("pmd_partition")) == (1.0, 0.01)
+    assert OffPolicyConfig(tau=0.3).tau_for("pmd_partition") == 0.3
     loss = OffPolicyLossConfig()
     assert (loss.ring_clip_ratio_low, loss.ring_clip_ratio_high) == (0.6, 2.0)
+    assert OffPolicyLossConfig(loss_mode="pmd").resolved_tau == 0.01
+    assert OffPolicyLossConfig(loss_mode="opmd").resolved_tau == 1.0

@@ -27,6 +27,8 @@ RATIO_ANCHORS = ("behaviour", "rollout", "proximal")
 CLIP_MODES = ("none", "one-side", "two-side", "ring", "gspo-one-side")
 WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
 REGULARIZERS = ("none", "forward-kl", "k2")
+# ALGORITHMS.md's default τ of each consumer, used while ``tau`` is left unset (null).
+DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01}
 
 ALGO_PREFIX = "algorithm.offpolicy"
 LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss"
@@ -51,7 +53,8 @@ class OffPolicyConfig:
     """``algorithm.offpolicy``: estimator hyperparameters and the staleness scheduler.
 
     Args:
-        tau: temperature τ of ``opmd`` (logavgexp baseline), ``pmd_partition`` and the ``opmd``/``pmd`` losses.
+        tau: temperature τ of ``opmd`` (logavgexp baseline), ``pmd_partition`` and the ``opmd``/``pmd`` losses;
+            null = each one's default (opmd 1.0, pmd_partition 0.01, pmd 0.01).
         baseline: ``opmd`` estimator baseline, ``mean`` (r̄) or ``logavgexp`` (τ·(logsumexp(r/τ) − log K)).
         shift: ``asymre`` baseline shift (A = r − (r̄ + shift)).
         seed: ``red_drop`` seed; the drop is reproducible from (seed, uid).
@@ -63,7 +66,7 @@ class OffPolicyConfig:
         ratio_anchor: what ``old_log_prob`` means in the loss: ``behaviour``, ``rollout`` or ``proximal``.
     """
 
-    tau: float = 1.0
+    tau: float | None = None
     baseline: str = "mean"
     shift: float = -0.1
     seed: int = 0
@@ -75,7 +78,8 @@ class OffPolicyConfig:
     ratio_anchor: str = "proximal"
 
     def __post_init__(self):
-        _check_number(f"{ALGO_PREFIX}.tau", self.tau)
+        if self.tau is not None:
+            _check_number(f"{ALGO_PREFIX}.tau", self.tau)
         _check_choice(f"{ALGO_PREFIX}.baseline", self.baseline, OPMD_BASELINES)
         _check_number(f"{ALGO_PREFIX}.shift", self.shift)
         _check_number(f"{ALGO_PREFIX}.temperature", self.temperature, positive=True)
@@ -87,10 +91,16 @@ class OffPolicyConfig:
         check_schedule(self.sync_interval, self.sync_offset)
         _check_choice(f"{ALGO_PREFIX}.ratio_anchor", self.ratio_anchor, RATIO_ANCHORS)
 
+    def tau_for(self, consumer: str) -> float:
+        """τ as ``consumer`` (an estimator name) uses it: the set value, else the spec's default."""
+        return DEFAULT_TAU.get(consumer, 1.0) if self.tau is None else self.tau
+
     def check_for_estimator(self, adv_estimator: str) -> None:
         """Checks that depend on which estimator reads this section."""
         if adv_estimator == "pmd_partition" or (adv_estimator == "opmd" and self.baseline == "logavgexp"):
-            _check_number(f"{ALGO_PREFIX}.tau (used by adv_estimator={adv_estimator})", self.tau, positive=True)
+            _check_number(
+                f"{ALGO_PREFIX}.tau (used by adv_estimator={adv_estimator})", self.tau_for(adv_estimator), positive=True
+            )
 
 
 def offpolicy_section(algorithm_config: Any) -> OffPolicyConfig:
@@ -129,7 +139,8 @@ class OffPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus the parameters of the ``opmd``, ``pmd`` and ``rec`` losses.
 
     Args:
-        tau: ``opmd`` loss: ℓ = −A·log π/(1+τ), τ ≥ 0. ``pmd`` loss: ½τ(A/τ − Δ)²/|y|, τ > 0.
+        tau: ``opmd`` loss: ℓ = −A·log π/(1+τ), τ ≥ 0 (default 1.0). ``pmd`` loss: ½τ(A/τ − Δ)²/|y|, τ > 0
+            (default 0.01). null = that default.
         clip_mode: ``rec`` token mask: none, one-side, two-side, ring, gspo-one-side.
         weight: ``rec`` token weight: none, importance_sampling (ρ_t), gspo_importance_sampling (ρ̄_i).
         regularizer: ``rec`` regulariser: none, forward-kl (−c·log π), k2 (c·(log π − log π_old)²).
@@ -138,7 +149,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).
     """
 
-    tau: float = 1.0
+    tau: float | None = None
     clip_mode: str = "none"
     weight: str = "none"
     regularizer: str = "none"
@@ -150,15 +161,21 @@ class OffPolicyLossConfig(PolicyLossConfig):
         if self.loss_mode in POLICY_LOSSES:
             require_registration("policy_loss", self.loss_mode)
         if self.loss_mode == "pmd":
-            _check_number(f"{LOSS_PREFIX}.tau (loss_mode=pmd)", self.tau, positive=True)
+            _check_number(f"{LOSS_PREFIX}.tau (loss_mode=pmd)", self.resolved_tau, positive=True)
         else:
-            _check_number(f"{LOSS_PREFIX}.tau", self.tau, non_negative=True)
+            _check_number(f"{LOSS_PREFIX}.tau", self.resolved_tau, non_negative=True)
         _check_choice(f"{LOSS_PREFIX}.clip_mode", self.clip_mode, CLIP_MODES)
         _check_choice(f"{LOSS_PREFIX}.weight", self.weight, WEIGHTS)
         _check_choice(f"{LOSS_PREFIX}.regularizer", self.regularizer, REGULARIZERS)
         _check_number(f"{LOSS_PREFIX}.regularizer_coef", self.regularizer_coef, non_negative=True)
         _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
         _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
+
+
+    @property
+    def resolved_tau(self) -> float:
+        """τ as this loss uses it: the set value, else the spec's default for ``loss_mode``."""
+        return DEFAULT_TAU.get(self.loss_mode, 1.0) if self.tau is None else self.tau
 
 
 def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config: OffPolicyLossConfig) -> None:

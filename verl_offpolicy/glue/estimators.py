@@ -77,7 +77,7 @@ def _broadcast(advantage: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor
 def compute_opmd_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = r_i − r̄ (``algorithm.offpolicy.baseline=mean``) or r_i − τ·(logsumexp(r/τ) − log K) (``logavgexp``)."""
     section, scores, group_ids = _prepare("opmd", token_level_rewards, index, config)
-    return _broadcast(core.opmd_advantage(scores, group_ids, section.baseline, section.tau), response_mask)
+    return _broadcast(core.opmd_advantage(scores, group_ids, section.baseline, section.tau_for("opmd")), response_mask)
 
 
 @register_adv_est("pmd_partition")
@@ -85,7 +85,7 @@ def compute_opmd_advantage(token_level_rewards, response_mask, index=None, confi
 def compute_pmd_partition_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``."""
     section, scores, group_ids = _prepare("pmd_partition", token_level_rewards, index, config)
-    return _broadcast(core.pmd_partition_advantage(scores, group_ids, section.tau), response_mask)
+    return _broadcast(core.pmd_partition_advantage(scores, group_ids, section.tau_for("pmd_partition")), response_mask)
 
 
 @register_adv_est("asymre")

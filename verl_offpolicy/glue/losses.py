@@ -69,7 +69,7 @@ def compute_policy_loss_opmd(
     """ℓ_t = −A·log π_t/(1 + τ), τ = ``policy_loss.tau`` ≥ 0, aggregated with ``loss_agg_mode``."""
     loss_config = _loss_config("opmd", config)
     mask = response_mask.bool()
-    loss_mat = core.opmd_loss(log_prob, advantages, mask, loss_config.tau)
+    loss_mat = core.opmd_loss(log_prob, advantages, mask, loss_config.resolved_tau)
     loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
     log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
     return loss, _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
@@ -93,7 +93,7 @@ def compute_policy_loss_pmd(
     """
     loss_config = _loss_config("pmd", config)
     mask = response_mask.bool()
-    loss_mat = core.pmd_loss(log_prob, old_log_prob, advantages, mask, loss_config.tau)
+    loss_mat = core.pmd_loss(log_prob, old_log_prob, advantages, mask, loss_config.resolved_tau)
     loss = _aggregate(loss_mat, mask, PMD_AGG_MODE, config, rollout_is_weights)
     log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
     return loss, _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
