@@ -45,13 +45,16 @@ class DemoError(RuntimeError):
     """The demo run failed or timed out; the message carries the end of the training log."""
 
 
-def preset_overrides(preset: str) -> list[str]:
+def preset_overrides(preset: str, config_name: str = DEFAULT_CONFIG_NAME) -> list[str]:
     """Hydra overrides selecting an algorithm.
 
-    ``grpo`` is verl's built-in GRPO with the vanilla PPO-clip loss, on the stock ``ppo_trainer``.
-    Any other name selects the preset file ``verl_offpolicy/configs/algorithm/<preset>.yaml``
-    (``+algorithm=<preset>`` on the stock config).
+    On the stock ``ppo_trainer``, ``grpo`` is verl's built-in GRPO with the vanilla PPO-clip loss
+    (plain verl keys, no preset file) and any other name selects the preset file
+    ``verl_offpolicy/configs/algorithm/<preset>.yaml`` as ``+algorithm=<preset>``. A primary config
+    that declares an ``algorithm`` group default (``offpolicy_trainer``) takes ``algorithm=<preset>``.
     """
+    if config_name != DEFAULT_CONFIG_NAME:
+        return [f"algorithm={preset}"]
     if preset == "grpo":
         return [
             "algorithm.adv_estimator=grpo",
@@ -114,7 +117,7 @@ def demo_command(
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={output_dir / 'checkpoints'}",
         f"hydra.run.dir={output_dir / 'hydra'}",
-        *preset_overrides(preset),
+        *preset_overrides(preset, config_name),
     ]
     if ray_temp_dir:
         command.append(f"+ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
