@@ -7,7 +7,6 @@ other presets (``preset`` = ``+algorithm=<name>``) the same way.
 """
 
 import math
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,8 +36,8 @@ def check_completed(result: DemoResult, steps: int = STEPS) -> None:
 
 
 @pytest.mark.parametrize("preset, overrides", CASES)
-def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides):
-    output_dir = tempfile.mkdtemp(prefix=f"vo-e2e-{preset}-")
+def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides, tmp_path):
+    output_dir = str(tmp_path / f"e2e-{preset}")
     result = run_demo(
         preset=preset,
         steps=STEPS,
@@ -54,9 +53,9 @@ def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides):
     assert _session_processes(result.ray_temp_dir) == []
 
 
-def test_timeout_becomes_a_failure_and_cleans_up():
+def test_timeout_becomes_a_failure_and_cleans_up(tmp_path):
     """A run that cannot finish in time is killed with its Ray session, and says why."""
-    output_dir = tempfile.mkdtemp(prefix="vo-e2e-timeout-")
+    output_dir = str(tmp_path / "e2e-timeout")
     before = {p.pid for p in _session_processes("vo-ray-")}
     start = time.monotonic()
     with pytest.raises(DemoError, match="did not finish within 30s"):

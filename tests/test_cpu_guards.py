@@ -1,7 +1,5 @@
 """Bad CPU settings fail at startup, before Ray starts, with a message naming the key and what to set."""
 
-import tempfile
-
 import pytest
 
 from tests.cpu_harness import run_main_ppo
@@ -13,8 +11,8 @@ GUARD_TIMEOUT = 120  # a guard failure must be quick: no Ray, no workers
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return build_tiny(tempfile.mkdtemp(prefix="vo-guard-") + "/tiny")
+def tiny(tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("guard") / "tiny")
 
 
 def _problems(tiny, *overrides):

@@ -1,12 +1,10 @@
 """The single-process FSDP2 TrainingWorker harness: one real actor update with verl's vanilla loss."""
 
-import tempfile
-
 from tests.cpu_harness import isolated
 
 
-def test_one_vanilla_update_changes_weights_in_the_advantage_direction():
-    report = isolated("tests.cpu_harness:demo_vanilla_update", timeout=300, workdir=tempfile.mkdtemp(), lr=1e-2)
+def test_one_vanilla_update_changes_weights_in_the_advantage_direction(tmp_path):
+    report = isolated("tests.cpu_harness:demo_vanilla_update", timeout=300, workdir=str(tmp_path), lr=1e-2)
     print(report)
     assert report["num_params"] > 0
     assert report["num_changed"] == report["num_params"]

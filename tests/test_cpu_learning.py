@@ -5,16 +5,14 @@ training reward of the last steps must clearly exceed that of the first steps, a
 validation reward must rise.
 """
 
-import tempfile
-
 from verl_offpolicy.cpu.demo import run_demo
 
 STEPS = 40
 TIMEOUT = 600
 
 
-def test_grpo_learns_repeat_task_on_cpu():
-    result = run_demo(preset="grpo", steps=STEPS, seed=0, output_dir=tempfile.mkdtemp(prefix="vo-learn-"), timeout=TIMEOUT)
+def test_grpo_learns_repeat_task_on_cpu(tmp_path):
+    result = run_demo(preset="grpo", steps=STEPS, seed=0, output_dir=str(tmp_path / "learn"), timeout=TIMEOUT)
     summary = result.summary()
     print(summary)
     rewards = result.rewards

@@ -1,7 +1,5 @@
 """The hf rollout backend: generation semantics, log-probs, and the trainer -> rollout weight sync."""
 
-import tempfile
-
 import pytest
 import torch
 
@@ -47,8 +45,8 @@ def test_sample_next_greedy_top_p_and_repetition_penalty():
     assert tokens.tolist() == [3]
 
 
-def test_server_generation_semantics_against_transformers():
-    report = isolated("tests.cpu_harness:rollout_server_semantics", timeout=TIMEOUT, workdir=tempfile.mkdtemp())
+def test_server_generation_semantics_against_transformers(tmp_path):
+    report = isolated("tests.cpu_harness:rollout_server_semantics", timeout=TIMEOUT, workdir=str(tmp_path))
     assert report["batched_equals_single"]
     assert report["greedy_is_argmax"]
     assert report["max_tokens_respected"]
@@ -64,10 +62,10 @@ def test_server_generation_semantics_against_transformers():
     assert report["serves_after_resume"]
 
 
-def test_rollout_logprobs_match_trainer_after_weight_sync():
+def test_rollout_logprobs_match_trainer_after_weight_sync(tmp_path):
     """Trainer (FSDP2 TrainingWorker) weights -> adapter -> Ray server; then both score the same tokens."""
     report = isolated(
-        "tests.cpu_harness:rollout_vs_trainer_after_sync", timeout=TIMEOUT, workdir=tempfile.mkdtemp(), temperature=0.7
+        "tests.cpu_harness:rollout_vs_trainer_after_sync", timeout=TIMEOUT, workdir=str(tmp_path), temperature=0.7
     )
     print(report)
     assert report["global_steps"] == 1
