@@ -86,3 +86,34 @@ def test_parallelism_other_than_one_is_refused(bad):
     setattr(cfg, bad, 2)
     with pytest.raises(HFRolloutError, match=f"actor_rollout_ref.rollout.{bad}=2"):
         check_rollout_parallelism(cfg)
+
+
+def test_sampling_of_a_request_does_not_depend_on_its_batch():
+    """Each row draws from its own generator: batched and one-by-one sampling give the same tokens."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11)
+    key = _key(temperature=0.9, top_k=5)
+    seeds = [3, 14, 15, 92, 65, 35]
+    batched, _ = sample_next(logits, key, [torch.Generator().manual_seed(s) for s in seeds])
+    alone = [sample_next(logits[i : i + 1], key, [torch.Generator().manual_seed(s)])[0].item() for i, s in enumerate(seeds)]
+    assert batched.tolist() == alone
+    reordered, _ = sample_next(logits.flip(0), key, [torch.Generator().manual_seed(s) for s in reversed(seeds)])
+    assert reordered.flip(0).tolist() == batched.tolist()
+
+
+def test_request_seeds_are_reproducible_and_distinct_per_occurrence():
+    from types import SimpleNamespace
+
+    from verl_offpolicy.cpu.rollout import HFRolloutServer
+
+    def server(global_steps):
+        return SimpleNamespace(_occurrences={}, config=SimpleNamespace(seed=7), replica_rank=0, global_steps=global_steps)
+
+    key = _key(temperature=1.0)
+    a, b = server(3), server(3)
+    seeds_a = [HFRolloutServer._request_seed(a, key, [1, 2, 3]) for _ in range(4)]
+    seeds_b = [HFRolloutServer._request_seed(b, key, [1, 2, 3]) for _ in range(4)]
+    assert seeds_a == seeds_b and len(set(seeds_a)) == 4  # same sequence in a fresh server, distinct samples
+    assert HFRolloutServer._request_seed(server(4), key, [1, 2, 3]) != seeds_a[0]  # new weights, new draws
+    assert HFRolloutServer._request_seed(a, _key(temperature=0), [1, 2, 3]) == 0  # greedy consumes nothing
+    assert a._occurrences[(key, (1, 2, 3))] == 4

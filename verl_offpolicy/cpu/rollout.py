@@ -27,11 +27,12 @@ is in :mod:`verl_offpolicy.cpu.registration`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import ray
 import torch
@@ -103,13 +104,15 @@ class SamplingKey:
 def sample_next(
     logits: torch.Tensor,
     key: SamplingKey,
-    generator: torch.Generator,
+    generators: torch.Generator | Sequence[torch.Generator],
     seen_tokens: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of each row of ``logits`` [B, V]; return (tokens [B], log-probs [B]).
 
     The log-prob is that of the chosen token under ``log_softmax(logits / T)`` (``T = 1`` when greedy),
-    computed in float32, after the repetition penalty if one is set.
+    computed in float32, after the repetition penalty if one is set. Sampling inverts the CDF at one
+    uniform per row drawn from that row's generator (``generators``: one per row, or one shared), so
+    a request's tokens do not depend on the other requests batched with it.
     """
     logits = logits.float()
     if key.repetition_penalty != 1.0 and seen_tokens is not None:
@@ -136,7 +139,12 @@ def sample_next(
         drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
         filtered = filtered.masked_fill(drop, float("-inf"))
     probs = torch.softmax(filtered, dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    rows = probs.shape[0]
+    per_row = [generators] * rows if isinstance(generators, torch.Generator) else list(generators)
+    uniform = 1.0 - torch.cat([torch.rand(1, generator=g) for g in per_row])  # in (0, 1]
+    cdf = probs.cumsum(dim=-1)
+    # First token whose CDF reaches u·total: never a zero-probability token, always < V.
+    tokens = (cdf < (uniform * cdf[:, -1]).unsqueeze(1)).sum(dim=-1).clamp(max=probs.shape[-1] - 1)
     return tokens, log_probs_all.gather(1, tokens[:, None]).squeeze(1)
 
 
@@ -148,6 +156,7 @@ class _Request:
     key: SamplingKey
     want_log_probs: bool
     future: asyncio.Future
+    sample_seed: int = 0
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     stop_reason: str = "completed"
@@ -208,7 +217,9 @@ class HFRolloutServer:
             self.max_model_len = min(self.max_model_len, max_positions)
 
         self.global_steps = None
-        self._generator = torch.Generator().manual_seed(int(self.config.seed) + replica_rank)
+        # (sampling key, prompt) -> requests seen since the last weight update: with the seed, the
+        # weights version and the prompt it seeds a request's own sampler (see _request_seed).
+        self._occurrences: dict[tuple, int] = {}
         self._pending: list[_Request] = []
         self._wake: Optional[asyncio.Event] = None
         self._batch_task: Optional[asyncio.Task] = None
@@ -324,11 +335,28 @@ class HFRolloutServer:
             key=key,
             want_log_probs=bool(params.get("logprobs", False)),
             future=asyncio.get_running_loop().create_future(),
+            sample_seed=self._request_seed(key, prompt_ids),
         )
         self.stats["requests"] += 1
         self._pending.append(request)
         self._wake.set()
         return await request.future
+
+    def _request_seed(self, key: SamplingKey, prompt_ids: list[int]) -> int:
+        """Seed of one request's sampler: (seed, replica, weights version, prompt, occurrence of that prompt).
+
+        The k-th request with a given prompt since the last weight update always gets the same seed,
+        whatever the arrival order or batching, so a run is reproducible at a fixed seed (the n samples
+        of a prompt are exchangeable, so which session gets which seed does not matter).
+        """
+        if key.temperature <= 0:
+            return 0  # greedy: no randomness, and validation does not shift the training samples' seeds
+        counter_key = (key, tuple(prompt_ids))
+        occurrence = self._occurrences.get(counter_key, 0)
+        self._occurrences[counter_key] = occurrence + 1
+        base = int(key.seed) if key.seed is not None else int(self.config.seed)
+        text = f"{base}|{self.replica_rank}|{self.global_steps}|{occurrence}|{','.join(map(str, prompt_ids))}"
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
     def _extra(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}
@@ -379,9 +407,7 @@ class HFRolloutServer:
 
         key = requests[0].key
         self.stats["batches"] += 1
-        generator = self._generator
-        if key.seed is not None:
-            generator = torch.Generator().manual_seed(int(key.seed))
+        generators = [torch.Generator().manual_seed(request.sample_seed) for request in requests]
         batch = len(requests)
         width = max(len(r.prompt_ids) for r in requests)
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
@@ -405,7 +431,7 @@ class HFRolloutServer:
         active = [True] * batch
         max_steps = max(r.max_tokens for r in requests)
         for _ in range(max_steps):
-            tokens, log_probs = sample_next(logits, key, generator, seen)
+            tokens, log_probs = sample_next(logits, key, generators, seen)
             token_list, log_prob_list = tokens.tolist(), log_probs.tolist()
             self.stats["tokens"] += sum(active)
             for i, request in enumerate(requests):
@@ -476,6 +502,7 @@ class HFRolloutServer:
                     "the rollout would mix old and new weights"
                 )
             self.global_steps = global_steps
+            self._occurrences = {}
             self.stats["weight_updates"] += 1
         return {"global_steps": global_steps}
 

@@ -75,6 +75,7 @@ class StalenessQueue(ReplayBuffer):
         self.sync_interval = sync_interval
         self.sync_offset = sync_offset
         self.batches: list[QueuedBatch] = []
+        self.current: QueuedBatch | None = None  # the batch being trained
         self.last_generation_size = 0
 
     def push(self, batch: QueuedBatch) -> None:
@@ -122,6 +123,7 @@ class StalenessQueue(ReplayBuffer):
             )
         batch = self._materialize_batch(TRAIN, selected, snapshot)
         self.batches.remove(entry)
+        self.current = entry
         staleness = staleness_of_step(global_steps, self.sync_interval, self.sync_offset)
         assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
         metrics = {
@@ -229,8 +231,6 @@ class OffPolicyTrainer(PPOTrainer):
         """One rollout call at ``version`` for the batches of ``steps``; then behaviour log-probs."""
         self._rollout_at(version)
         chunks = [self._next_train_batch() for _ in steps]
-        batch = chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks)
-        self._submit_batch_to_rollout(batch)
         entries = []
         tags = []
         for step, chunk in zip(steps, chunks, strict=True):
@@ -241,7 +241,10 @@ class OffPolicyTrainer(PPOTrainer):
             entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour))
             tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]
         all_uids = [uid for entry in entries for uid in entry.uids]
+        # The schedule tags go in first (TransferQueue merges tags); verl then registers the prompts and
+        # the agent loop generates them all in one call.
         tq.kv_batch_put(keys=all_uids, partition_id=TRAIN, tags=tags)
+        self._submit_batch_to_rollout(chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks))
         self._wait_for_generation(set(all_uids), version)
         self._rollout_sleep()
         behaviour_uids = {uid for entry in entries if entry.behaviour for uid in entry.uids}
@@ -308,7 +311,7 @@ class OffPolicyTrainer(PPOTrainer):
         keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
         if anchor == "rollout":
             source = "rollout_log_probs"
-        elif any(t.get(BEHAVIOUR_TAG, False) for t in batch.tags):
+        elif self.replay_buffer.current.behaviour:
             source = BEHAVIOUR_FIELD
         else:
             return batch  # trained at staleness 0: behaviour weights are the proximal weights
