@@ -93,12 +93,14 @@ def test_rollout_registration_waits_for_verl_rollout_import():
         """
 import json, sys, verl
 from verl_offpolicy.cpu import registration
-hook_pending = any(isinstance(f, registration._AfterImportHook) for f in sys.meta_path)
+from verl_offpolicy.glue.registration import AfterImportHook
+def pending():
+    return any(isinstance(f, AfterImportHook) and f.module_name == "verl.workers.rollout" for f in sys.meta_path)
+hook_pending = pending()
 before = "verl.workers.rollout" in sys.modules
 import verl.workers.rollout.base as base
 print(json.dumps({"before": before, "hook_pending": hook_pending or before,
-                  "registered": registration.rollout_registered(),
-                  "hook_left": any(isinstance(f, registration._AfterImportHook) for f in sys.meta_path)}))
+                  "registered": registration.rollout_registered(), "hook_left": pending()}))
 """,
         cpu=False,
     )

@@ -58,9 +58,9 @@ print(before, "rec" in POLICY_LOSS_REGISTRY)
 BROKEN = """
 import sys
 # Make one of our registration modules fail to import, as a broken install would.
-sys.modules["verl_offpolicy.glue.trainer"] = None
+sys.modules["verl_offpolicy.glue.losses"] = None
 """
-CAUSE = "import of verl_offpolicy.glue.trainer halted; None in sys.modules"
+CAUSE = "import of verl_offpolicy.glue.losses halted; None in sys.modules"
 
 
 def test_failed_registration_is_logged_at_error_and_main_ppo_stops_at_startup_with_the_cause():
@@ -95,3 +95,23 @@ except Exception as exc:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RAISED" in proc.stdout and CAUSE in proc.stdout
     assert "policy_loss 'rec'" in proc.stdout
+
+
+def test_import_verl_stays_cheap_and_registration_follows_verls_own_imports():
+    """`import verl` imports none of verl's registry modules for us; each registers when verl imports it."""
+    code = """
+import json, sys, verl
+watched = ["verl.trainer.ppo.core_algos", "verl.trainer.ppo.v1.trainer_base", "verl.workers.rollout",
+           "verl_offpolicy.glue.losses", "verl_offpolicy.glue.trainer"]
+after_import = [m for m in watched if m in sys.modules]
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+losses = "rec" in POLICY_LOSS_REGISTRY
+trainer_early = "verl_offpolicy.glue.trainer" in sys.modules
+from verl.trainer.ppo.v1 import get_trainer_cls
+print(json.dumps({"after_import": after_import, "losses": losses, "trainer_early": trainer_early,
+                  "trainer": get_trainer_cls("offpolicy").__name__}))
+"""
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"after_import": [], "losses": True, "trainer_early": False, "trainer": "OffPolicyTrainer"}

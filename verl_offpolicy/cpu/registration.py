@@ -1,29 +1,22 @@
 """Registers the CPU platform and the ``hf`` rollout backend into verl's registries (cheaply).
 
-Imported by our ``verl.plugins`` entry point at ``import verl`` in every process (listed in
-``verl_offpolicy.glue.registration.REGISTRATION_MODULES``), so it must not import heavy modules:
+Run by :mod:`verl_offpolicy.glue.registration` (see its ``EAGER_REGISTRATIONS`` and
+``DEFERRED_REGISTRATIONS``):
 
-- the ``cpu`` platform class is registered at once (it needs only torch and verl's platform module,
-  both already imported by ``import verl``); in a process with ``VERL_PLATFORM=cpu`` the gloo
-  default of the process-group backend is installed (see :func:`platform.install_gloo_default`);
-- the rollout names are registered when verl itself imports ``verl.workers.rollout`` (a post-import
-  hook), so that GPU users' ``import verl`` does not pay for importing the rollout package. The
-  registry entries only name our classes; :mod:`verl_offpolicy.cpu.rollout` is imported when verl
-  looks the backend up.
+- :func:`register_platform` at ``import verl`` in every process: the ``cpu`` platform class (it
+  needs only torch and verl's platform module, both already imported by ``import verl``) and, in a
+  process with ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend (see
+  :func:`platform.install_gloo_default`);
+- :func:`register_rollout` right after verl itself imports ``verl.workers.rollout``, so that GPU
+  users' ``import verl`` does not pay for importing the rollout package. The registry entries only
+  name our classes; :mod:`verl_offpolicy.cpu.rollout` is imported when verl looks the backend up.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
-import threading
-from typing import Callable
-
 from verl_offpolicy.cpu.platform import PLATFORM_NAME, install_gloo_default
 
 ROLLOUT_NAME = "hf"
-ROLLOUT_PACKAGE = "verl.workers.rollout"
 ADAPTER_FQN = "verl_offpolicy.cpu.rollout.HFServerAdapter"
 
 
@@ -58,54 +51,7 @@ def platform_registered() -> bool:
     return PlatformRegistry.get(PLATFORM_NAME) is not None
 
 
-class _LoaderWithCallback(importlib.abc.Loader):
-    def __init__(self, loader, callback: Callable[[], None]):
-        self._loader = loader
-        self._callback = callback
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._callback()
-
-    def __getattr__(self, name):  # get_resource_reader, is_package, get_source, ...
-        return getattr(self._loader, name)
-
-
-class _AfterImportHook(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a given module finishes importing (once per process)."""
-
-    def __init__(self, module_name: str, callback: Callable[[], None]):
-        self.module_name = module_name
-        self.callback = callback
-        self._lock = threading.Lock()
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.module_name:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _LoaderWithCallback(spec.loader, self._run)
-        return spec
-
-    def _run(self) -> None:
-        with self._lock:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-        self.callback()
-
-
-def _install_rollout_hook() -> None:
-    if ROLLOUT_PACKAGE in sys.modules:
-        register_rollout()
-        return
-    if any(isinstance(f, _AfterImportHook) and f.module_name == ROLLOUT_PACKAGE for f in sys.meta_path):
-        return
-    sys.meta_path.insert(0, _AfterImportHook(ROLLOUT_PACKAGE, register_rollout))
-
-
-install_gloo_default()
-_install_rollout_hook()
+def register_platform() -> None:
+    """The ``cpu`` platform class (registered by importing :mod:`.platform`) and, in a process with
+    ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend."""
+    install_gloo_default()

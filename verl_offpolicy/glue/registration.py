@@ -10,23 +10,32 @@ ERROR with the cause and remembers it, and every config that selects one of our 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import logging
+import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Callable
 
 logger = logging.getLogger("verl_offpolicy")
 
-# Modules whose import registers names into verl's registries (decorators at module level).
-REGISTRATION_MODULES: tuple[str, ...] = (
-    "verl_offpolicy.cpu.registration",  # opt-in CPU platform + hf rollout (cheap; heavy parts lazy)
-    "verl_offpolicy.glue.estimators",
-    "verl_offpolicy.glue.losses",
-    "verl_offpolicy.glue.trainer",
-)
+# Run at ``import verl``: the CPU platform must be registered before verl's first get_platform().
+EAGER_REGISTRATIONS: tuple[str, ...] = ("verl_offpolicy.cpu.registration:register_platform",)
+
+# verl module -> what registers into it, run right after verl itself imports that module, so that
+# ``import verl`` (in every Ray worker of every GPU job) imports nothing more than it already does.
+# An entry is a module (registering at import) or "module:function".
+DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
+    "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.estimators", "verl_offpolicy.glue.losses"),
+    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.trainer",),
+    "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
+}
 
 _failure: str | None = None
 _done = False
+_lock = threading.RLock()
 
 
 class RegistrationError(RuntimeError):
@@ -60,7 +69,6 @@ def _in_platform_registry(name: str) -> bool:
 
 
 def _in_rollout_registry(name: str) -> bool:
-    # Importing verl's rollout package runs our post-import registration (verl_offpolicy.cpu.registration).
     from verl.workers.rollout import base, replica
 
     return name in replica.RolloutReplicaRegistry._registry and (name, "async") in base._ROLLOUT_REGISTRY
@@ -92,46 +100,110 @@ def expected_names() -> list[RegisteredName]:
     return names
 
 
-def register_all(force: bool = False) -> str | None:
-    """Import every registration module once per process. Returns the failure text, or None.
+def _run(target: str) -> None:
+    """Import ``module`` or call ``module:function``; record and log a failure, never raise."""
+    global _failure
+    module, _, function = target.partition(":")
+    try:
+        loaded = importlib.import_module(module)
+        if function:
+            getattr(loaded, function)()
+    except Exception as exc:  # noqa: BLE001 - reported loudly here, re-raised by require_registration
+        with _lock:
+            if _failure is None:
+                _failure = f"importing {target} raised {type(exc).__name__}: {exc}"
+        logger.error(
+            "verl-offpolicy failed to register its algorithms in this process: importing %s raised %s: %s\n%s",
+            target,
+            type(exc).__name__,
+            exc,
+            traceback.format_exc(),
+        )
 
-    Never raises: a failure is logged at ERROR level (verl would hide it at DEBUG) and kept for
-    :func:`require_registration`.
+
+class _LoaderWithCallback(importlib.abc.Loader):
+    def __init__(self, loader, callback: Callable[[], None]):
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._callback()
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, get_source, ...
+        return getattr(self._loader, name)
+
+
+class AfterImportHook(importlib.abc.MetaPathFinder):
+    """Runs the registrations of one verl module right after that module finishes importing (once)."""
+
+    def __init__(self, module_name: str, targets: tuple[str, ...]):
+        self.module_name = module_name
+        self.targets = targets
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module_name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _LoaderWithCallback(spec.loader, self.fire)
+        return spec
+
+    def fire(self) -> None:
+        with _lock:
+            if self not in sys.meta_path:
+                return
+            sys.meta_path.remove(self)
+        for target in self.targets:
+            _run(target)
+
+
+def register_all() -> str | None:
+    """Register once per process (eager part now, the rest when verl imports each registry module).
+
+    Returns the failure text so far, or None. Never raises: a failure is logged at ERROR level
+    (verl would hide it at DEBUG) and kept for :func:`require_registration`.
     """
-    global _failure, _done
-    if _done and not force:
-        return _failure
-    _done, _failure = True, None
-    for module in REGISTRATION_MODULES:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - reported loudly below, re-raised at startup
-            _failure = f"importing {module} raised {type(exc).__name__}: {exc}"
-            logger.error(
-                "verl-offpolicy failed to register its algorithms in this process: %s\n%s",
-                _failure,
-                traceback.format_exc(),
-            )
-            break
+    global _done
+    with _lock:
+        if _done:
+            return _failure
+        _done = True
+    for target in EAGER_REGISTRATIONS:
+        _run(target)
+    for module_name, targets in DEFERRED_REGISTRATIONS.items():
+        hook = AfterImportHook(module_name, targets)
+        if module_name in sys.modules:
+            for target in targets:
+                _run(target)
+        else:
+            sys.meta_path.insert(0, hook)
     return _failure
 
 
 def registration_failure() -> str | None:
     """The recorded failure text of this process (registering first if nobody did yet)."""
-    return register_all()
+    register_all()
+    return _failure
 
 
 def require_registration(kind: str, name: str) -> None:
     """Raise at startup if ``name`` of ``kind`` is not usable in this process, with the original cause."""
-    failure = registration_failure()
+    register_all()
     entry = next((e for e in expected_names() if e.kind == kind and e.name == name), None)
-    if failure is not None:
+    # The lookup imports verl's registry module, which runs our deferred registration into it.
+    present = entry.lookup(name) if entry is not None else True
+    if _failure is not None:
         where = f" ({entry.config_key}={name})" if entry else ""
         raise RegistrationError(
-            f"verl-offpolicy could not register its {kind} '{name}'{where}: {failure}. "
+            f"verl-offpolicy could not register its {kind} '{name}'{where}: {_failure}. "
             "Fix the cause above (run `verl-offpolicy doctor` for a full report)."
         )
-    if entry is not None and not entry.lookup(name):
+    if not present:
         raise RegistrationError(
             f"verl-offpolicy's {kind} '{name}' is missing from verl's registry although registration "
             "reported no error; run `verl-offpolicy doctor`."
