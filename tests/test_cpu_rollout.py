@@ -10,7 +10,7 @@ TIMEOUT = 300
 
 
 def _key(**kw):
-    base = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, ignore_eos=False, seed=None)
+    base = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, ignore_eos=False)
     base.update(kw)
     return SamplingKey(**base)
 
@@ -117,3 +117,6 @@ def test_request_seeds_are_reproducible_and_distinct_per_occurrence():
     assert HFRolloutServer._request_seed(server(4), key, [1, 2, 3]) != seeds_a[0]  # new weights, new draws
     assert HFRolloutServer._request_seed(a, _key(temperature=0), [1, 2, 3]) == 0  # greedy consumes nothing
     assert a._occurrences[(key, (1, 2, 3))] == 4
+    # an explicit per-request seed (seeded_single_turn_agent) replaces the occurrence count
+    explicit = [HFRolloutServer._request_seed(server(3), key, [1, 2, 3], seed=s) for s in (5, 5, 6)]
+    assert explicit[0] == explicit[1] != explicit[2]

@@ -98,7 +98,6 @@ class SamplingKey:
     top_k: int
     repetition_penalty: float
     ignore_eos: bool
-    seed: Optional[int]
 
 
 def sample_next(
@@ -326,7 +325,6 @@ class HFRolloutServer:
             top_k=int(top_k) if top_k is not None else -1,
             repetition_penalty=float(params.get("repetition_penalty", 1.0) or 1.0),
             ignore_eos=bool(params.get("ignore_eos", self.config.ignore_eos)),
-            seed=params.get("seed"),
         )
         request = _Request(
             request_id=request_id,
@@ -335,27 +333,31 @@ class HFRolloutServer:
             key=key,
             want_log_probs=bool(params.get("logprobs", False)),
             future=asyncio.get_running_loop().create_future(),
-            sample_seed=self._request_seed(key, prompt_ids),
+            sample_seed=self._request_seed(key, prompt_ids, params.get("seed")),
         )
         self.stats["requests"] += 1
         self._pending.append(request)
         self._wake.set()
         return await request.future
 
-    def _request_seed(self, key: SamplingKey, prompt_ids: list[int]) -> int:
-        """Seed of one request's sampler: (seed, replica, weights version, prompt, occurrence of that prompt).
+    def _request_seed(self, key: SamplingKey, prompt_ids: list[int], seed: Optional[int] = None) -> int:
+        """Seed of one request's sampler, combined with the replica and the weights version.
 
-        The k-th request with a given prompt since the last weight update always gets the same seed,
-        whatever the arrival order or batching, so a run is reproducible at a fixed seed (the n samples
-        of a prompt are exchangeable, so which session gets which seed does not matter).
+        With a per-request ``seed`` (sampling_params["seed"], e.g. from ``seeded_single_turn_agent``)
+        it is (seed, replica, version). Without one, the k-th request with a given prompt since the
+        last weight update gets (config seed, replica, version, prompt, k): reproducible whatever the
+        arrival order, as long as a batch holds each prompt once (samples of one prompt are exchangeable).
         """
         if key.temperature <= 0:
             return 0  # greedy: no randomness, and validation does not shift the training samples' seeds
-        counter_key = (key, tuple(prompt_ids))
-        occurrence = self._occurrences.get(counter_key, 0)
-        self._occurrences[counter_key] = occurrence + 1
-        base = int(key.seed) if key.seed is not None else int(self.config.seed)
-        text = f"{base}|{self.replica_rank}|{self.global_steps}|{occurrence}|{','.join(map(str, prompt_ids))}"
+        if seed is not None:
+            text = f"{int(seed)}|{self.replica_rank}|{self.global_steps}"
+        else:
+            counter_key = (key, tuple(prompt_ids))
+            occurrence = self._occurrences.get(counter_key, 0)
+            self._occurrences[counter_key] = occurrence + 1
+            prompt = ",".join(map(str, prompt_ids))
+            text = f"{int(self.config.seed)}|{self.replica_rank}|{self.global_steps}|{occurrence}|{prompt}"
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
     def _extra(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.estimators", "verl_offpolicy.glue.losses"),
     "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
+    "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
 }
 
 _failure: str | None = None
@@ -74,6 +75,12 @@ def _in_rollout_registry(name: str) -> bool:
     return name in replica.RolloutReplicaRegistry._registry and (name, "async") in base._ROLLOUT_REGISTRY
 
 
+def _in_agent_loop_registry(name: str) -> bool:
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    return name in _agent_loop_registry
+
+
 def _in_trainer_registry(name: str) -> bool:
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
@@ -85,6 +92,7 @@ POLICY_LOSSES = ("opmd", "pmd", "rec")
 TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 ROLLOUTS = ("hf",)
+AGENT_LOOPS = ("seeded_single_turn_agent",)
 
 
 def expected_names() -> list[RegisteredName]:
@@ -97,6 +105,10 @@ def expected_names() -> list[RegisteredName]:
     names += [RegisteredName("trainer", n, "trainer.v1.trainer_mode", _in_trainer_registry) for n in TRAINERS]
     names += [RegisteredName("platform", n, "VERL_PLATFORM (environment)", _in_platform_registry) for n in PLATFORMS]
     names += [RegisteredName("rollout", n, "actor_rollout_ref.rollout.name", _in_rollout_registry) for n in ROLLOUTS]
+    names += [
+        RegisteredName("agent_loop", n, "actor_rollout_ref.rollout.agent.default_agent_loop", _in_agent_loop_registry)
+        for n in AGENT_LOOPS
+    ]
     return names
 
 
