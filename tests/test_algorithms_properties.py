@@ -5,6 +5,7 @@ the logits θ (descent on the registered loss). Expectations are exact: a batch 
 multiplicity proportional to its behaviour probability (μ = [0.3, 0.6, 0.1] → counts [3, 6, 1]), so
 verl's token-mean over the batch is E_{y∼μ}[ℓ(y)] and the group mean is V^μ. With exact expectations
 the dynamics are deterministic, so a step whose gradient is exactly zero is a fixed point.
+The testbed (configs, registered-function calls, training loops) is :mod:`verl_offpolicy.tabular`.
 """
 
 from __future__ import annotations
@@ -14,78 +15,23 @@ import math
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
-from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, kl_penalty
-from verl.workers.config import ActorConfig
-from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig, OffPolicyLossConfig
-
-F64 = torch.float64
-REWARD = torch.tensor([0.0, 0.8, 1.0], dtype=F64)
-MU = torch.tensor([0.3, 0.6, 0.1], dtype=F64)
-V_MU = 0.58  # 0.3·0 + 0.6·0.8 + 0.1·1
-MU_ARMS = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 6, 1]))  # 10 samples, exactly μ
-
-
-def actor(loss_mode, clip=(0.2, 0.2), **loss_kw):
-    return ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=1,
-        clip_ratio_low=clip[0],
-        clip_ratio_high=clip[1],
-        policy_loss=OffPolicyLossConfig(loss_mode=loss_mode, **loss_kw),
-    )
-
-
-def estimate(name, arms, rewards=REWARD, config=None, sample_rewards=None, **offpolicy):
-    """Registered estimator on one group (one uid) of one-token responses; returns A [B, 1].
-
-    The reward of sample i is ``rewards[arms[i]]``, or ``sample_rewards[i]`` when given.
-    """
-    token_rewards = (rewards[arms] if sample_rewards is None else sample_rewards).unsqueeze(-1)
-    if config is None:
-        config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": offpolicy})
-    kwargs = {"norm_adv_by_std_in_grpo": False} if name == "grpo" else {}
-    advantages, _ = get_adv_estimator_fn(name)(
-        token_level_rewards=token_rewards,
-        response_mask=torch.ones_like(token_rewards),
-        index=np.zeros(len(arms), dtype=np.int64),
-        config=config,
-        **kwargs,
-    )
-    return advantages
-
-
-def loss_gradient(config, theta, arms, behaviour, advantages, agg="token-mean", weights=None, extra=None):
-    """∂(registered loss)/∂θ for the batch ``arms`` with old_log_prob = log behaviour."""
-    theta = theta.detach().requires_grad_(True)
-    log_prob = torch.log_softmax(theta, 0)[arms].unsqueeze(-1)
-    old = torch.log(behaviour)[arms].unsqueeze(-1)
-    mask = torch.ones_like(old, dtype=torch.bool)
-    loss, _ = get_policy_loss_fn(config.policy_loss.loss_mode)(
-        old, log_prob, advantages, mask, agg, config, rollout_is_weights=weights
-    )
-    if extra is not None:
-        loss = loss + extra(log_prob, mask)
-    (grad,) = torch.autograd.grad(loss, theta)
-    return grad
-
-
-def train(config, advantages, steps, lr, behaviour=MU, theta=None):
-    """Gradient ascent on the logits with fixed data from ``behaviour``; stops at an exact fixed point."""
-    theta = torch.log(behaviour) if theta is None else theta
-    for step in range(steps):
-        grad = loss_gradient(config, theta, MU_ARMS, behaviour, advantages)
-        if not grad.any():
-            return theta, step
-        theta = theta - lr * grad
-    return theta, steps
-
-
-def expected_reward(theta):
-    return float(torch.softmax(theta, 0) @ REWARD)
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+from verl_offpolicy.tabular import (  # the shared tabular testbed (also used by benchmarks/tabular_studies.py)
+    F64,
+    MU,
+    MU_ARMS,
+    V_MU,
+    actor,
+    estimate,
+    expected_reward,
+    loss_gradient,
+    regularised_optimum,
+    regularised_run,
+    train,
+)
+from verl_offpolicy.tabular import kl as _kl
+from verl_offpolicy.tabular import sync_run as _sync_run
 
 
 # ---------------------------------------------------------------- 1. REINFORCE / OPMD → the 0.8 arm
@@ -129,40 +75,6 @@ def test_3_clip_modes_stop_inside_the_trust_region(clip_mode, weight, lr):
 
 # ---------------------------------------------------------------- 4. behaviour refreshed every s = 1000 steps
 
-N_SAMPLES = 20000
-
-
-def _sample_exactly(probs):
-    """Counts of N_SAMPLES draws closest to N·probs (largest remainder), as a batch of arms."""
-    raw = probs * N_SAMPLES
-    counts = torch.floor(raw).long()
-    counts[torch.argsort(raw - counts, descending=True)[: N_SAMPLES - int(counts.sum())]] += 1
-    return counts
-
-
-def _sync_run(config, estimator, phases, sync_interval=1000, lr=1.0, **offpolicy):
-    """Every ``sync_interval`` steps the behaviour becomes π and a new batch is drawn from it.
-
-    The estimator runs on the full batch of N_SAMPLES responses; the loss runs on the 3 distinct arms
-    with ``rollout_is_weights`` = 3·count/N, which makes verl's token-mean equal the full-batch mean.
-    """
-    theta = torch.log(MU)
-    arms = torch.arange(3)
-    for _ in range(phases):
-        behaviour = torch.softmax(theta, 0)
-        counts = _sample_exactly(behaviour)
-        batch = torch.repeat_interleave(arms, counts)
-        per_sample = estimate(estimator, batch, **offpolicy)[:, 0]
-        advantages = torch.zeros(3, dtype=F64).index_put_((batch,), per_sample).unsqueeze(-1)
-        weights = (3 * counts.to(F64) / N_SAMPLES).unsqueeze(-1)
-        for _ in range(sync_interval):
-            grad = loss_gradient(config, theta, arms, behaviour, advantages, weights=weights)
-            if not grad.any():  # exact fixed point until the next refresh
-                break
-            theta = theta - lr * grad
-    return torch.softmax(theta, 0)
-
-
 @pytest.mark.parametrize(
     "algorithm, config, estimator, offpolicy",
     [
@@ -205,50 +117,19 @@ def test_5_asymre_non_negative_shift_collapses(shift):
 # ---------------------------------------------------------------- 6. AGRO reaches π* ∝ π_ref·exp(r/β)
 
 BETA = 0.1
-REWARD6 = torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], dtype=F64)
-REF_COUNTS = torch.tensor([1, 2, 3, 4, 5, 5])
-PI_REF = REF_COUNTS.to(F64) / 20
-REF_ARMS = torch.repeat_interleave(torch.arange(6), REF_COUNTS)  # data from π_ref only, exact
-PI_STAR = PI_REF * torch.exp(REWARD6 / BETA) / (PI_REF * torch.exp(REWARD6 / BETA)).sum()
-
-
-def _kl(p, q):
-    return float((p * (p.log() - q.log())).sum())
+PI_STAR = regularised_optimum(BETA)  # π_ref·exp(r/β), normalised; REWARD6 over 6 arms, π_ref from exact counts
 
 
 def test_6_agro_converges_to_the_regularised_optimum():
-    algo = OffPolicyAlgoConfig(
-        adv_estimator="agro",
-        use_kl_in_reward=True,
-        kl_penalty="kl",
-        kl_ctrl={"type": "fixed", "kl_coef": BETA},
-        offpolicy=OffPolicyConfig(beta=BETA, on_policy=False),
-    )
-    config = actor("rec")
-    ref_log_prob = torch.log(PI_REF)[REF_ARMS].unsqueeze(-1)
-    theta = torch.log(PI_REF)
-    for _ in range(500):
-        # verl's KL-in-reward at the current (proximal) weights: R = r − β·(log π − log π_ref)
-        log_prob = torch.log_softmax(theta, 0)[REF_ARMS].unsqueeze(-1)
-        token_rewards = REWARD6[REF_ARMS].unsqueeze(-1) - BETA * kl_penalty(log_prob, ref_log_prob, "kl")
-        advantages = estimate("agro", REF_ARMS, config=algo, sample_rewards=token_rewards[:, 0])
-        grad = loss_gradient(config, theta, REF_ARMS, PI_REF, advantages, agg="seq-mean-token-sum")
-        theta = theta - 20.0 * grad
+    # verl's KL-in-reward at the current (proximal) weights: R = r − β·(log π − log π_ref); agro estimator,
+    # rec loss with seq-mean-token-sum (verl_offpolicy.tabular.regularised_run)
+    theta, _ = regularised_run("agro", BETA, steps=500, lr=20.0)
     assert _kl(torch.softmax(theta, 0), PI_STAR) < 1e-8
 
 
 def test_6_grpo_with_k2_kl_loss_misses_the_regularised_optimum():
     # mean baseline on the raw reward + β·k2 KL loss (verl's kl_penalty "k2" and agg_loss)
-    advantages = estimate("grpo", REF_ARMS, rewards=REWARD6)
-
-    def kl_loss(log_prob, mask):
-        ref_log_prob = torch.log(PI_REF)[REF_ARMS].unsqueeze(-1)
-        return BETA * agg_loss(kl_penalty(log_prob, ref_log_prob, "k2"), mask, "token-mean")
-
-    theta = torch.log(PI_REF)
-    for _ in range(3000):
-        grad = loss_gradient(actor("rec"), theta, REF_ARMS, PI_REF, advantages, extra=kl_loss)
-        theta = theta - 10.0 * grad
+    theta, grad = regularised_run("k2", BETA, steps=3000, lr=10.0)
     assert grad.abs().max() < 1e-9  # converged, to the wrong point
     assert _kl(torch.softmax(theta, 0), PI_STAR) > 1e-2
 
