@@ -306,3 +306,52 @@ def adapter_outside_cpu_platform() -> str:
     except RuntimeError as exc:
         return str(exc)
     return "no error"
+
+
+# ----------------------------------------------------------------------------------------------
+# One real actor update per verl-offpolicy loss (run in a fresh CPU process)
+# ----------------------------------------------------------------------------------------------
+
+LOSS_TARGET = "actor_rollout_ref.actor.policy_loss._target_=verl_offpolicy.glue.config.OffPolicyLossConfig"
+
+
+def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float = 1e-2) -> dict[str, Any]:
+    """For each case {"name", "loss_mode", "overrides", "old_log_prob_shift"}: one real FSDP2 update.
+
+    Batch: prompt ``repeat c``; responses ``c c </s>`` with A = +1 and ``d d </s>`` with A = −1.
+    ``old_log_prob_shift`` sets old_log_prob = log π − shift (ρ = e^shift on every token; 0 = on-policy).
+    Returns, per case, how far the weights moved and the sequence log-probs before and after.
+    """
+    from verl_offpolicy.cpu.harness import ActorHarness
+
+    report = {}
+    harness = None
+    for case in cases:
+        harness = ActorHarness.create(
+            Path(workdir) / case["name"],
+            loss_mode=case["loss_mode"],
+            lr=lr,
+            overrides=[LOSS_TARGET, *case.get("overrides", [])],
+        )
+        tok = harness.tokenizer
+        prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+        if hasattr(prompt, "keys"):
+            prompt = prompt["input_ids"]
+        good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
+        bad = tok.convert_tokens_to_ids(["d", "d", "</s>"])
+        batch = harness.make_batch([prompt] * 4, [good, bad, good, bad], [1.0, -1.0, 1.0, -1.0])
+        before_lp = harness.log_probs(batch)
+        batch["old_log_probs"] = (before_lp - float(case.get("old_log_prob_shift", 0.0))) * batch["response_mask"]
+        before = harness.state_dict()
+        metrics = harness.update(batch)
+        after = harness.state_dict()
+        after_lp = harness.log_probs(batch)
+        report[case["name"]] = {
+            "max_abs_change": max(float((after[k] - before[k]).abs().max()) for k in before),
+            "good_before": float(before_lp.sum(-1)[0::2].mean()),
+            "good_after": float(after_lp.sum(-1)[0::2].mean()),
+            "bad_before": float(before_lp.sum(-1)[1::2].mean()),
+            "bad_after": float(after_lp.sum(-1)[1::2].mean()),
+            "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
+        }
+    return report

@@ -145,6 +145,41 @@ def schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo(args: argparse.Namespace) -> int:
+    """The main job: a real verl training run (stock main_ppo, Ray, FSDP2, agent loop) on the CPU."""
+    from verl_offpolicy.cpu.demo import DemoError, run_demo
+
+    if args.preset not in preset_names():
+        print(f"verl-offpolicy demo: unknown preset '{args.preset}'; allowed: {', '.join(preset_names())}", file=sys.stderr)
+        return 2
+    if args.steps < 1:
+        print(f"verl-offpolicy demo: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
+    try:
+        result = run_demo(
+            preset=args.preset,
+            steps=args.steps,
+            seed=args.seed,
+            output_dir=args.output_dir,
+            timeout=args.timeout,
+            overrides=args.overrides,
+            config_name="offpolicy_trainer",
+        )
+    except DemoError as exc:
+        print(f"verl-offpolicy demo: {exc}", file=sys.stderr)
+        return 1
+    window = max(1, min(5, len(result.rewards) // 4))
+    start = sum(result.rewards[:window]) / window
+    end = sum(result.rewards[-window:]) / window
+    print(f"\nmean train reward: first {window} steps {start:.3f} -> last {window} steps {end:.3f}")
+    if result.validation:
+        first, last = min(result.validation), max(result.validation)
+        print(f"greedy validation reward: step {first} {result.validation[first]:.3f} -> step {last} {result.validation[last]:.3f}")
+    print(f"timings: {result.timings}")
+    print(f"reward curve: {result.plot_path}\nmetrics (verl file logger): {result.metrics_path}\nlog: {result.log_path}")
+    return 0
+
+
 def check(args: argparse.Namespace) -> int:
     """Compose a main_ppo command line through its Hydra search path and run every startup check."""
     from hydra import compose, initialize_config_module
@@ -191,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync-offset", "-d", type=int, default=0)
     p.add_argument("--steps", "-n", type=int, default=12)
     p.set_defaults(func=schedule)
+
+    p = sub.add_parser("demo", help="the CPU demo: a real verl training run of a tiny model (a few minutes)")
+    p.add_argument("--preset", default="grpo", help="algorithm preset (see `verl-offpolicy list`)")
+    p.add_argument("--steps", type=int, default=40, help="training steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="runs/cpu_demo", help="model, data, log, metrics and the reward-curve PNG")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds before the run is killed")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
+    p.set_defaults(func=demo)
 
     p = sub.add_parser("check", help="compose a main_ppo command line (no GPU) and run every startup check")
     p.add_argument("--config-name", default="ppo_trainer", help="primary config, as for main_ppo")

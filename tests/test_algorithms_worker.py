@@ -1,0 +1,71 @@
+"""One real verl ``TrainingWorker`` update (FSDP2 engine, tiny local model, CPU) per loss of ours.
+
+The worker is built as ``ActorRolloutRefWorker`` builds its actor and trains through verl's
+``ppo_loss`` with our registered loss (``tests.cpu_harness.offpolicy_loss_updates``, in a fresh
+CPU process with a timeout). A +1-advantage response must become more likely and a −1 one less
+likely; a batch that the REC one-side mask removes entirely must leave the weights unchanged.
+"""
+
+from tests.cpu_harness import isolated
+
+ON_POLICY = [
+    {"name": "opmd", "loss_mode": "opmd", "overrides": ["+actor_rollout_ref.actor.policy_loss.tau=1.0"]},
+    {"name": "pmd", "loss_mode": "pmd", "overrides": ["+actor_rollout_ref.actor.policy_loss.tau=0.5"]},
+    {"name": "rec_oneside", "loss_mode": "rec", "overrides": ["+actor_rollout_ref.actor.policy_loss.clip_mode=one-side"]},
+    {
+        "name": "rec_ring_is",
+        "loss_mode": "rec",
+        "overrides": [
+            "+actor_rollout_ref.actor.policy_loss.clip_mode=ring",
+            "+actor_rollout_ref.actor.policy_loss.weight=importance_sampling",
+        ],
+    },
+    {
+        "name": "rec_gspo",
+        "loss_mode": "rec",
+        "overrides": [
+            "+actor_rollout_ref.actor.policy_loss.clip_mode=gspo-one-side",
+            "+actor_rollout_ref.actor.policy_loss.weight=gspo_importance_sampling",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        ],
+    },
+    {
+        "name": "rec_k2",
+        "loss_mode": "rec",
+        "overrides": ["+actor_rollout_ref.actor.policy_loss.regularizer=k2", "+actor_rollout_ref.actor.policy_loss.regularizer_coef=0.1"],
+    },
+]
+# ρ = e^1 on every token: outside 1 + ε_high for the positive samples and above 1 − ε_low for the
+# negative ones, so one-side keeps only the negatives.
+MASKED = [
+    {
+        "name": "rec_oneside_stale",
+        "loss_mode": "rec",
+        "overrides": ["+actor_rollout_ref.actor.policy_loss.clip_mode=one-side"],
+        "old_log_prob_shift": 1.0,
+    },
+    {
+        "name": "rec_twoside_stale",
+        "loss_mode": "rec",
+        "overrides": ["+actor_rollout_ref.actor.policy_loss.clip_mode=two-side"],
+        "old_log_prob_shift": 1.0,
+    },
+]
+
+
+def test_each_loss_moves_a_real_fsdp2_actor_in_the_direction_of_the_advantage(tmp_path):
+    report = isolated("tests.cpu_harness:offpolicy_loss_updates", timeout=900, workdir=str(tmp_path), cases=ON_POLICY + MASKED)
+    for case in ON_POLICY:
+        r = report[case["name"]]
+        assert r["max_abs_change"] > 0, case["name"]
+        assert r["good_after"] > r["good_before"], (case["name"], r)
+        assert r["bad_after"] < r["bad_before"], (case["name"], r)
+        assert r["metrics"]["actor/pg_clipfrac"] == 0.0  # on-policy: ρ = 1, nothing masked
+    # two-side masks every token (ρ = e > 1.2): no gradient, the weights do not move
+    two = report["rec_twoside_stale"]
+    assert two["max_abs_change"] == 0.0 and two["metrics"]["actor/pg_clipfrac"] == 1.0
+    # one-side masks the positive samples only: what moves is the negatives being pushed down
+    one = report["rec_oneside_stale"]
+    assert one["metrics"]["actor/pg_clipfrac"] == 0.5
+    assert one["bad_after"] < one["bad_before"]
+    assert one["max_abs_change"] > 0
