@@ -53,6 +53,39 @@ def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides, tmp_path):
     assert _session_processes(result.ray_temp_dir) == []
 
 
+@pytest.mark.parametrize(
+    "preset, config_name",
+    [
+        pytest.param("asymre", "ppo_trainer", id="asymre-stock-config"),  # +algorithm=asymre on verl's config
+        pytest.param("agro", "offpolicy_trainer", id="agro-primary-config"),  # algorithm=agro on ours
+    ],
+)
+def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(preset, config_name, tmp_path):
+    """Two presets through stock main_ppo: our trainer, loss and estimator were the ones used."""
+    result = run_demo(
+        preset=preset,
+        steps=STEPS,
+        seed=0,
+        output_dir=str(tmp_path / f"e2e-{preset}"),
+        timeout=TIMEOUT,
+        config_name=config_name,
+        overrides=["trainer.test_freq=-1"],
+    )
+    check_completed(result)
+    for m in result.metrics:
+        # our trainer (offpolicy/*) and our rec loss (its metrics, which verl's vanilla loss does not log)
+        assert m["offpolicy/version"] == m["step"] - 1 and m["offpolicy/staleness/mean"] == 0
+        assert {"actor/pg_clipfrac_upper", "actor/ratio_mean", "actor/ratio_max"} <= set(m)
+        assert m["actor/grad_norm"] > 0
+        if preset == "asymre":
+            # A = r − (r̄ + shift): the token-mean advantage is ≈ −shift = +0.1 (GRPO's would be ≈ 0)
+            assert m["critic/advantages/mean"] == pytest.approx(0.1, abs=0.03)
+        else:
+            # AGRO's R = r − β·log(π/π_ref) is verl's KL-in-reward with the fixed coefficient β = 0.1
+            assert m["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1)
+            assert "actor/reward_kl_penalty" in m
+
+
 def test_timeout_becomes_a_failure_and_cleans_up(tmp_path):
     """A run that cannot finish in time is killed with its Ray session, and says why."""
     output_dir = str(tmp_path / "e2e-timeout")

@@ -224,6 +224,34 @@ def install_gloo_default() -> bool:
     return True
 
 
+def install_unpinned_offload() -> bool:
+    """On the CPU, make the FSDP2 engine's ``CPUOffloadPolicy`` not pin memory. Returns True if installed.
+
+    verl's FSDP engine gives forward-only models (the reference policy) ``CPUOffloadPolicy(pin_memory=True)``;
+    pinning needs an accelerator, so on the CPU the ref model fails to build ("Cannot access
+    accelerator device when none is available"). Only when ``VERL_PLATFORM=cpu``, this rebinds the
+    name in ``verl.workers.engine.fsdp.transformer_impl`` to a subclass that keeps the policy (and
+    every ``isinstance`` check on it) but with ``pin_memory=False``. Run right after verl imports
+    that module (``verl_offpolicy.glue.registration.DEFERRED_REGISTRATIONS``).
+    """
+    if not cpu_selected():
+        return False
+    import verl.workers.engine.fsdp.transformer_impl as fsdp_engine
+
+    policy = fsdp_engine.CPUOffloadPolicy
+    if getattr(policy, "_verl_offpolicy_unpinned", False):
+        return True
+
+    class UnpinnedCPUOffloadPolicy(policy):
+        _verl_offpolicy_unpinned = True
+
+        def __init__(self, pin_memory: bool = False):
+            super().__init__(pin_memory=False)
+
+    fsdp_engine.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+    return True
+
+
 class CPUPlatformError(RuntimeError):
     """This process is not set up for verl's CPU path; the message says what to set."""
 

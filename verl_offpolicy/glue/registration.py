@@ -32,6 +32,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
+    # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
+    "verl.workers.engine.fsdp.transformer_impl": ("verl_offpolicy.cpu.platform:install_unpinned_offload",),
 }
 
 _failure: str | None = None
