@@ -178,6 +178,34 @@ class OffPolicyLossConfig(PolicyLossConfig):
         return DEFAULT_TAU.get(self.loss_mode, 1.0) if self.tau is None else self.tau
 
 
+AGRO_KL_PENALTIES = ("kl", "k1")
+
+
+def check_agro_reward(algorithm: Any, beta: float) -> None:
+    """AGRO's R = r − β·log(π/π_ref) must be verl's KL-in-reward: kl_penalty=kl, fixed coefficient β.
+
+    ``algorithm`` is verl's algorithm section (DictConfig, dataclass or dict); only the keys it has
+    are checked (the composed config has them all). Raises ``ValueError`` listing what to set.
+    """
+    fixes = []
+    if algorithm.get("use_kl_in_reward", True) is False:
+        fixes.append("algorithm.use_kl_in_reward=true (AGRO needs a reference policy and R = r − β·log(π/π_ref))")
+    kl_penalty = algorithm.get("kl_penalty", "kl")
+    if kl_penalty not in AGRO_KL_PENALTIES:
+        fixes.append(f"algorithm.kl_penalty=kl (got {kl_penalty})")
+    kl_ctrl = algorithm.get("kl_ctrl", None) or {}
+    if kl_ctrl.get("type", "fixed") != "fixed":
+        fixes.append(f"algorithm.kl_ctrl.type=fixed (got {kl_ctrl.get('type')})")
+    kl_coef = kl_ctrl.get("kl_coef", beta)
+    if kl_coef != beta:
+        fixes.append(
+            f"algorithm.kl_ctrl.kl_coef={beta} to equal {ALGO_PREFIX}.beta (got kl_coef={kl_coef}); "
+            "the presets interpolate kl_coef from beta"
+        )
+    if fixes:
+        raise ValueError("adv_estimator=agro is inconsistent; set " + "; ".join(fixes))
+
+
 def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config: OffPolicyLossConfig) -> None:
     """Checks that need the actor's ε: non-negative ε, and ring ε′ ≥ ε."""
     _check_number("actor_rollout_ref.actor.clip_ratio_low", clip_ratio_low, non_negative=True)

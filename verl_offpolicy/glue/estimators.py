@@ -21,7 +21,7 @@ from verl.trainer.ppo.core_algos import register_adv_est
 from verl.utils import as_torch_index
 
 from verl_offpolicy.core import advantages as core
-from verl_offpolicy.glue.config import ALGO_PREFIX, OffPolicyConfig, offpolicy_section
+from verl_offpolicy.glue.config import OffPolicyConfig, check_agro_reward, offpolicy_section
 
 _MAX_REPORTED = 5
 
@@ -131,28 +131,6 @@ def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, c
     return _broadcast(core.red_drop_advantage(scores, group_ids, seeds, occurrence), response_mask)
 
 
-def _check_agro(config: Any, beta: float) -> None:
-    """R_i must already hold −β·log(π/π_ref): verl's KL-in-reward with kl_coef = β."""
-    if config is None:
-        return
-    if config.get("use_kl_in_reward", True) is False:
-        raise ValueError(
-            "adv_estimator=agro expects the KL in the reward, R = r − β·log(π/π_ref): "
-            "set algorithm.use_kl_in_reward=true, algorithm.kl_penalty=kl, algorithm.kl_ctrl.type=fixed"
-        )
-    kl_penalty = config.get("kl_penalty", "kl")
-    if kl_penalty not in ("kl", "k1"):
-        raise ValueError(
-            f"adv_estimator=agro needs R = r − β·log(π/π_ref): algorithm.kl_penalty must be kl (or k1), got {kl_penalty}"
-        )
-    kl_ctrl = config.get("kl_ctrl", None)
-    kl_coef = kl_ctrl.get("kl_coef", beta) if kl_ctrl is not None else beta
-    if kl_coef != beta:
-        raise ValueError(
-            f"adv_estimator=agro: algorithm.kl_ctrl.kl_coef={kl_coef} must equal {ALGO_PREFIX}.beta={beta}"
-        )
-
-
 @register_adv_est("agro")
 @torch.no_grad()
 def compute_agro_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
@@ -161,5 +139,6 @@ def compute_agro_advantage(token_level_rewards, response_mask, index=None, confi
     R_i = Σ_t token_level_rewards already contains −β·log(π/π_ref) (verl's KL-in-reward, kl_penalty=kl).
     """
     section, scores, group_ids = _prepare("agro", token_level_rewards, index, config)
-    _check_agro(config, section.beta)
+    if config is not None:
+        check_agro_reward(config, section.beta)
     return _broadcast(core.agro_advantage(scores, group_ids, section.beta, section.on_policy), response_mask)

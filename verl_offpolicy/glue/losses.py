@@ -56,6 +56,12 @@ def _metrics(values: Tensor) -> dict[str, float]:
     return dict(zip(core.METRIC_NAMES, values.detach().tolist(), strict=True))
 
 
+def _unclipped_metrics(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> dict[str, float]:
+    """Metrics of a loss without a mask: ratio statistics, nothing clipped."""
+    log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
+    return _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
+
+
 @register_policy_loss("opmd")
 def compute_policy_loss_opmd(
     old_log_prob: Tensor,
@@ -71,8 +77,7 @@ def compute_policy_loss_opmd(
     mask = response_mask.bool()
     loss_mat = core.opmd_loss(log_prob, advantages, mask, loss_config.resolved_tau)
     loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
-    log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
-    return loss, _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
+    return loss, _unclipped_metrics(log_prob, old_log_prob, mask)
 
 
 @register_policy_loss("pmd")
@@ -95,8 +100,7 @@ def compute_policy_loss_pmd(
     mask = response_mask.bool()
     loss_mat = core.pmd_loss(log_prob, old_log_prob, advantages, mask, loss_config.resolved_tau)
     loss = _aggregate(loss_mat, mask, PMD_AGG_MODE, config, rollout_is_weights)
-    log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
-    return loss, _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
+    return loss, _unclipped_metrics(log_prob, old_log_prob, mask)
 
 
 @register_policy_loss("rec")

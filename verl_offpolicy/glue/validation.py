@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl_offpolicy.glue.config import (
     LOSS_PREFIX,
     OffPolicyLossConfig,
+    check_agro_reward,
     check_clip_ratios,
     offpolicy_section,
 )
@@ -26,7 +27,6 @@ from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAI
 
 SCHEDULER_TRAINER = "offpolicy"
 SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-AGRO_KL_PENALTIES = ("kl", "k1")
 
 
 class OffPolicyConfigError(ValueError):
@@ -85,28 +85,9 @@ def validate_offpolicy_config(cfg: DictConfig) -> None:
             )
 
     if adv_estimator == "agro":
-        _check_agro(cfg, offpolicy.beta)
+        check_agro_reward(_select(cfg, "algorithm"), offpolicy.beta)
 
     _check_scheduler(cfg, offpolicy, trainer_mode)
-
-
-def _check_agro(cfg: DictConfig, beta: float) -> None:
-    """AGRO's R = r − β·log(π/π_ref) is verl's KL-in-reward with kl_penalty=kl and a fixed β."""
-    fixes = []
-    if not _select(cfg, "algorithm.use_kl_in_reward", False):
-        fixes.append("algorithm.use_kl_in_reward=true (AGRO needs a reference policy and R = r − β·log(π/π_ref))")
-    if _select(cfg, "algorithm.kl_penalty") not in AGRO_KL_PENALTIES:
-        fixes.append(f"algorithm.kl_penalty=kl (got {_select(cfg, 'algorithm.kl_penalty')})")
-    if _select(cfg, "algorithm.kl_ctrl.type") != "fixed":
-        fixes.append(f"algorithm.kl_ctrl.type=fixed (got {_select(cfg, 'algorithm.kl_ctrl.type')})")
-    kl_coef = _select(cfg, "algorithm.kl_ctrl.kl_coef")
-    if kl_coef != beta:
-        fixes.append(
-            f"algorithm.kl_ctrl.kl_coef={beta} to equal algorithm.offpolicy.beta (got kl_coef={kl_coef}); "
-            "the presets interpolate kl_coef from beta"
-        )
-    if fixes:
-        raise OffPolicyConfigError("adv_estimator=agro is inconsistent; set " + "; ".join(fixes))
 
 
 def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> None:
