@@ -3,6 +3,13 @@
 # DRY_RUN=1, only composes them through main_ppo's Hydra search path and validates them
 # (`verl-offpolicy check`): no GPU, no data, no model download.
 
+# Shared settings, each overridable from the environment.
+DATA_DIR=${DATA_DIR:-$HOME/data}
+NGPUS=${NGPUS:-8}
+SYNC_INTERVAL=${SYNC_INTERVAL:-1}
+SYNC_OFFSET=${SYNC_OFFSET:-0}
+SCHEDULE=("algorithm.offpolicy.sync_interval=$SYNC_INTERVAL" "algorithm.offpolicy.sync_offset=$SYNC_OFFSET")
+
 PRESETS=$(python3 -c "from verl_offpolicy.cli import preset_names; print(' '.join(preset_names()))")
 
 require_preset() {

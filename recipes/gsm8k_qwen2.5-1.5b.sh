@@ -14,14 +14,9 @@ PRESET=${1:?usage: recipes/gsm8k_qwen2.5-1.5b.sh PRESET [HYDRA_OVERRIDES...]}
 shift
 require_preset "$PRESET"
 
-DATA_DIR=${DATA_DIR:-$HOME/data}
 MODEL=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
-NGPUS=${NGPUS:-8}
-SYNC_INTERVAL=${SYNC_INTERVAL:-1}
-SYNC_OFFSET=${SYNC_OFFSET:-0}
 
-run_main_ppo --config-name offpolicy_trainer "algorithm=$PRESET" \
-  "algorithm.offpolicy.sync_interval=$SYNC_INTERVAL" "algorithm.offpolicy.sync_offset=$SYNC_OFFSET" \
+run_main_ppo --config-name offpolicy_trainer "algorithm=$PRESET" "${SCHEDULE[@]}" \
   "data.train_files=$DATA_DIR/gsm8k/train.parquet" "data.val_files=$DATA_DIR/gsm8k/test.parquet" \
   data.train_batch_size=96 data.max_prompt_length=256 data.max_response_length=1024 \
   "actor_rollout_ref.model.path=$MODEL" actor_rollout_ref.model.use_remove_padding=true \

@@ -14,15 +14,10 @@ PRESET=${1:?usage: recipes/guru_math_qwen2.5-7b.sh PRESET [HYDRA_OVERRIDES...]}
 shift
 require_preset "$PRESET"
 
-DATA_DIR=${DATA_DIR:-$HOME/data}
 MODEL=${MODEL:-Qwen/Qwen2.5-7B-Instruct}
-NGPUS=${NGPUS:-8}
-SYNC_INTERVAL=${SYNC_INTERVAL:-1}
-SYNC_OFFSET=${SYNC_OFFSET:-0}
 REWARD_FILE=$(python3 -c "import verl_offpolicy.rewards.math_verify_reward as m; print(m.__file__)")
 
-run_main_ppo --config-name offpolicy_trainer "algorithm=$PRESET" \
-  "algorithm.offpolicy.sync_interval=$SYNC_INTERVAL" "algorithm.offpolicy.sync_offset=$SYNC_OFFSET" \
+run_main_ppo --config-name offpolicy_trainer "algorithm=$PRESET" "${SCHEDULE[@]}" \
   "data.train_files=$DATA_DIR/guru_math/train.parquet" "data.val_files=$DATA_DIR/guru_math/test.parquet" \
   data.train_batch_size=64 data.max_prompt_length=1024 data.max_response_length=4096 \
   "reward.custom_reward_function.path=$REWARD_FILE" reward.custom_reward_function.name=compute_score \

@@ -14,14 +14,9 @@ PRESET=${1:?usage: recipes/math_llama3.1-8b_megatron.sh PRESET [HYDRA_OVERRIDES.
 shift
 require_preset "$PRESET"
 
-DATA_DIR=${DATA_DIR:-$HOME/data}
 MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}
-NGPUS=${NGPUS:-8}
-SYNC_INTERVAL=${SYNC_INTERVAL:-1}
-SYNC_OFFSET=${SYNC_OFFSET:-0}
 
-run_main_ppo --config-name offpolicy_megatron_trainer "algorithm=$PRESET" \
-  "algorithm.offpolicy.sync_interval=$SYNC_INTERVAL" "algorithm.offpolicy.sync_offset=$SYNC_OFFSET" \
+run_main_ppo --config-name offpolicy_megatron_trainer "algorithm=$PRESET" "${SCHEDULE[@]}" \
   "data.train_files=$DATA_DIR/math/train.parquet" "data.val_files=$DATA_DIR/math/test.parquet" \
   data.train_batch_size=16 data.max_prompt_length=1024 data.max_response_length=2048 \
   "actor_rollout_ref.model.path=$MODEL" \
