@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from verl_offpolicy.cpu.harness import ActorHarness, IsolatedRunError, demo_vanilla_update, run_isolated  # noqa: F401
+from verl_offpolicy.cpu.demo import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,24 +47,12 @@ def run_main_ppo(
     run_env.setdefault("HF_HUB_OFFLINE", "1")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vo-main-ppo-") as tmp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *args, f"hydra.run.dir={tmp}"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=run_env,
-            cwd=tmp,
-            text=True,
-            errors="replace",
-            start_new_session=True,
+        returncode, output = run_captured(
+            [sys.executable, "-m", "verl.trainer.main_ppo", *args, f"hydra.run.dir={tmp}"], env=run_env, timeout=timeout, cwd=tmp
         )
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            raise AssertionError(f"main_ppo did not exit within {timeout}s (a hang); output:\n{output[-3000:]}") from None
-    return proc.returncode, output, time.monotonic() - start
+        if returncode is None:
+            raise AssertionError(f"main_ppo did not exit within {timeout}s (a hang); output:\n{output[-3000:]}")
+    return returncode, output, time.monotonic() - start
 
 
 # ----------------------------------------------------------------------------------------------

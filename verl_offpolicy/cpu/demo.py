@@ -286,6 +286,34 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
     return killed
 
 
+def run_captured(
+    command: Sequence[str], *, env: dict[str, str], timeout: float, cwd: Optional[str] = None
+) -> tuple[Optional[int], str]:
+    """Run ``command`` in its own session with stdout+stderr captured.
+
+    Returns (exit code, output); on timeout the whole process group is killed and the exit code is
+    None (the caller says what hung).
+    """
+    proc = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+    return proc.returncode, output
+
+
 def _number(text: str) -> str:
     """'np.float64(0.109375)' / '2.4956220470' -> '0.1094' / '2.496' (4 significant digits)."""
     inner = re.search(r"\(([^()]*)\)", text)  # np.float64(0.1) -> 0.1

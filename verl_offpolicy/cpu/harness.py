@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from verl_offpolicy.cpu.demo import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, activate_cpu_platform
 
 
@@ -304,26 +304,11 @@ def run_isolated(
         env.setdefault("HF_HUB_OFFLINE", "1")
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(key, None)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            import signal
-
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            raise IsolatedRunError(f"{target} did not finish within {timeout:.0f}s; output:\n{output[-4000:]}") from None
-        if proc.returncode != 0 or not result_path.exists():
-            raise IsolatedRunError(f"{target} failed (exit {proc.returncode}); output:\n{output[-4000:]}")
+        returncode, output = run_captured([sys.executable, "-c", code], env=env, timeout=timeout)
+        if returncode is None:
+            raise IsolatedRunError(f"{target} did not finish within {timeout:.0f}s; output:\n{output[-4000:]}")
+        if returncode != 0 or not result_path.exists():
+            raise IsolatedRunError(f"{target} failed (exit {returncode}); output:\n{output[-4000:]}")
         return json.loads(result_path.read_text())
 
 

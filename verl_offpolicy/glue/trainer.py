@@ -26,7 +26,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import numpy as np
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 
