@@ -1,18 +1,22 @@
 """The ``verl-offpolicy`` console command: schedule, list, doctor."""
 
-import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.test_presets import SPEC
 from verl_offpolicy.cli import main, preset_header
 
-EXE = shutil.which("verl-offpolicy")
+# The console script pip installs next to this environment's python (PATH may not include it).
+EXE = str(Path(sys.executable).parent / "verl-offpolicy")
 
 
 def test_console_script_is_installed():
-    assert EXE is not None, "pip install -e . must install the verl-offpolicy command"
+    assert Path(EXE).is_file(), "pip install -e . must install the verl-offpolicy command"
+    proc = subprocess.run([EXE, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "doctor" in proc.stdout
 
 
 def test_schedule_prints_the_spec_table(capsys):

@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,14 @@ def test_script_parses(script):
 
 
 def _dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run a recipe as in an activated environment: this python's bin directory first on PATH."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.run(
         ["bash", str(RECIPES / script), *args],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "DRY_RUN": "1", **env},
+        env={**os.environ, "PATH": path, "DRY_RUN": "1", **env},
     )
 
 
