@@ -211,6 +211,11 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
         ("opmd", ["algorithm.offpolicy.sync_offset=-2"], "sync_offset must be an integer >= 0"),
         ("opmd", ["+algorithm.offpolicy.sync_intervl=2"], "unknown key(s) ['sync_intervl']"),
         ("red_weight", ["algorithm.offpolicy.temperature=0"], "temperature must be > 0"),
+        ("rec_oneside_nois", ["algorithm.filter_groups.enable=true"], "set algorithm.filter_groups.enable=false"),
+        ("grpo", ["skip.rollout_tq.enable=true"], "set skip.rollout_tq.enable=false"),
+        ("grpo", ["trainer.v1.sampler.custom_sampler.path=my.py"], "remove trainer.v1.sampler.custom_sampler"),
+        ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.hybrid_engine=true"),
+        ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
     ],
 )
 def test_invalid_combination_fails_with_what_to_change(preset, overrides, message):

@@ -110,6 +110,20 @@ def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> No
             f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} runs colocated (hybrid engine) only; "
             "set actor_rollout_ref.hybrid_engine=true"
         )
+    unsupported = {
+        "algorithm.filter_groups.enable": "DAPO group filtering refills groups, which would break the per-version batches",
+        "skip.rollout_tq.enable": "rollout skipping replays dumped rollouts instead of the scheduled generation",
+    }
+    for key, why in unsupported.items():
+        if _select(cfg, key, False):
+            raise OffPolicyConfigError(
+                f"{key}=true is not supported with trainer.v1.trainer_mode={SCHEDULER_TRAINER} ({why}); set {key}=false"
+            )
+    if _select(cfg, "trainer.v1.sampler.custom_sampler.path"):
+        raise OffPolicyConfigError(
+            f"trainer.v1.sampler.custom_sampler is set, but trainer.v1.trainer_mode={SCHEDULER_TRAINER} uses its own "
+            "sampler (the staleness FIFO); remove trainer.v1.sampler.custom_sampler.path/name"
+        )
     if _select(cfg, "algorithm.rollout_correction.bypass_mode", False) and offpolicy.ratio_anchor != "rollout":
         raise OffPolicyConfigError(
             "algorithm.rollout_correction.bypass_mode=true already sets old_log_prob to the rollout log-probs; "
