@@ -195,8 +195,10 @@ def main() -> None:
                 "grpo_vectorized (verl)",
                 ESTIMATOR_TARGET,
             ),
-            "Every estimator, verl's included, pays for verl's `as_torch_index` (a `np.unique` over the uid "
-            "strings) and the [B, T] broadcast of A·mask; the ratios differ by the group statistics only.",
+            "Where the time goes: turning 16k uid strings into group ids is most of an estimator's time. verl's "
+            "`grpo_vectorized` uses `as_torch_index` (a `np.unique`, i.e. a sort of the strings, ~5 ms); ours use "
+            "a hash table (`pandas.factorize`, ~1 ms). The group statistics themselves take ~0.1 ms in both; "
+            "the [B, T] broadcast of A·mask is shared.",
         ]
     )
     print(report)

@@ -294,7 +294,7 @@ def test_missing_index_is_a_clear_error():
 
 
 def test_integer_uids_are_renumbered():
-    # verl's as_torch_index keeps raw integers; ids far apart still form two groups
+    # raw integer uids far apart still form two groups
     adv, _ = get_adv_estimator_fn("opmd")(
         torch.tensor([[1.0], [3.0], [10.0], [20.0]]), torch.ones(4, 1), np.array([10**9, 10**9, 7, 7]), config=None
     )

