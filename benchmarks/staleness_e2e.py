@@ -31,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
+from _results import replace_block  # benchmarks/_results.py (this script's folder is on sys.path)
+
 RESULTS = Path(__file__).parent / "results"
 RUNS_DIR = RESULTS / "staleness_e2e"
 TABLES = RESULTS / "staleness_e2e.md"
@@ -304,19 +306,6 @@ def report(presets, settings, seeds, steps, command: str) -> str:
     TABLES.write_text(f"# CPU end-to-end under staleness\n\n{body}\n")
     replace_block(RESULTS_MD, BEGIN, END, body)
     return body
-
-
-def replace_block(path: Path, begin: str, end: str, body: str) -> bool:
-    """Replace the text between the ``begin``/``end`` markers of ``path``; False if absent."""
-    if not path.exists():
-        return False
-    text = path.read_text()
-    if begin not in text or end not in text:
-        return False
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
-    return True
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from _results import replace_block  # benchmarks/_results.py (this script's folder is on sys.path)
+
 import torch
 
 from verl_offpolicy.tabular import (
@@ -623,19 +625,6 @@ RENDERERS = {
     "agro": agro_markdown,
     "red_weight": red_weight_markdown,
 }
-
-
-def replace_block(path: Path, begin: str, end: str, body: str) -> bool:
-    """Replace the text between the ``begin``/``end`` markers of ``path``; False if absent."""
-    if not path.exists():
-        return False
-    text = path.read_text()
-    if begin not in text or end not in text:
-        return False
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
-    return True
 
 
 def main(argv=None) -> int:

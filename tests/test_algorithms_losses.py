@@ -15,6 +15,7 @@ import verl  # noqa: F401  (loads the verl.plugins entry point: registers our na
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig, PolicyLossConfig
 from verl_offpolicy.glue.config import OffPolicyLossConfig
+from verl_offpolicy.tabular import actor
 
 F64 = torch.float64
 RHO = [0.5, 0.79, 0.8, 1.0, 1.2, 1.21, 2.9, 3.0, 3.1]
@@ -26,17 +27,6 @@ METRICS = {
     "actor/ratio_max",
     "actor/ppo_kl",
 }
-
-
-def actor(loss_mode, clip=(0.2, 0.2), **loss_kw):
-    return ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=1,
-        clip_ratio_low=clip[0],
-        clip_ratio_high=clip[1],
-        policy_loss=OffPolicyLossConfig(loss_mode=loss_mode, **loss_kw),
-    )
 
 
 def call(config, old, log_prob, adv, mask, agg="token-sum", weights=None):
