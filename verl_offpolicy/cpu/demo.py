@@ -298,15 +298,9 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
     return killed
 
 
-def run_captured(
-    command: Sequence[str], *, env: dict[str, str], timeout: float, cwd: Optional[str] = None
-) -> tuple[Optional[int], str]:
-    """Run ``command`` in its own session with stdout+stderr captured.
-
-    Returns (exit code, output); on timeout the whole process group is killed and the exit code is
-    None (the caller says what hung).
-    """
-    proc = subprocess.Popen(
+def _spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str]) -> subprocess.Popen:
+    """Start ``command`` in its own session (killable as a group), stdout+stderr merged into one pipe."""
+    return subprocess.Popen(
         list(command),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -317,6 +311,17 @@ def run_captured(
         errors="replace",
         start_new_session=True,
     )
+
+
+def run_captured(
+    command: Sequence[str], *, env: dict[str, str], timeout: float, cwd: Optional[str] = None
+) -> tuple[Optional[int], str]:
+    """Run ``command`` in its own session with stdout+stderr captured.
+
+    Returns (exit code, output); on timeout the whole process group is killed and the exit code is
+    None (the caller says what hung).
+    """
+    proc = _spawn(command, env, cwd)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -385,17 +390,7 @@ def run_subprocess(
     marks: dict[str, float] = {}
     log_path = Path(log_path)
     with open(log_path, "w", buffering=1) as log:
-        proc = subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=cwd,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
+        proc = _spawn(command, env, cwd)
 
         def pump() -> None:
             assert proc.stdout is not None
