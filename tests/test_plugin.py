@@ -6,6 +6,8 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import yaml
+
 from tests.hydra_utils import VALID_SIZES
 from verl_offpolicy.glue.registration import expected_names
 
@@ -115,3 +117,21 @@ print(json.dumps({"after_import": after_import, "losses": losses, "trainer_early
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"after_import": [], "losses": True, "trainer_early": False, "trainer": "OffPolicyTrainer"}
+
+
+def test_stock_main_ppo_hydra_app_composes_our_preset():
+    """verl's own ``main_ppo`` Hydra app (``--cfg job`` prints the composed config and exits) finds
+    ``+algorithm=opmd`` through our SearchPathPlugin, with nothing but the installed package."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "+algorithm=opmd", "algorithm.offpolicy.tau=0.5", "--cfg", "job"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd="/",  # not the repository: the configs must come from the installed package
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["algorithm"]["adv_estimator"] == "opmd"
+    assert cfg["algorithm"]["offpolicy"]["tau"] == 0.5
+    assert cfg["actor_rollout_ref"]["actor"]["policy_loss"]["_target_"] == "verl_offpolicy.glue.config.OffPolicyLossConfig"
+    assert cfg["trainer"]["v1"]["trainer_mode"] == "offpolicy"
