@@ -55,7 +55,8 @@ def main(argv=None) -> int:
                 stream=False,
             )
             rewards = result.rewards
-            tag = preset + "".join(f"_{o.rsplit('.', 1)[-1].replace('=', '')}" for o in overrides)
+            # e.g. agro + algorithm.offpolicy.beta=0.1 -> demo_agro_beta0.1.png
+            tag = preset + "".join("_" + o.split("=", 1)[0].rsplit(".", 1)[-1] + o.split("=", 1)[1] for o in overrides)
             shutil.copy(result.plot_path, RESULTS / f"demo_{tag}.png")
             rows.append(
                 {
