@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from verl_offpolicy.cpu.harness import ActorHarness, IsolatedRunError, demo_vanilla_update, run_isolated  # noqa: F401
 from verl_offpolicy.cpu.demo import run_captured
-from verl_offpolicy.cpu.platform import CPU_ENV
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +44,7 @@ def run_main_ppo(
     run_env = dict(os.environ if env is None else env)
     if cpu_env:
         run_env.update(CPU_ENV)
+        run_env.update(LOOPBACK_ENV)
     run_env.setdefault("HF_HUB_OFFLINE", "1")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vo-main-ppo-") as tmp:
@@ -260,17 +261,25 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
 
 
 def platform_facts() -> dict[str, Any]:
-    """What a VERL_PLATFORM=cpu process sees: platform, engine class, process-group backend."""
+    """What a VERL_PLATFORM=cpu process sees: platform, engine class, process group and where it listens."""
+    import psutil
+    import torch
     import torch.distributed as dist
 
     from verl.plugin.platform import get_platform
+    from verl_offpolicy.cpu.demo import is_loopback
     from verl.utils import distributed
     from verl.workers.engine import EngineRegistry
     from verl_offpolicy.cpu.harness import init_single_process_env
 
-    init_single_process_env()
+    init_single_process_env()  # MASTER_ADDR=127.0.0.1
     distributed.initialize_global_process_group_ray(timeout_second=60)
     backend = dist.get_backend()
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    listening = [
+        f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN
+    ]
     dist.destroy_process_group()
     platform = get_platform()
     module = platform.device_module
@@ -281,6 +290,9 @@ def platform_facts() -> dict[str, Any]:
         "backend": str(backend),
         "engine_class": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
         "max_memory_allocated_positive": module.max_memory_allocated() > 0,
+        "all_reduce": tensor.tolist(),
+        "store_listens": bool(listening),
+        "listening_not_loopback": [a for a in listening if not is_loopback(a)],
     }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_offpolicy.cpu.demo import DemoError, DemoResult, _session_processes, run_demo
+from verl_offpolicy.cpu.demo import DemoError, DemoResult, _session_processes, is_loopback, run_demo
 
 STEPS = 2
 TIMEOUT = 240  # the run takes ~75 s on 2 cores (about 60 s of start-up)
@@ -48,6 +48,10 @@ def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides, tmp_path):
     )
     print(result.summary())
     check_completed(result)
+    # Everything that listens on a port (Ray, TransferQueue, the process groups) binds to loopback.
+    # Ray alone has a GCS, a raylet and a gRPC server per worker: an empty snapshot would be a bug.
+    assert len(result.listening) >= 5, result.listening
+    assert [a for a in result.listening if not is_loopback(a)] == [], result.listening
     # Nothing of the run (main_ppo, its Ray session) is left behind.
     assert _session_processes(output_dir) == []
     assert _session_processes(result.ray_temp_dir) == []

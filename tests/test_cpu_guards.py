@@ -90,3 +90,36 @@ def test_worker_without_cpu_platform_gets_the_fix_in_its_error():
     message = isolated("tests.cpu_harness:adapter_outside_cpu_platform", timeout=120, cpu=False)
     assert "VERL_PLATFORM=cpu" in message
     assert "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu" in message
+
+
+def test_missing_loopback_environment_is_warned_with_the_variable(monkeypatch, caplog):
+    from verl_offpolicy.cpu.guards import warn_if_not_loopback
+    from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+
+    (key, value), = LOOPBACK_ENV.items()
+    monkeypatch.delenv(key, raising=False)
+    with caplog.at_level("WARNING", logger="verl_offpolicy"):
+        assert warn_if_not_loopback() is True
+    assert f"{key}={value}" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv(key, value)
+    with caplog.at_level("WARNING", logger="verl_offpolicy"):
+        assert warn_if_not_loopback() is False
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize(
+    "address, loopback",
+    [
+        ("127.0.0.1:8265 (gcs_server)", True),
+        ("::ffff:127.0.0.1:41945 (raylet)", True),
+        ("::1:5000 (python)", True),
+        ("0.0.0.0:44227 (python)", False),
+        ("192.0.2.2:55105 (ray::TransferQueue)", False),
+        (":::41971 (raylet)", False),
+    ],
+)
+def test_is_loopback_reads_psutil_addresses(address, loopback):
+    from verl_offpolicy.cpu.demo import is_loopback
+
+    assert is_loopback(address) is loopback

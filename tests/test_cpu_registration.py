@@ -84,6 +84,10 @@ def test_cpu_process_gets_platform_engine_and_gloo():
         "backend": "gloo",
         "engine_class": "FSDPEngineWithLMHead",
         "max_memory_allocated_positive": True,
+        "all_reduce": [1.0, 1.0],
+        # torch's env:// store would listen on every interface; ours binds MASTER_ADDR=127.0.0.1.
+        "store_listens": True,
+        "listening_not_loopback": [],
     }
 
 

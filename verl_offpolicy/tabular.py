@@ -265,8 +265,10 @@ def regularised_run(
     elif method == "k2":
         advantages = estimate("grpo", arms, rewards=rewards)
 
-        def extra(log_prob, mask):
+        def k2_kl_loss(log_prob, mask):
             return beta * agg_loss(kl_penalty(log_prob, ref_log_prob, "k2"), mask, "token-mean")
+
+        extra = k2_kl_loss
 
     else:
         raise ValueError(f"method must be 'agro' or 'k2', got {method!r}")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from verl_offpolicy.cpu.platform import CPU_ENV
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 CPU_OVERLAY = "+cpu=demo"
@@ -182,6 +182,7 @@ class DemoResult:
     metrics_path: str
     rollout_vs_trainer: dict[str, float] = field(default_factory=dict)
     ray_temp_dir: Optional[str] = None  # the run's own Ray session dir (removed after the run)
+    listening: list[str] = field(default_factory=list)  # TCP listen addresses at the first training step
 
     @property
     def rewards(self) -> list[float]:
@@ -207,6 +208,8 @@ class DemoResult:
             "validation": self.validation,
             "timings": self.timings,
             "rollout_vs_trainer": self.rollout_vs_trainer,
+            "listening_sockets": len(self.listening),
+            "listening_not_loopback": [a for a in self.listening if not is_loopback(a)],
             "plot": self.plot_path,
         }
 
@@ -255,6 +258,35 @@ def _session_processes(marker: str) -> list:
         if proc.info["pid"] != me and marker in cmdline:
             found.append(proc)
     return found
+
+
+def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> list[str]:
+    """``ip:port (process name)`` of every TCP socket the run listens on: its process group and Ray session."""
+    import psutil
+
+    procs = []
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        pass
+    if ray_marker:
+        procs += _session_processes(ray_marker)
+    found = set()
+    for p in {p.pid: p for p in procs}.values():
+        try:
+            name = p.name()
+            conns = p.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found |= {f"{c.laddr.ip}:{c.laddr.port} ({name})" for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(found)
+
+
+def is_loopback(address: str) -> bool:
+    """True for ``127.x.x.x:port``, ``::1:port`` and ``::ffff:127.x.x.x:port`` (with or without a suffix)."""
+    ip = address.split(" ")[0].rpartition(":")[0]
+    return ip.startswith("127.") or ip in ("::1", "localhost") or ip.startswith("::ffff:127.")
 
 
 def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:
@@ -379,11 +411,13 @@ def run_subprocess(
     ray_marker: Optional[str] = None,
     on_line: Optional[Callable[[str], None]] = None,
     cwd: Optional[str] = None,
+    listening: Optional[list[str]] = None,
 ) -> tuple[int, float, dict[str, float]]:
     """Run ``command`` in its own process group with a timeout; log to ``log_path``.
 
-    Returns (return code, wall seconds, {first_step_line: seconds after launch}). On timeout the
-    process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
+    Returns (return code, wall seconds, {first_step_line: seconds after launch}). If ``listening``
+    is a list, it receives the addresses the run listens on at its first training step. On timeout
+    the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
     processes of the run's Ray session that are still alive are ended.
     """
     start = time.monotonic()
@@ -401,6 +435,8 @@ def run_subprocess(
                     match = _STEP_LINE.search(line)
                     if match and match.group(1) == "1":
                         marks["first_step"] = time.monotonic() - start
+                        if listening is not None:
+                            listening.extend(listening_addresses(proc, ray_marker))
                 if on_line is not None:
                     try:
                         on_line(line)
@@ -437,6 +473,7 @@ def tail(path: str | os.PathLike, lines: int = 60) -> str:
 def cpu_env(metrics_path: str | os.PathLike, base: Optional[dict[str, str]] = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(CPU_ENV)
+    env.update(LOOPBACK_ENV)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     env["PYTHONUNBUFFERED"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -503,6 +540,7 @@ def run_demo(
 
     if stream:
         print(f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})")
+    listening: list[str] = []
     try:
         returncode, wall, marks = run_subprocess(
             command,
@@ -512,6 +550,7 @@ def run_demo(
             ray_marker=ray_temp_dir,
             on_line=on_line,
             cwd=str(output_dir),
+            listening=listening,
         )
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
@@ -557,6 +596,7 @@ def run_demo(
         metrics_path=str(metrics_path),
         rollout_vs_trainer=rollout_vs_trainer,
         ray_temp_dir=ray_temp_dir,
+        listening=listening,
     )
     (output_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2, default=str))
     if stream:

@@ -15,13 +15,16 @@ The rollout backend re-checks the platform in every process it runs in
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, PLATFORM_NAME
+from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, LOOPBACK_ENV, PLATFORM_NAME
+
+logger = logging.getLogger("verl_offpolicy")
 
 ROLLOUT_NAME = "hf"
 # Each training process's placement-group bundle reserves this many CPUs (verl's ResourcePoolManager).
@@ -172,6 +175,23 @@ class CPUStartupGuard(Callback):
             activate_cpu_platform(check_stale=False)
         except Exception as exc:  # noqa: BLE001 - Hydra would turn an Exception into a warning
             raise SystemExit(f"verl-offpolicy: {exc}") from exc
+        warn_if_not_loopback()
+
+
+def warn_if_not_loopback() -> bool:
+    """Warn (and return True) if Ray in this process will listen on every interface.
+
+    Ray reads the variable when it is imported, which happens before any config is read, so it can
+    only be set in the environment that starts ``main_ppo`` (``verl-offpolicy demo`` does).
+    """
+    missing = {k: v for k, v in LOOPBACK_ENV.items() if os.environ.get(k) != v}
+    if missing:
+        setting = " ".join(f"{k}={v}" for k, v in missing.items())
+        logger.warning(
+            "verl-offpolicy: Ray, TransferQueue and the process groups will listen on every network interface; "
+            "start main_ppo with %s in its environment to keep them on 127.0.0.1", setting
+        )
+    return bool(missing)
 
 
 __all__ = [
@@ -182,4 +202,5 @@ __all__ = [
     "cpu_path_selected",
     "required_ray_cpus",
     "validate_cpu_config",
+    "warn_if_not_loopback",
 ]

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from verl_offpolicy.cpu.demo import run_captured
-from verl_offpolicy.cpu.platform import CPU_ENV, activate_cpu_platform
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
 
 def _free_port() -> int:
@@ -298,6 +298,7 @@ def run_isolated(
         env = dict(os.environ)
         if cpu:
             env.update(CPU_ENV)
+            env.update(LOOPBACK_ENV)
         else:
             for key in CPU_ENV:
                 env.pop(key, None)

@@ -13,6 +13,8 @@ What the CPU path needs besides the platform (the ``+cpu=demo`` overlay sets all
 - A fake Ray ``GPU`` resource (``ray_kwargs.ray_init.num_gpus``): verl's resource pools count only
   the accelerator resource that :meth:`CPUPlatform.ray_resource_name` names; torch still runs on CPU.
 - The process-group backend ``gloo`` (see :func:`install_gloo_default`).
+- :data:`LOOPBACK_ENV` in the environment that starts ``main_ppo``, so that Ray, TransferQueue and
+  the process groups listen on 127.0.0.1 only (``verl-offpolicy demo`` sets it; the guard warns).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import os
 import platform as _py_platform
 import resource
+import socket
 import types
 from contextlib import contextmanager
 from typing import Any, Optional
@@ -37,6 +40,11 @@ ENV_PLATFORM = "VERL_PLATFORM"
 ENV_ENGINE_DEVICE = "VERL_ENGINE_DEVICE"
 # The environment every process of a CPU run needs (driver, TaskRunner, Ray workers).
 CPU_ENV = {ENV_PLATFORM: PLATFORM_NAME, ENV_ENGINE_DEVICE: "cuda"}
+# The environment of the process that starts Ray (Ray reads it at import). Without it Ray replaces
+# ``_node_ip_address=127.0.0.1`` by the machine's external address and its servers, TransferQueue and
+# the process-group rendezvous listen on every interface; with it they all bind 127.0.0.1. It only
+# disables joining multi-node clusters, which a CPU run does not do.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _rss_bytes() -> int:
@@ -189,6 +197,46 @@ def cpu_selected() -> bool:
     return os.environ.get(ENV_PLATFORM, "").strip().lower() == PLATFORM_NAME
 
 
+def loopback_rendezvous_store(timeout_second: Optional[float] = None):
+    """The process group's ``TCPStore``, listening on ``MASTER_ADDR`` only, if that is a loopback address.
+
+    torch's ``env://`` rendezvous makes rank 0's store listen on every interface whatever
+    ``MASTER_ADDR`` says. On a loopback run (:data:`LOOPBACK_ENV`) rank 0 binds the socket to
+    ``MASTER_ADDR:MASTER_PORT`` itself and hands it to the store (verl's ``create_tcp_store``).
+    None (use torch's rendezvous) if the address is not loopback, ``DIST_INIT_METHOD`` is set or
+    the group already exists.
+    """
+    import datetime
+
+    import torch.distributed
+    from torch.distributed.constants import default_pg_timeout
+
+    host = os.environ.get("MASTER_ADDR", "")
+    if not (host.startswith("127.") or host == "localhost") or os.environ.get("DIST_INIT_METHOD"):
+        return None
+    if torch.distributed.is_initialized():
+        return None
+    from verl.utils.distributed import create_tcp_store
+
+    port, rank = int(os.environ["MASTER_PORT"]), int(os.environ.get("RANK", 0))
+    timeout = datetime.timedelta(seconds=timeout_second) if timeout_second is not None else default_pg_timeout
+    listen_socket = None
+    if rank == 0:
+        listen_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listen_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listen_socket.bind((host, port))
+        listen_socket.listen(128)
+    return create_tcp_store(
+        host,
+        port,
+        listen_socket=listen_socket,
+        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        is_master=rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+
+
 def install_gloo_default() -> bool:
     """Make verl's default process-group backend ``gloo`` in a CPU process. Returns True if installed.
 
@@ -196,6 +244,7 @@ def install_gloo_default() -> bool:
     ``cpu:gloo,{device}:{backend}``, i.e. ``cpu:gloo,cpu:gloo`` on this platform, which
     ``torch.distributed`` rejects ("Duplicate device type cpu"). This wraps that one function so
     that a call without an explicit backend uses ``gloo``; an explicit backend is passed through.
+    On a loopback run the rendezvous store listens on loopback only (:func:`loopback_rendezvous_store`).
 
     Only done when ``VERL_PLATFORM=cpu`` (GPU processes are untouched). It runs from our
     ``verl.plugins`` entry point, i.e. before ``verl.workers.engine_workers`` imports the function.
@@ -210,7 +259,19 @@ def install_gloo_default() -> bool:
 
     @functools.wraps(original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        return original(timeout_second=timeout_second, backend=backend or "gloo")
+        backend = backend or "gloo"
+        store = loopback_rendezvous_store(timeout_second)
+        if store is None:
+            return original(timeout_second=timeout_second, backend=backend)
+        import torch.distributed
+
+        torch.distributed.init_process_group(
+            backend=backend,
+            store=store,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=store.timeout,
+        )
 
     initialize_global_process_group_ray._verl_offpolicy_gloo = True  # type: ignore[attr-defined]
     dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
