@@ -345,7 +345,8 @@ def main(argv=None) -> int:
     )
     RUNS_DIR.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        grid = [(p, st, sd) for p in presets for st in settings for sd in seeds]
+        # Seed-major: an interrupted grid still has every preset and setting at the seeds it finished.
+        grid = [(p, st, sd) for sd in seeds for p in presets for st in settings]
         todo = [g for g in grid if not (RUNS_DIR / f"{run_name(g[0], g[1], g[2], args.steps)}.json").exists()]
         print(f"[e2e] grid {len(grid)} runs, {len(grid) - len(todo)} done, {len(todo)} to run", flush=True)
         durations: list[float] = []
