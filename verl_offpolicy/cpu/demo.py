@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, is_loopback_host
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 CPU_OVERLAY = "+cpu=demo"
@@ -284,9 +284,8 @@ def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> li
 
 
 def is_loopback(address: str) -> bool:
-    """True for ``127.x.x.x:port``, ``::1:port`` and ``::ffff:127.x.x.x:port`` (with or without a suffix)."""
-    ip = address.split(" ")[0].rpartition(":")[0]
-    return ip.startswith("127.") or ip in ("::1", "localhost") or ip.startswith("::ffff:127.")
+    """True if ``ip:port`` (as :func:`listening_addresses` writes it, suffix allowed) is a loopback address."""
+    return is_loopback_host(address.split(" ")[0].rpartition(":")[0])
 
 
 def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:

@@ -19,7 +19,9 @@ What the CPU path needs besides the platform (the ``+cpu=demo`` overlay sets all
 
 from __future__ import annotations
 
+import datetime
 import functools
+import ipaddress
 import logging
 import os
 import platform as _py_platform
@@ -197,29 +199,31 @@ def cpu_selected() -> bool:
     return os.environ.get(ENV_PLATFORM, "").strip().lower() == PLATFORM_NAME
 
 
-def loopback_rendezvous_store(timeout_second: Optional[float] = None):
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8, ``::1`` and IPv4-mapped ``::ffff:127.x.x.x``."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def loopback_rendezvous_store(rank: int, world_size: int, timeout: datetime.timedelta):
     """The process group's ``TCPStore``, listening on ``MASTER_ADDR`` only, if that is a loopback address.
 
     torch's ``env://`` rendezvous makes rank 0's store listen on every interface whatever
     ``MASTER_ADDR`` says. On a loopback run (:data:`LOOPBACK_ENV`) rank 0 binds the socket to
     ``MASTER_ADDR:MASTER_PORT`` itself and hands it to the store (verl's ``create_tcp_store``).
-    None (use torch's rendezvous) if the address is not loopback, ``DIST_INIT_METHOD`` is set or
-    the group already exists.
+    None (use torch's rendezvous) if the address is not loopback or ``DIST_INIT_METHOD`` is set.
     """
-    import datetime
-
-    import torch.distributed
-    from torch.distributed.constants import default_pg_timeout
-
     host = os.environ.get("MASTER_ADDR", "")
-    if not (host.startswith("127.") or host == "localhost") or os.environ.get("DIST_INIT_METHOD"):
-        return None
-    if torch.distributed.is_initialized():
+    if not is_loopback_host(host) or os.environ.get("DIST_INIT_METHOD"):
         return None
     from verl.utils.distributed import create_tcp_store
 
-    port, rank = int(os.environ["MASTER_PORT"]), int(os.environ.get("RANK", 0))
-    timeout = datetime.timedelta(seconds=timeout_second) if timeout_second is not None else default_pg_timeout
+    port = int(os.environ["MASTER_PORT"])
     listen_socket = None
     if rank == 0:
         listen_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -230,7 +234,7 @@ def loopback_rendezvous_store(timeout_second: Optional[float] = None):
         host,
         port,
         listen_socket=listen_socket,
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        world_size=world_size,
         is_master=rank == 0,
         timeout=timeout,
         wait_for_workers=False,
@@ -259,19 +263,19 @@ def install_gloo_default() -> bool:
 
     @functools.wraps(original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        import torch.distributed
+        from torch.distributed.constants import default_pg_timeout
+
         backend = backend or "gloo"
-        store = loopback_rendezvous_store(timeout_second)
+        if torch.distributed.is_initialized():
+            return original(timeout_second=timeout_second, backend=backend)
+        # verl's defaults for a process outside a worker group
+        rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        timeout = datetime.timedelta(seconds=timeout_second) if timeout_second is not None else default_pg_timeout
+        store = loopback_rendezvous_store(rank, world_size, timeout)
         if store is None:
             return original(timeout_second=timeout_second, backend=backend)
-        import torch.distributed
-
-        torch.distributed.init_process_group(
-            backend=backend,
-            store=store,
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            timeout=store.timeout,
-        )
+        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
     initialize_global_process_group_ray._verl_offpolicy_gloo = True  # type: ignore[attr-defined]
     dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
