@@ -17,7 +17,8 @@ REC = dict(adv="grpo", norm=False, loss="rec", agg="token-mean", anchor="behavio
 
 # The preset table of ALGORITHMS.md, written out by hand.
 SPEC = {
-    "grpo": dict(adv="grpo", norm=True, loss="vanilla", agg="token-mean", anchor="proximal", eps=(0.2, 0.2)),
+    "grpo": dict(adv="grpo", norm=True, loss="vanilla", agg="token-mean", anchor="behaviour", eps=(0.2, 0.2)),
+    "grpo_proximal": dict(adv="grpo", norm=True, loss="vanilla", agg="token-mean", anchor="proximal", eps=(0.2, 0.2)),
     "opmd": dict(adv="opmd", baseline="mean", loss="opmd", tau=1.0, agg="token-mean"),
     "opmd_kimi": dict(REC, clip="none", reg="k2", coef=0.1),
     "pmd_mean": dict(adv="rloo", loss="pmd", tau=0.01, agg="seq-mean-token-mean", anchor="behaviour"),
