@@ -1,7 +1,8 @@
 # Shared by the recipe scripts (sourced, not run).
 # run_main_ppo ARGS...: runs stock verl.trainer.main_ppo with the given Hydra arguments, or, with
 # DRY_RUN=1, only composes them through main_ppo's Hydra search path and validates them
-# (`verl-offpolicy check`): no GPU, no data, no model download.
+# (`verl-offpolicy check`): no GPU, no data, no model download. DRY_RUN=print prints the arguments,
+# one a line, without running anything (the tests compare them with the papers' tables).
 
 # Shared settings, each overridable from the environment.
 DATA_DIR=${DATA_DIR:-$HOME/data}
@@ -21,7 +22,9 @@ require_preset() {
 }
 
 run_main_ppo() {
-  if [ "${DRY_RUN:-0}" = 1 ]; then
+  if [ "${DRY_RUN:-0}" = print ]; then
+    printf '%s\n' "$@"
+  elif [ "${DRY_RUN:-0}" = 1 ]; then
     verl-offpolicy check "$@"
   else
     echo "+ python3 -m verl.trainer.main_ppo $*"

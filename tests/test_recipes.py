@@ -7,11 +7,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.hydra_utils import compose_main_ppo
 from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 SCRIPTS = sorted(RECIPES.glob("*.sh"))
-TRAINING = ["gsm8k_qwen2.5-1.5b.sh", "math_llama3.1-8b_megatron.sh", "guru_math_qwen2.5-7b.sh"]
+# Training scripts that take a preset as their first argument (the others fix their algorithm).
+TRAINING = [p.name for p in SCRIPTS if "PRESET=${1:?" in p.read_text()]
+FIXED = [p.name for p in SCRIPTS if p.name not in TRAINING and "run_main_ppo" in p.read_text() and p.name != "_common.sh"]
+
+# The REC paper's Table 1 ("Default hyperparameters"), written out by hand: lr, prompts per step, K,
+# weight decay, warm-up steps, evaluation temperature / top-p (None: the paper gives none).
+REC_TABLE_1 = {
+    "gsm8k_qwen2.5-1.5b.sh": dict(lr=1e-6, batch=96, k=8, weight_decay=0.01, warmup=0, eval=(1.0, 1.0)),
+    "guru_math_qwen2.5-7b.sh": dict(lr=1e-6, batch=64, k=16, weight_decay=0.1, warmup=80, eval=None),
+    "math_llama3.1-8b_megatron.sh": dict(lr=5e-7, batch=64, k=16, weight_decay=0.1, warmup=40, eval=(0.6, 1.0)),
+}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -40,6 +51,54 @@ def test_recipe_composes_and_validates(script, preset):
     summary = proc.stdout.strip().splitlines()[-1]
     assert summary.startswith("ok: ")
     assert ("strategy=megatron" in summary) == ("megatron" in script)
+
+
+def _composed(script: str, *args: str, **env: str):
+    """The config main_ppo would run: the script's arguments (DRY_RUN=print) composed through its Hydra app."""
+    proc = _dry_run(script, *args, DRY_RUN="print", **env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = proc.stdout.splitlines()
+    assert argv[0] == "--config-name"
+    return compose_main_ppo(argv[1], argv[2:])
+
+
+def test_every_training_script_is_tested():
+    assert set(TRAINING) >= set(REC_TABLE_1) and FIXED == ["gsm8k_qwen2.5-1.5b_opmd_trinity.sh"]
+
+
+@pytest.mark.parametrize("script", sorted(REC_TABLE_1))
+def test_recipe_uses_the_rec_paper_table_1_setting(script):
+    """Table 1 per column, and Table 2 for all: AdamW (0.9, 0.999), grad clip 1.0, constant schedule,
+    training sampling at temperature 1.0 / top-p 1.0; one optimizer step per batch (Trinity-RFT)."""
+    want = REC_TABLE_1[script]
+    cfg = _composed(script, "rec_oneside_nois")
+    actor, rollout, optim = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.optim
+    assert optim.lr == want["lr"] and optim.weight_decay == want["weight_decay"]
+    assert cfg.data.train_batch_size == want["batch"] and rollout.n == want["k"]
+    assert list(optim.betas) == [0.9, 0.999]
+    if "megatron" in script:
+        assert optim.lr_warmup_steps == want["warmup"] and optim.lr_decay_style == "constant"
+        assert optim.weight_decay_incr_style == "constant" and optim.clip_grad == 1.0
+    else:
+        warmup = optim.lr_warmup_steps if optim.lr_warmup_steps > 0 else 0  # ≤ 0: verl uses the ratio
+        assert warmup == want["warmup"] and (optim.lr_warmup_steps > 0 or optim.lr_warmup_steps_ratio == 0.0)
+        assert optim.lr_scheduler_type == "constant" and actor.grad_clip == 1.0
+    assert (rollout.temperature, rollout.top_p) == (1.0, 1.0)
+    assert actor.ppo_mini_batch_size == want["batch"] and actor.ppo_epochs == 1
+    if want["eval"] is not None:
+        assert rollout.val_kwargs.do_sample and (rollout.val_kwargs.temperature, rollout.val_kwargs.top_p) == want["eval"]
+
+
+def test_opmd_trinity_recipe_uses_trinity_rft_opmd_gsm8k_setting():
+    """Trinity-RFT examples/opmd_gsm8k: τ 4, KL loss mse 0.001, lr 2e-6, betas (0, 0.95), sync_interval 10."""
+    cfg = _composed("gsm8k_qwen2.5-1.5b_opmd_trinity.sh")
+    actor = cfg.actor_rollout_ref.actor
+    assert cfg.algorithm.adv_estimator == "opmd" and actor.policy_loss.loss_mode == "opmd"
+    assert cfg.algorithm.offpolicy.tau == 4.0 and actor.policy_loss.tau == 4.0
+    assert (actor.use_kl_loss, actor.kl_loss_type, actor.kl_loss_coef) == (True, "mse", 0.001)
+    assert actor.optim.lr == 2e-6 and list(actor.optim.betas) == [0.0, 0.95]
+    assert cfg.algorithm.offpolicy.sync_interval == 10 and not cfg.algorithm.use_kl_in_reward
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (96, 8)
 
 
 def test_paper_off_policy_setting_reaches_the_scheduler():
