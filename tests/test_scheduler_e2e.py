@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from verl_offpolicy.core.schedule import generation_steps, staleness_of_step, version_of_step
 from verl_offpolicy.cpu.demo import (
     build_inputs,
     cpu_env,
@@ -91,23 +90,41 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("s,d", [(1, 0), (1, 1), (2, 0), (4, 1)])
+# The schedule of SCHEDULER.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
+# versions, staleness, the steps right before which a rollout call is made (version t − 1 generates
+# the batches of the steps scheduled at that version), and the batches of the first call (s + d).
+SPEC_SCHEDULE = {
+    (1, 0): dict(versions=[0, 1, 2, 3, 4, 5], staleness=[0, 0, 0, 0, 0, 0], calls=[1, 2, 3, 4, 5, 6], first=1),
+    (1, 1): dict(versions=[0, 0, 1, 2, 3, 4], staleness=[0, 1, 1, 1, 1, 1], calls=[1, 2, 3, 4, 5], first=2),
+    (2, 0): dict(versions=[0, 0, 2, 2, 4, 4], staleness=[0, 1, 0, 1, 0, 1], calls=[1, 3, 5], first=2),
+    (4, 1): dict(versions=[0, 0, 0, 0, 0, 4], staleness=[0, 1, 2, 3, 4, 1], calls=[1, 5], first=5),
+}
+
+
+@pytest.mark.parametrize("s,d", sorted(SPEC_SCHEDULE))
 def test_logged_versions_and_staleness_follow_the_spec(runs, s, d):
-    result = runs((s, d))
+    result, spec = runs((s, d)), SPEC_SCHEDULE[(s, d)]
     steps = [m["step"] for m in result.metrics]
     assert steps == list(range(1, STEPS + 1))
-    assert [int(m["offpolicy/version"]) for m in result.metrics] == [version_of_step(t, s, d) for t in steps]
+    assert [int(m["offpolicy/version"]) for m in result.metrics] == spec["versions"]
     for key in ("mean", "max", "min"):
-        assert [int(m[f"offpolicy/staleness/{key}"]) for m in result.metrics] == [
-            staleness_of_step(t, s, d) for t in steps
-        ]
+        assert [int(m[f"offpolicy/staleness/{key}"]) for m in result.metrics] == spec["staleness"]
     assert max(m["offpolicy/queue_len"] for m in result.metrics) <= s + d
-    # one rollout call (one weight sync) per version that has batches to generate, made right before
-    # step version + 1; the first one generates s + d batches
-    calls = [m["step"] for m in result.metrics if m["offpolicy/rollout_calls"] == 1]
-    expected = [t for t in steps if any(u <= STEPS for u in generation_steps(t - 1, s, d))]
-    assert calls == expected and len(calls) == len(range(0, STEPS - d, s))
-    assert result.metrics[0]["offpolicy/generated_batches"] == min(s + d, STEPS)
+    # one rollout call (one weight sync) per version that has batches to generate
+    assert [m["step"] for m in result.metrics if m["offpolicy/rollout_calls"] == 1] == spec["calls"]
+    assert result.metrics[0]["offpolicy/generated_batches"] == spec["first"]
+
+
+def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(runs):
+    """The grpo preset measures its PPO ratio against the behaviour policy (the REC paper's GRPO): on
+    stale steps the anchor differs from the proximal policy and the clip acts (verl's proximal anchor
+    would give ρ ≡ 1 with one mini-batch, pg_clipfrac = 0: see the proximal REC run below)."""
+    for setting in ((1, 1), (2, 0)):
+        metrics = runs(setting).metrics
+        stale = [m for m in metrics if m["offpolicy/staleness/mean"] > 0]
+        assert stale and all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale), setting
+        assert any(m["actor/pg_clipfrac"] > 0 for m in stale), (setting, [m["actor/pg_clipfrac"] for m in stale])
+        assert all(m["actor/pg_clipfrac"] == 0 for m in metrics if m["offpolicy/staleness/mean"] == 0), setting
 
 
 def test_sync_interval_1_is_the_stock_sync_trainer(runs):
