@@ -8,11 +8,12 @@ r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× 
 
 The formulas run in float64 (``COMPUTE_DTYPE``) on the per-sequence scores: for rewards of any
 finite float16, bfloat16 or float32 value no intermediate overflows there (centred rewards and their
-sums stay below 1e45, agro's D² below 1e90, red_weight's d·e²⁰ below 1e48). The advantages come back
-in the rewards' dtype, as verl's estimators return them; an advantage that this dtype cannot hold
-(e.g. red_weight's d·e²⁰ for a reward gap of 2e30 in float32), or that overflows float64 itself
-(float64 rewards near its maximum), is a ValueError naming the estimator and the samples, never inf
-or NaN. The sum over tokens is taken in float64 too when it exceeds the rewards' dtype.
+sums stay below 1e45 for groups of up to 1e6, agro's D² below 1e78, red_weight's d·e²⁰ below 1e48).
+The advantages come back in the rewards' dtype, as verl's estimators return them; an advantage that
+this dtype cannot hold (e.g. red_weight's d·e²⁰ for a reward gap of 2e30 in float32), or that
+overflows float64 itself (float64 rewards near its maximum, or agro's D²/(2β) with an extreme β), is
+a ValueError naming the estimator and the samples, never inf or NaN. The sum over tokens is taken in
+float64 too when it exceeds the rewards' dtype.
 """
 
 from __future__ import annotations
