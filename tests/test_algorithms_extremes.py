@@ -370,3 +370,15 @@ def test_stale_ratios_through_verl_ppo_loss(clip_mode):
             positions = zip(padded["positions"], masks, strict=True)
             kept = torch.cat([values.detach()[pos][m[: pos.numel()]] for pos, m in positions])
             assert loss.item() == pytest.approx((-E20 * kept).sum().item() / padded["num_tokens"], rel=1e-6)
+
+
+def test_anchor_lag_metric_ignores_minus_inf_on_masked_tokens():
+    # offpolicy/anchor_log_ratio/mean over the nested batch the trainer holds: responses of 2 and 1 tokens,
+    # the second token of the first masked with an anchor log-prob of −inf. Gaps on the two response
+    # tokens: −1 − (−1.5) = 0.5 and −0.2 − (−0.7) = 0.5 → mean 0.5 (inf·0 = NaN before the fix)
+    from verl_offpolicy.glue.trainer import _masked_mean_gap
+
+    proximal = nested([torch.tensor([-1.0, -2.0]), torch.tensor([-0.2])])
+    anchored = nested([torch.tensor([-1.5, -math.inf]), torch.tensor([-0.7])])
+    mask = nested([torch.tensor([1, 0]), torch.tensor([1])])
+    assert _masked_mean_gap(proximal, anchored, mask) == pytest.approx(0.5)
