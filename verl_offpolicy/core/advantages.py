@@ -138,8 +138,11 @@ def asymre_advantage(scores: Tensor, group_ids: Tensor, shift: float) -> Tensor:
 def red_weight_advantage(scores: Tensor, group_ids: Tensor, temperature: float) -> Tensor:
     """``red_weight``: A_i = (r_i − r̄)·exp(min((r_i − r̄)/T, 20)), T > 0; a singleton gets A = r.
 
-    The exponent is clamped at 20 (weight ≤ e²⁰ ≈ 4.9e8) so a large reward gap cannot overflow.
-    A singleton has no group to weight against: its weight is 1 and A = r (spec: singletons get A = r).
+    The exponent is clamped at 20, so the weight itself is ≤ e²⁰ ≈ 4.9e8 and never overflows; A = d·e²⁰
+    still exceeds a dtype's range when |d| does (float32: |d| > 7e29). Called in float64 (as the glue
+    does) nothing overflows for rewards within float32's range; the glue raises if A does not fit the
+    rewards' dtype. A singleton has no group to weight against: its weight is 1 and A = r (spec:
+    singletons get A = r).
     """
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
@@ -205,6 +208,8 @@ def red_drop_advantage(
         occurrence: o_i from :func:`occurrence_in_group`, if the caller has it.
     """
     groups = make_groups(group_ids, scores.dtype)
+    if scores.numel() == 0:  # an empty batch has no group to drop from (and no largest group)
+        return scores.clone()
     ids = groups.ids
     top, centred = centre_on_max(scores, groups)
     positive = centred >= gather(segment_sum(centred, groups) / groups.count, groups)

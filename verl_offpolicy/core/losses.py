@@ -6,7 +6,15 @@ Inputs are [B, T] token tensors: ``log_prob`` = log π_θ (the only path of the 
 loss matrices (aggregation over the batch is the caller's, with verl's ``agg_loss``), keep masks
 and metric tensors. Padded tokens (m = 0) get a zero loss coefficient, so a response whose mask is
 all zero contributes nothing and produces no NaN (``log_prob`` must be finite on padding, as verl's
-zero padding is).
+zero padding is); ``old_log_prob`` may be anything on padding, even −inf: it is selected away
+before any arithmetic uses it.
+
+Every ratio is finite by construction: a log-ratio is clamped to [−20, 20] (``LOG_RATIO_BOUND``, the
+bound of verl's own losses) before ``exp``, so ρ ∈ [e⁻²⁰, e²⁰] ≈ [2.1e−9, 4.9e8] even for a token with
+log π − log π_old = ±100 or an old log-prob of −1e4, and a kept token with A = 0 contributes 0, not
+inf·0 = NaN. The band masks compare these clamped ratios (the same verdict as the raw ratio for every
+band edge within [e⁻²⁰, e²⁰]). Log-probs are float32, float64 or bfloat16 (verl's float32; e²⁰
+exceeds float16's range, so float16 is rejected by the glue).
 """
 
 from __future__ import annotations
@@ -17,9 +25,18 @@ import torch
 from torch import Tensor
 
 
+# |log ρ| ≤ 20 before exp, as in verl's ppo losses (core_algos.compute_policy_loss_vanilla and others).
+LOG_RATIO_BOUND = 20.0
+
+
 def token_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
-    """log ρ_t = m·(log π_t − log π_old,t), detached (0 on padded tokens)."""
+    """log ρ_t = m·(log π_t − log π_old,t), detached (0 on padded tokens); not clamped."""
     return torch.where(mask, log_prob.detach() - old_log_prob, 0.0)
+
+
+def clamp_log_ratio(log_ratio: Tensor) -> Tensor:
+    """clamp(log ρ, −20, 20) (``LOG_RATIO_BOUND``): its exp is finite, in [e⁻²⁰, e²⁰], even for ±inf."""
+    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -39,6 +56,10 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
     carries the gradient: ∂L_i/∂Δ_i = −(A_i − τΔ_i)/|y_i|. The token sum of the returned matrix over
     a response is L_i, so aggregating it with ``seq-mean-token-sum`` gives the mean of L_i over
     sequences. τ > 0.
+
+    Δ_i is not clamped (pmd has no ratio): it is the quadratic's argument, finite for finite log-probs
+    (an old log-prob of −1e4 adds 1e4 per token), and a clamp would cancel the gradient that pulls π back
+    to π_old exactly where it is largest. Padded tokens are selected away before Δ's sum.
     """
     length = mask.sum(-1).to(log_prob.dtype).clamp_min(1)
     seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
@@ -84,8 +105,8 @@ class RecTerms(NamedTuple):
     loss: Tensor  # ℓ_t = −M_t·w_t·A·log π_t + reg_t
     keep: Tensor | None  # M_t (None: every token kept)
     band_ratio: Tensor  # the ratio the mask compared: ρ_t, or ρ̄_i for gspo-one-side
-    log_ratio: Tensor  # log ρ_t (detached, 0 on padding)
-    ratio: Tensor  # ρ_t (detached, 1 on padding)
+    log_ratio: Tensor  # log ρ_t (detached, 0 on padding, clamped to ±20)
+    ratio: Tensor  # ρ_t = exp(log ρ_t) (detached, 1 on padding)
 
 
 def rec_loss(
@@ -104,16 +125,18 @@ def rec_loss(
 ) -> RecTerms:
     """``rec``: ℓ_t = −M_t·w_t·A·log π_t + reg_t.
 
-    w_t: ``none`` → 1, ``importance_sampling`` → ρ_t, ``gspo_importance_sampling`` → ρ̄_i = exp(Δ_i/|y_i|).
+    ρ_t = exp(clamp(log π_t − log π_old,t, −20, 20)), ρ̄_i = exp(clamp(Δ_i/|y_i|, −20, 20)) (finite).
+    w_t: ``none`` → 1, ``importance_sampling`` → ρ_t, ``gspo_importance_sampling`` → ρ̄_i.
     reg_t: ``none`` → 0, ``forward-kl`` → −c·log π_t, ``k2`` → c·(log π_t − log π_old,t)².
     M_t, w_t are detached; the gradient is −M_t·w_t·A·∇log π_t + ∇reg_t.
     """
     log_ratio = token_log_ratio(log_prob, old_log_prob, mask)
-    ratio = torch.exp(log_ratio)
+    clamped_log_ratio = clamp_log_ratio(log_ratio)
+    ratio = torch.exp(clamped_log_ratio)
     needs_seq_ratio = clip_mode == "gspo-one-side" or weight == "gspo_importance_sampling"
     if needs_seq_ratio:
         delta, length = sequence_log_ratio(log_ratio, mask)
-        seq_ratio = torch.exp(delta / length).unsqueeze(-1).expand_as(ratio)
+        seq_ratio = torch.exp(clamp_log_ratio(delta / length)).unsqueeze(-1).expand_as(ratio)
     band_ratio = seq_ratio if clip_mode == "gspo-one-side" else ratio
     keep = rec_keep_mask(
         band_ratio, advantages, clip_mode, clip_ratio_low, clip_ratio_high, ring_clip_ratio_low, ring_clip_ratio_high
@@ -136,7 +159,7 @@ def rec_loss(
         loss = loss + regularizer_coef * torch.where(mask, log_prob - old_log_prob, 0.0).square()
     elif regularizer != "none":
         raise ValueError(f"unknown rec regularizer {regularizer!r}")
-    return RecTerms(loss, keep, band_ratio, log_ratio, ratio)
+    return RecTerms(loss, keep, band_ratio, clamped_log_ratio, ratio)
 
 
 METRIC_NAMES = (
@@ -155,7 +178,8 @@ def ratio_metrics(
     """Metrics over response tokens, as one tensor in the order of ``METRIC_NAMES``.
 
     clipfrac = fraction of response tokens with M_t = 0, split into masked above the band
-    (ratio > 1) and below it (ratio < 1); ratio mean/max of ρ_t; ppo_kl = mean of −log ρ_t.
+    (ratio > 1) and below it (ratio < 1); ratio mean/max of ρ_t; ppo_kl = mean of −log ρ_t. ``log_ratio``
+    is the clamped log ρ_t and ``ratio`` its exp (as verl's ppo_kl), so every metric is finite.
     An empty batch (no response token) gives zeros.
     """
     n_tokens = mask.sum().to(log_ratio.dtype).clamp_min(1)

@@ -5,6 +5,15 @@ expects ``(advantages, returns)``, both [B, T]. Each function here reads its hyp
 ``algorithm.offpolicy`` (:func:`offpolicy_section`), turns the uids into group ids (a hash table),
 calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence scores
 r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
+
+The formulas run in float64 (``COMPUTE_DTYPE``) on the per-sequence scores: for rewards of any
+finite float16, bfloat16 or float32 value no intermediate overflows there (centred rewards and their
+sums stay below 1e45 for groups of up to 1e6, agro's D² below 1e78, red_weight's d·e²⁰ below 1e48).
+The advantages come back in the rewards' dtype, as verl's estimators return them; an advantage that
+this dtype cannot hold (e.g. red_weight's d·e²⁰ for a reward gap of 2e30 in float32), or that
+overflows float64 itself (float64 rewards near its maximum, or agro's D²/(2β) with an extreme β), is
+a ValueError naming the estimator and the samples, never inf or NaN. The sum over tokens is taken in
+float64 too when it exceeds the rewards' dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from verl_offpolicy.core import advantages as core
 from verl_offpolicy.glue.config import OffPolicyConfig, check_agro_reward, offpolicy_section
 
 _MAX_REPORTED = 5
+COMPUTE_DTYPE = torch.float64
 
 
 def _check_finite(name: str, scores: Tensor, index: np.ndarray) -> None:
@@ -66,13 +76,40 @@ def _prepare(
         raise ValueError(f"adv_estimator={name} needs the group of each response (verl's non_tensor_batch['uid'])")
     index = np.asarray(index)
     scores = token_level_rewards.sum(dim=-1)
-    _check_finite(name, scores, index)
-    return section, scores, _group_ids(index, scores.shape[0], scores.device)
+    if not math.isfinite(scores.sum()):  # a NaN/inf reward, or a sum beyond the rewards' dtype
+        scores = token_level_rewards.to(COMPUTE_DTYPE).sum(dim=-1)
+        _check_finite(name, scores, index)
+    return section, scores.to(COMPUTE_DTYPE), _group_ids(index, scores.shape[0], scores.device)
 
 
-def _broadcast(advantage: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """A_i over the response tokens: (advantages, returns), both A_i·m_t."""
-    token_advantages = advantage.unsqueeze(-1) * response_mask
+def _check_representable(name: str, advantage: Tensor, result: Tensor, token_level_rewards: Tensor, index) -> None:
+    """Raise naming the (first few) samples whose float64 advantage is not finite in the rewards' dtype."""
+    if bool(torch.isfinite(result).all()):
+        return
+    bad = (~torch.isfinite(result)).nonzero().flatten().tolist()
+    scores = token_level_rewards.to(COMPUTE_DTYPE).sum(dim=-1)
+    index = np.asarray(index)
+    listed = "; ".join(
+        f"batch position {i} (uid {str(index[i])!r}): reward {scores[i].item():.6g}, "
+        f"advantage {advantage[i].item():.6g}"
+        for i in bad[:_MAX_REPORTED]
+    )
+    more = f"; and {len(bad) - _MAX_REPORTED} more" if len(bad) > _MAX_REPORTED else ""
+    dtype = token_level_rewards.dtype
+    raise ValueError(
+        f"adv_estimator={name}: {len(bad)} sample(s) get an advantage that {dtype} (the rewards' dtype, largest "
+        f"finite value {torch.finfo(dtype).max:.6g}) cannot hold: {listed}{more}. Scale the rewards down "
+        "(or return them in float32/float64) so that every advantage fits."
+    )
+
+
+def _broadcast(
+    name: str, advantage: Tensor, response_mask: Tensor, token_level_rewards: Tensor, index: Any
+) -> tuple[Tensor, Tensor]:
+    """A_i (float64) in the rewards' dtype over the response tokens: (advantages, returns), both A_i·m_t."""
+    result = advantage.to(token_level_rewards.dtype)
+    _check_representable(name, advantage, result, token_level_rewards, index)
+    token_advantages = result.unsqueeze(-1) * response_mask
     return token_advantages, token_advantages
 
 
@@ -81,7 +118,8 @@ def _broadcast(advantage: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor
 def compute_opmd_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = r_i − r̄ (``algorithm.offpolicy.baseline=mean``) or r_i − τ·(logsumexp(r/τ) − log K) (``logavgexp``)."""
     section, scores, group_ids = _prepare("opmd", token_level_rewards, index, config)
-    return _broadcast(core.opmd_advantage(scores, group_ids, section.baseline, section.tau_for("opmd")), response_mask)
+    advantage = core.opmd_advantage(scores, group_ids, section.baseline, section.tau_for("opmd"))
+    return _broadcast("opmd", advantage, response_mask, token_level_rewards, index)
 
 
 @register_adv_est("pmd_partition")
@@ -89,7 +127,8 @@ def compute_opmd_advantage(token_level_rewards, response_mask, index=None, confi
 def compute_pmd_partition_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``."""
     section, scores, group_ids = _prepare("pmd_partition", token_level_rewards, index, config)
-    return _broadcast(core.pmd_partition_advantage(scores, group_ids, section.tau_for("pmd_partition")), response_mask)
+    advantage = core.pmd_partition_advantage(scores, group_ids, section.tau_for("pmd_partition"))
+    return _broadcast("pmd_partition", advantage, response_mask, token_level_rewards, index)
 
 
 @register_adv_est("asymre")
@@ -97,7 +136,8 @@ def compute_pmd_partition_advantage(token_level_rewards, response_mask, index=No
 def compute_asymre_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = r_i − (r̄ + shift), shift = ``algorithm.offpolicy.shift``."""
     section, scores, group_ids = _prepare("asymre", token_level_rewards, index, config)
-    return _broadcast(core.asymre_advantage(scores, group_ids, section.shift), response_mask)
+    advantage = core.asymre_advantage(scores, group_ids, section.shift)
+    return _broadcast("asymre", advantage, response_mask, token_level_rewards, index)
 
 
 @register_adv_est("red_weight")
@@ -105,7 +145,8 @@ def compute_asymre_advantage(token_level_rewards, response_mask, index=None, con
 def compute_red_weight_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = (r_i − r̄)·exp(min((r_i − r̄)/T, 20)), T = ``algorithm.offpolicy.temperature``."""
     section, scores, group_ids = _prepare("red_weight", token_level_rewards, index, config)
-    return _broadcast(core.red_weight_advantage(scores, group_ids, section.temperature), response_mask)
+    advantage = core.red_weight_advantage(scores, group_ids, section.temperature)
+    return _broadcast("red_weight", advantage, response_mask, token_level_rewards, index)
 
 
 def _layout(seed: int, index: np.ndarray, group_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -132,7 +173,8 @@ def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, c
     """RED-Drop: surplus negatives dropped (A = 0) reproducibly from (``algorithm.offpolicy.seed``, uid)."""
     section, scores, group_ids = _prepare("red_drop", token_level_rewards, index, config)
     seeds, occurrence = _layout(section.seed, np.asarray(index), group_ids)
-    return _broadcast(core.red_drop_advantage(scores, group_ids, seeds, occurrence), response_mask)
+    advantage = core.red_drop_advantage(scores, group_ids, seeds, occurrence)
+    return _broadcast("red_drop", advantage, response_mask, token_level_rewards, index)
 
 
 @register_adv_est("agro")
@@ -145,4 +187,5 @@ def compute_agro_advantage(token_level_rewards, response_mask, index=None, confi
     section, scores, group_ids = _prepare("agro", token_level_rewards, index, config)
     if config is not None:
         check_agro_reward(config, section.beta)
-    return _broadcast(core.agro_advantage(scores, group_ids, section.beta, section.on_policy), response_mask)
+    advantage = core.agro_advantage(scores, group_ids, section.beta, section.on_policy)
+    return _broadcast("agro", advantage, response_mask, token_level_rewards, index)

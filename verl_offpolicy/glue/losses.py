@@ -36,6 +36,16 @@ def _loss_config(loss_mode: str, config: Any) -> OffPolicyLossConfig:
     return policy_loss
 
 
+def _check_dtype(loss_mode: str, log_prob: Tensor) -> None:
+    """float16 cannot hold the clamped ratio e²⁰ ≈ 4.9e8 (nor pmd's (A/τ − Δ)²): a clear error, not inf."""
+    if log_prob.dtype == torch.float16:
+        raise TypeError(
+            f"{LOSS_PREFIX}.loss_mode={loss_mode}: log_prob is float16, whose range (±65504) cannot hold the "
+            "loss's ratios and squares (up to e^20 ≈ 4.9e8), so the loss could be inf. Compute the log-probs "
+            "in float32 (verl's default), bfloat16 or float64."
+        )
+
+
 def _clip_ratios(config: Any) -> tuple[float, float]:
     """(ε_low, ε_high): the actor's clip_ratio_low/high, falling back to clip_ratio."""
     low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
@@ -57,8 +67,8 @@ def _metrics(values: Tensor) -> dict[str, float]:
 
 
 def _unclipped_metrics(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> dict[str, float]:
-    """Metrics of a loss without a mask: ratio statistics, nothing clipped."""
-    log_ratio = core.token_log_ratio(log_prob, old_log_prob, mask)
+    """Metrics of a loss without a mask: ratio statistics of the clamped ratio (finite), nothing clipped."""
+    log_ratio = core.clamp_log_ratio(core.token_log_ratio(log_prob, old_log_prob, mask))
     return _metrics(core.ratio_metrics(log_ratio, torch.exp(log_ratio), mask))
 
 
@@ -74,6 +84,7 @@ def compute_policy_loss_opmd(
 ) -> tuple[Tensor, dict[str, float]]:
     """ℓ_t = −A·log π_t/(1 + τ), τ = ``policy_loss.tau`` ≥ 0, aggregated with ``loss_agg_mode``."""
     loss_config = _loss_config("opmd", config)
+    _check_dtype("opmd", log_prob)
     mask = response_mask.bool()
     loss_mat = core.opmd_loss(log_prob, advantages, mask, loss_config.resolved_tau)
     loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
@@ -97,6 +108,7 @@ def compute_policy_loss_pmd(
     ``global_batch_info``).
     """
     loss_config = _loss_config("pmd", config)
+    _check_dtype("pmd", log_prob)
     mask = response_mask.bool()
     loss_mat = core.pmd_loss(log_prob, old_log_prob, advantages, mask, loss_config.resolved_tau)
     loss = _aggregate(loss_mat, mask, PMD_AGG_MODE, config, rollout_is_weights)
@@ -115,6 +127,7 @@ def compute_policy_loss_rec(
 ) -> tuple[Tensor, dict[str, float]]:
     """ℓ_t = −M_t·w_t·A·log π_t + reg_t (``policy_loss.clip_mode``, ``weight``, ``regularizer``)."""
     loss_config = _loss_config("rec", config)
+    _check_dtype("rec", log_prob)
     clip_low, clip_high = _clip_ratios(config)
     check_clip_ratios(clip_low, clip_high, loss_config)
     mask = response_mask.bool()

@@ -324,7 +324,10 @@ class OffPolicyTrainer(PPOTrainer):
 
 
 def _masked_mean_gap(proximal, anchored, response_mask) -> float:
-    """Mean over response tokens of log π_proximal − log π_anchor (how far the anchor lags)."""
+    """Mean over response tokens of log π_proximal − log π_anchor (how far the anchor lags).
+
+    Masked tokens are selected away (not multiplied by 0), so an anchor log-prob of −inf there is ignored.
+    """
     gap = (proximal.values() - anchored.values()).float()
     mask = response_mask.values().float() if response_mask.is_nested else response_mask.float()
-    return float((gap * mask).sum() / mask.sum().clamp(min=1.0))
+    return float(gap.masked_fill(mask == 0, 0.0).sum() / mask.sum().clamp(min=1.0))
