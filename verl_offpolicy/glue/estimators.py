@@ -138,7 +138,10 @@ def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, c
 @register_adv_est("agro")
 @torch.no_grad()
 def compute_agro_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
-    """D_i = R_i − R̄_{−i}; A_i = D_i, or D_i − (D_i² − mean_j D_j²)/(2β) if ``algorithm.offpolicy.on_policy``.
+    """D_i = R_i − R̄_{−i}; A_i = D_i, or D_i − (D_i² − c_i)/(2β) if ``algorithm.offpolicy.on_policy``.
+
+    c_i = K/(K−1)·(unbiased sample variance of the other K−1 returns), 0 at K = 2 (the unbiased
+    sample form of the on-policy term, see :func:`verl_offpolicy.core.advantages.agro_advantage`).
 
     R_i = Σ_t token_level_rewards already contains −β·log(π/π_ref) (verl's KL-in-reward, kl_penalty=kl).
     """
