@@ -95,8 +95,11 @@ def opmd_advantage(scores: Tensor, group_ids: Tensor, baseline: str = "mean", ta
     return centred - gather(_singleton_or(offset, -top, groups), groups)
 
 
-def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Tensor:
-    """``pmd_partition``: A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ > 0, exact (A is not clamped).
+def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float, clamp: float | None = None) -> Tensor:
+    """``pmd_partition``: A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ > 0; clamped if ``clamp`` = c.
+
+    With c ∈ (0, 1): A_i = −τ·max(log((1/(K−1))·Σ_{j≠i} exp((r_j − r_i)/τ)), log c) = min(A_i, −τ·log c)
+    (:func:`clamp_partition`); a singleton keeps A = r.
 
     τ → ∞ gives RLOO (r_i − r̄_{−i}); τ → 0 gives r_i − max_{j≠i} r_j. The leave-one-out sum is
     shifted by the leave-one-out maximum, so it is ≥ 1 and nothing over- or underflows:
@@ -120,7 +123,21 @@ def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Te
     below_top = _exp((scores - gather(second, groups)) / tau).masked_fill_(at_top, 0.0)
     sum_below = segment_sum(below_top, groups)
     max_baseline = _singleton_or(second + tau * (torch.log(sum_below) - log_others), torch.zeros_like(top), groups)
-    return torch.where(unique_top, scores - gather(max_baseline, groups), shared_top)
+    advantage = torch.where(unique_top, scores - gather(max_baseline, groups), shared_top)
+    return advantage if clamp is None else clamp_partition(advantage, groups, tau, clamp)
+
+
+def clamp_partition(advantage: Tensor, groups: Groups, tau: float, clamp: float) -> Tensor:
+    """A_i ← min(A_i, −τ·log c) for K > 1: the leave-one-out partition term floored at log c (OpenKimi).
+
+    OpenKimi's ``ploo`` (openkimi/pmd/core_algos.py, ``compute_partition_loo_outcome_advantage``)
+    computes A_i = r_i − M − τ·log(max((1/(K−1))·Σ_{j≠i} exp((r_j − M)/τ), 1e-8)), M the group maximum.
+    For r_i = M this is the floor above; for r_i < M the sum holds exp(0) = 1, so the floor is inactive
+    in both forms whenever K − 1 < 1/c. A lone correct answer among 0/1 rewards at τ = 0.01, c = 1e-8
+    gets A = 0.01·ln(1e8) ≈ 0.184 instead of 1 (a target log-ratio A/τ of 18.4 nats instead of 100).
+    """
+    capped = advantage.clamp(max=-tau * math.log(clamp))
+    return torch.where(gather(groups.count, groups) > 1, capped, advantage)
 
 
 def asymre_advantage(scores: Tensor, group_ids: Tensor, shift: float) -> Tensor:

@@ -87,9 +87,13 @@ def compute_opmd_advantage(token_level_rewards, response_mask, index=None, confi
 @register_adv_est("pmd_partition")
 @torch.no_grad()
 def compute_pmd_partition_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
-    """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``."""
+    """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``.
+
+    With ``algorithm.offpolicy.partition_clamp`` = c: A_i = min(A_i, −τ·log c) (OpenKimi's floor, K > 1).
+    """
     section, scores, group_ids = _prepare("pmd_partition", token_level_rewards, index, config)
-    return _broadcast(core.pmd_partition_advantage(scores, group_ids, section.tau_for("pmd_partition")), response_mask)
+    tau = section.tau_for("pmd_partition")
+    return _broadcast(core.pmd_partition_advantage(scores, group_ids, tau, section.partition_clamp), response_mask)
 
 
 @register_adv_est("asymre")
