@@ -99,10 +99,15 @@ def test_agro_off_and_on_policy():
     # R = [1, 2, 6]: D = R − R̄_{−i} = [1−4, 2−3.5, 6−1.5] = [−3, −1.5, 4.5]
     off = run("agro", [1, 2, 6], ["g"] * 3, beta=0.5)
     torch.testing.assert_close(off, torch.tensor([-3.0, -1.5, 4.5], dtype=F64))
-    # on-policy, β = 0.5: mean D² = (9 + 2.25 + 20.25)/3 = 10.5, A = D − (D² − 10.5)/(2·0.5)
-    # = [−3 + 1.5, −1.5 + 8.25, 4.5 − 9.75] = [−1.5, 6.75, −5.25]
+    # on-policy, β = 0.5: c_i = K/(K−1)·(unbiased variance of the other two returns), K = 3:
+    # others of 1: {2, 6}, variance (2² + 2²)/1 = 8 → c = 12; of 2: {1, 6} → 12.5 → 18.75; of 6: {1, 2} → 0.5 → 0.75
+    # A = D − (D² − c)/(2·0.5) = [−3 − (9 − 12), −1.5 − (2.25 − 18.75), 4.5 − (20.25 − 0.75)] = [0, 15, −15]
     on = run("agro", [1, 2, 6], ["g"] * 3, beta=0.5, on_policy=True)
-    torch.testing.assert_close(on, torch.tensor([-1.5, 6.75, -5.25], dtype=F64))
+    torch.testing.assert_close(on, torch.tensor([0.0, 15.0, -15.0], dtype=F64))
+    # K = 2: no variance among the other (single) return, c = 0; R = [1, 3]: D = [−2, 2], β = 0.5
+    # A = D − D² = [−6, −2]; a singleton keeps A = R = 4 (group "s")
+    on2 = run("agro", [1, 3, 4], ["p", "p", "s"], beta=0.5, on_policy=True)
+    torch.testing.assert_close(on2, torch.tensor([-6.0, -2.0, 4.0], dtype=F64))
 
 
 def test_agro_reads_kl_in_reward_from_verl_kl_penalty():

@@ -282,3 +282,27 @@ def test_clip_ratio_falls_back_to_clip_ratio():
     mask = torch.ones(1, 1, dtype=torch.bool)
     _, grad, _ = call(config, torch.zeros(1, 1), torch.log(torch.tensor([[1.3]])), torch.ones(1, 1), mask)
     assert grad.item() == -1.0
+
+
+# ---------------------------------------------------------------- rec k2_seq (sequence-level k2)
+
+
+def test_rec_sequence_level_k2_value_and_gradient():
+    # A = 0, so only the regulariser: c = 0.1, token-sum aggregation.
+    # response 1: log π = [ln ½, ln ¼, ln ½], old = [ln ¼, ln ¼, ln ½], all 3 tokens: Δ = ln 2, |y| = 3
+    #   c·Δ²/|y| = 0.1·(ln 2)²/3; ∂/∂log π_t = 2c·Δ/|y| = 0.2·ln 2/3 on each token
+    # response 2: log π = [−1, −2, pad], old = [−1.5, −1, pad], 2 tokens: Δ = 0.5 − 1 = −0.5, |y| = 2
+    #   c·Δ²/|y| = 0.1·0.25/2 = 0.0125; ∂/∂log π_t = 2·0.1·(−0.5)/2 = −0.05 (0 on the padding)
+    log_prob = torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.5)], [-1.0, -2.0, 0.0]], dtype=F64)
+    old = torch.tensor([[math.log(0.25), math.log(0.25), math.log(0.5)], [-1.5, -1.0, -7.0]], dtype=F64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.zeros(2, 3, dtype=F64)
+    config = actor("rec", regularizer="k2_seq", regularizer_coef=0.1)
+    loss, grad, _ = call(config, old, log_prob, adv, mask, "token-sum")
+    torch.testing.assert_close(loss, torch.tensor(0.1 * math.log(2) ** 2 / 3 + 0.0125, dtype=F64))
+    expected = torch.tensor([[0.2 * math.log(2) / 3] * 3, [-0.05, -0.05, 0.0]], dtype=F64)
+    torch.testing.assert_close(grad, expected)
+    # token-level k2 on the same data: c·Σ_t (log π_t − log π_old,t)² = 0.1·(ln 2)² + 0.1·(0.25 + 1)
+    token_loss, token_grad, _ = call(actor("rec", regularizer="k2", regularizer_coef=0.1), old, log_prob, adv, mask, "token-sum")
+    torch.testing.assert_close(token_loss, torch.tensor(0.1 * math.log(2) ** 2 + 0.125, dtype=F64))
+    torch.testing.assert_close(token_grad, torch.tensor([[0.2 * math.log(2), 0.0, 0.0], [0.1, -0.2, 0.0]], dtype=F64))

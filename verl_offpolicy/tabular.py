@@ -18,6 +18,7 @@ Used by ``tests/test_algorithms_properties.py`` (the eight properties of ALGORIT
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Optional
 
 import numpy as np
@@ -51,6 +52,8 @@ __all__ = [
     "sync_run",
     "regularised_optimum",
     "regularised_run",
+    "all_groups",
+    "agro_onpolicy_run",
 ]
 
 F64 = torch.float64
@@ -285,3 +288,51 @@ def regularised_run(
         if history is not None:
             history.append(torch.softmax(theta, 0))
     return theta, grad
+
+
+def all_groups(n_arms: int, k: int) -> torch.Tensor:
+    """Every ordered K-tuple of arms [n_arms**k, k]: the groups of K i.i.d. responses, enumerated."""
+    return torch.tensor(list(itertools.product(range(n_arms), repeat=k)))
+
+
+def agro_onpolicy_run(
+    p_correct: float, beta: float, steps: int, lr: float, k: int = 4, history: Optional[list] = None
+) -> torch.Tensor:
+    """On-policy AGRO on a 2-arm bandit (arm 0 wrong, r = 0; arm 1 correct, r = 1), exact expectations.
+
+    π starts at π_ref = [1 − p, p]. Each step enumerates every group of K responses from the current
+    π (:func:`all_groups`, weight Π_i π(y_i)), forms verl's KL-in-reward R = r − β·kl_penalty(log π,
+    log π_ref, "kl") at the current weights, runs the registered ``agro`` estimator with
+    ``on_policy=true`` (one uid per group) and descends the registered ``rec`` loss
+    (seq-mean-token-sum, as the ``agro_onpolicy`` preset) with ``rollout_is_weights`` that make the
+    batch mean the expectation over groups. Returns the final π.
+    """
+    rewards = torch.tensor([0.0, 1.0], dtype=F64)
+    pi_ref = torch.tensor([1.0 - p_correct, p_correct], dtype=F64)
+    algo = OffPolicyAlgoConfig(
+        adv_estimator="agro",
+        use_kl_in_reward=True,
+        kl_penalty="kl",
+        kl_ctrl={"type": "fixed", "kl_coef": beta},
+        offpolicy=OffPolicyConfig(beta=beta, on_policy=True),
+    )
+    groups = all_groups(2, k)
+    arms = groups.flatten()
+    uids = np.repeat(np.arange(len(groups)), k)
+    ref_log_prob = torch.log(pi_ref)[arms].unsqueeze(-1)
+    config = actor("rec")
+    theta = torch.log(pi_ref)
+    if history is not None:
+        history.append(torch.softmax(theta, 0))
+    for _ in range(steps):
+        pi = torch.softmax(theta, 0)
+        log_prob = torch.log(pi)[arms].unsqueeze(-1)
+        token_rewards = rewards[arms].unsqueeze(-1) - beta * kl_penalty(log_prob, ref_log_prob, "kl")
+        advantages, _ = get_adv_estimator_fn("agro")(
+            token_level_rewards=token_rewards, response_mask=torch.ones_like(token_rewards), index=uids, config=algo
+        )
+        weights = (len(groups) * pi[groups].prod(-1)).repeat_interleave(k).unsqueeze(-1)
+        theta = theta - lr * loss_gradient(config, theta, arms, pi, advantages, agg="seq-mean-token-sum", weights=weights)
+        if history is not None:
+            history.append(torch.softmax(theta, 0))
+    return torch.softmax(theta, 0)

@@ -95,8 +95,11 @@ def opmd_advantage(scores: Tensor, group_ids: Tensor, baseline: str = "mean", ta
     return centred - gather(_singleton_or(offset, -top, groups), groups)
 
 
-def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Tensor:
-    """``pmd_partition``: A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ > 0, exact (A is not clamped).
+def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float, clamp: float | None = None) -> Tensor:
+    """``pmd_partition``: A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ > 0; clamped if ``clamp`` = c.
+
+    With c ∈ (0, 1): A_i = −τ·max(log((1/(K−1))·Σ_{j≠i} exp((r_j − r_i)/τ)), log c) = min(A_i, −τ·log c)
+    (:func:`clamp_partition`); a singleton keeps A = r.
 
     τ → ∞ gives RLOO (r_i − r̄_{−i}); τ → 0 gives r_i − max_{j≠i} r_j. The leave-one-out sum is
     shifted by the leave-one-out maximum, so it is ≥ 1 and nothing over- or underflows:
@@ -120,7 +123,21 @@ def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Te
     below_top = _exp((scores - gather(second, groups)) / tau).masked_fill_(at_top, 0.0)
     sum_below = segment_sum(below_top, groups)
     max_baseline = _singleton_or(second + tau * (torch.log(sum_below) - log_others), torch.zeros_like(top), groups)
-    return torch.where(unique_top, scores - gather(max_baseline, groups), shared_top)
+    advantage = torch.where(unique_top, scores - gather(max_baseline, groups), shared_top)
+    return advantage if clamp is None else clamp_partition(advantage, groups, tau, clamp)
+
+
+def clamp_partition(advantage: Tensor, groups: Groups, tau: float, clamp: float) -> Tensor:
+    """A_i ← min(A_i, −τ·log c) for K > 1: the leave-one-out partition term floored at log c (OpenKimi).
+
+    OpenKimi's ``ploo`` (openkimi/pmd/core_algos.py, ``compute_partition_loo_outcome_advantage``)
+    computes A_i = r_i − M − τ·log(max((1/(K−1))·Σ_{j≠i} exp((r_j − M)/τ), 1e-8)), M the group maximum.
+    For r_i = M this is the floor above; for r_i < M the sum holds exp(0) = 1, so the floor is inactive
+    in both forms whenever K − 1 < 1/c. A lone correct answer among 0/1 rewards at τ = 0.01, c = 1e-8
+    gets A = 0.01·ln(1e8) ≈ 0.184 instead of 1 (a target log-ratio A/τ of 18.4 nats instead of 100).
+    """
+    capped = advantage.clamp(max=-tau * math.log(clamp))
+    return torch.where(gather(groups.count, groups) > 1, capped, advantage)
 
 
 def asymre_advantage(scores: Tensor, group_ids: Tensor, shift: float) -> Tensor:
@@ -152,11 +169,15 @@ def red_weight_advantage(scores: Tensor, group_ids: Tensor, temperature: float) 
 
 
 def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bool) -> Tensor:
-    """``agro``: D_i = R_i − R̄_{−i}; off-policy A_i = D_i; on-policy A_i = D_i − (D_i² − mean_j D_j²)/(2β).
+    """``agro``: D_i = R_i − R̄_{−i}; off-policy A_i = D_i; on-policy A_i = D_i − (D_i² − c_i)/(2β).
 
     ``scores`` are the regularised returns R_i = r_i − β·log(π(y_i)/π_ref(y_i)) (KL already in the
-    reward). D_i = (K·c_i − Σ_j c_j)/(K − 1) on the centred returns. A singleton has D = R and
-    mean_j D_j² = D², so A = R in both forms.
+    reward). D_i = (K·c_i − Σ_j c_j)/(K − 1) on the centred returns. A singleton has D = R and, in
+    the on-policy form, c = D², so A = R in both forms.
+
+    On-policy, c_i = K/(K−1)·s²_{−i}, s²_{−i} the unbiased sample variance of the other K−1 returns
+    (:func:`agro_onpolicy_offset`), makes (1/K)·Σ_i A_i·∇log π(y_i) an unbiased estimate of
+    ∇(E_π[R] − Var_π(R)/(2β)) (R held fixed): E[D_i² − c_i | y_i] = (R_i − E_π R)² − Var_π R.
     """
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
@@ -167,8 +188,24 @@ def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bo
     if not on_policy:
         return diff
     square = diff * diff
-    mean_square = segment_sum(square, groups) / groups.count
-    return diff - (square - gather(mean_square, groups)) / (2.0 * beta)
+    return diff - (square - agro_onpolicy_offset(centred, square, groups)) / (2.0 * beta)
+
+
+def agro_onpolicy_offset(centred: Tensor, square: Tensor, groups: Groups) -> Tensor:
+    """c_i = K/(K−1)·s²_{−i}, s²_{−i} = (Q − K·e_i²/(K−1))/(K−2) for K ≥ 3; c_i = 0 at K = 2; D_i² at K = 1.
+
+    e_i = R_i − R̄ (deviation from the group mean) and Q = Σ_j e_j²: the other K−1 returns have
+    sum −e_i and squared deviations Q − e_i² − e_i²/(K−1) around their own mean. At K = 2 there is
+    one other return (no variance), and c_i = 0 keeps the estimate unbiased: a constant added to
+    A_i has zero expected gradient. ``square`` = D_i² (the singleton's c, so that its A = R).
+    """
+    count = gather(groups.count, groups)
+    deviation = centred - gather(segment_sum(centred, groups) / groups.count, groups)
+    spread = gather(segment_sum(deviation * deviation, groups), groups)
+    others_var = (spread - count / (count - 1).clamp_min(1) * deviation * deviation).clamp_min(0.0)
+    others_var = others_var / (count - 2).clamp_min(1)
+    offset = torch.where(count > 2, count / (count - 1).clamp_min(1) * others_var, torch.zeros_like(square))
+    return torch.where(count > 1, offset, square)
 
 
 def _mix32(x: Tensor) -> Tensor:

@@ -68,6 +68,18 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
     return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
 
 
+def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: float) -> Tensor:
+    """``k2_seq``: c·Δ_i²/|y_i| per response, Δ_i = Σ_t m·(log π_t − log π_old,t), spread as c·Δ_i²/|y_i|² per token.
+
+    The Kimi k1.5 paper's sequence-level squared log-ratio. A response's token sum is c·Δ_i²/|y_i|,
+    so with equal per-token log-ratios it equals the token-level ``k2`` sum Σ_t c·(log π_t − log π_old,t)²
+    under every aggregation. ∂/∂log π_t = 2c·Δ_i/|y_i| on each of the response's tokens (token sum).
+    """
+    delta = torch.where(mask, log_prob - old_log_prob, 0.0).sum(-1)
+    length = mask.sum(-1).to(log_prob.dtype).clamp_min(1)
+    return torch.where(mask, (coef * delta.square() / length.square()).unsqueeze(-1), 0.0)
+
+
 def rec_keep_mask(
     ratio: Tensor,
     advantages: Tensor,
@@ -127,7 +139,8 @@ def rec_loss(
 
     ρ_t = exp(clamp(log π_t − log π_old,t, −20, 20)), ρ̄_i = exp(clamp(Δ_i/|y_i|, −20, 20)) (finite).
     w_t: ``none`` → 1, ``importance_sampling`` → ρ_t, ``gspo_importance_sampling`` → ρ̄_i.
-    reg_t: ``none`` → 0, ``forward-kl`` → −c·log π_t, ``k2`` → c·(log π_t − log π_old,t)².
+    reg_t: ``none`` → 0, ``forward-kl`` → −c·log π_t, ``k2`` → c·(log π_t − log π_old,t)², ``k2_seq`` →
+    c·Δ_i²/|y_i|² (:func:`sequence_k2`: c·Δ_i²/|y_i| per response).
     M_t, w_t are detached; the gradient is −M_t·w_t·A·∇log π_t + ∇reg_t.
     """
     log_ratio = token_log_ratio(log_prob, old_log_prob, mask)
@@ -157,6 +170,8 @@ def rec_loss(
         loss = loss - regularizer_coef * log_prob
     elif regularizer == "k2":
         loss = loss + regularizer_coef * torch.where(mask, log_prob - old_log_prob, 0.0).square()
+    elif regularizer == "k2_seq":
+        loss = loss + sequence_k2(log_prob, old_log_prob, mask, regularizer_coef)
     elif regularizer != "none":
         raise ValueError(f"unknown rec regularizer {regularizer!r}")
     return RecTerms(loss, keep, band_ratio, clamped_log_ratio, ratio)

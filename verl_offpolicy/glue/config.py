@@ -26,7 +26,7 @@ OPMD_BASELINES = ("mean", "logavgexp")
 RATIO_ANCHORS = ("behaviour", "rollout", "proximal")
 CLIP_MODES = ("none", "one-side", "two-side", "ring", "gspo-one-side")
 WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
-REGULARIZERS = ("none", "forward-kl", "k2")
+REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
 # ALGORITHMS.md's default τ of each consumer, used while ``tau`` is left unset (null).
 DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01}
 
@@ -64,6 +64,8 @@ class OffPolicyConfig:
         sync_interval: s ≥ 1, rollout weights refreshed every s training steps.
         sync_offset: d ≥ 0, batches generated before training starts.
         ratio_anchor: what ``old_log_prob`` means in the loss: ``behaviour``, ``rollout`` or ``proximal``.
+        partition_clamp: ``pmd_partition`` floor c ∈ (0, 1) of the leave-one-out partition term,
+            A_i = −τ·max(log((1/(K−1))·Σ_{j≠i} exp((r_j − r_i)/τ)), log c) (OpenKimi: 1e-8); null = exact.
     """
 
     tau: float | None = None
@@ -76,6 +78,7 @@ class OffPolicyConfig:
     sync_interval: int = 1
     sync_offset: int = 0
     ratio_anchor: str = "proximal"
+    partition_clamp: float | None = None
 
     def __post_init__(self):
         if self.tau is not None:
@@ -90,6 +93,12 @@ class OffPolicyConfig:
             raise ValueError(f"{ALGO_PREFIX}.on_policy must be true or false, got {self.on_policy!r}")
         check_schedule(self.sync_interval, self.sync_offset)
         _check_choice(f"{ALGO_PREFIX}.ratio_anchor", self.ratio_anchor, RATIO_ANCHORS)
+        clamp = self.partition_clamp
+        if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, int | float) or not 0 < clamp < 1):
+            raise ValueError(
+                f"{ALGO_PREFIX}.partition_clamp must be null (exact form) or a number in (0, 1) "
+                f"(OpenKimi: 1e-8), got {clamp!r}"
+            )
 
     def tau_for(self, consumer: str) -> float:
         """τ as ``consumer`` (an estimator name) uses it: the set value, else the spec's default."""
@@ -143,7 +152,8 @@ class OffPolicyLossConfig(PolicyLossConfig):
             (default 0.01). null = that default.
         clip_mode: ``rec`` token mask: none, one-side, two-side, ring, gspo-one-side.
         weight: ``rec`` token weight: none, importance_sampling (ρ_t), gspo_importance_sampling (ρ̄_i).
-        regularizer: ``rec`` regulariser: none, forward-kl (−c·log π), k2 (c·(log π − log π_old)²).
+        regularizer: ``rec`` regulariser: none, forward-kl (−c·log π), k2 (token-level c·(log π_t − log π_old,t)²,
+            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t log π_t − log π_old,t)²/|y| per response, as Kimi k1.5).
         regularizer_coef: c ≥ 0.
         ring_clip_ratio_low: ε′_low of ``ring`` (≥ the actor's clip_ratio_low).
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).

@@ -125,9 +125,13 @@ def compute_opmd_advantage(token_level_rewards, response_mask, index=None, confi
 @register_adv_est("pmd_partition")
 @torch.no_grad()
 def compute_pmd_partition_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
-    """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``."""
+    """A_i = r_i − τ·log((1/(K−1))·Σ_{j≠i} exp(r_j/τ)), τ = ``algorithm.offpolicy.tau``.
+
+    With ``algorithm.offpolicy.partition_clamp`` = c: A_i = min(A_i, −τ·log c) (OpenKimi's floor, K > 1).
+    """
     section, scores, group_ids = _prepare("pmd_partition", token_level_rewards, index, config)
-    advantage = core.pmd_partition_advantage(scores, group_ids, section.tau_for("pmd_partition"))
+    tau = section.tau_for("pmd_partition")
+    advantage = core.pmd_partition_advantage(scores, group_ids, tau, section.partition_clamp)
     return _broadcast("pmd_partition", advantage, response_mask, token_level_rewards, index)
 
 
@@ -180,7 +184,10 @@ def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, c
 @register_adv_est("agro")
 @torch.no_grad()
 def compute_agro_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
-    """D_i = R_i − R̄_{−i}; A_i = D_i, or D_i − (D_i² − mean_j D_j²)/(2β) if ``algorithm.offpolicy.on_policy``.
+    """D_i = R_i − R̄_{−i}; A_i = D_i, or D_i − (D_i² − c_i)/(2β) if ``algorithm.offpolicy.on_policy``.
+
+    c_i = K/(K−1)·(unbiased sample variance of the other K−1 returns), 0 at K = 2 (the unbiased
+    sample form of the on-policy term, see :func:`verl_offpolicy.core.advantages.agro_advantage`).
 
     R_i = Σ_t token_level_rewards already contains −β·log(π/π_ref) (verl's KL-in-reward, kl_penalty=kl).
     """

@@ -22,7 +22,11 @@ from typing import Callable
 logger = logging.getLogger("verl_offpolicy")
 
 # Run at ``import verl``: the CPU platform must be registered before verl's first get_platform().
-EAGER_REGISTRATIONS: tuple[str, ...] = ("verl_offpolicy.cpu.registration:register_platform",)
+# The presets' OmegaConf resolvers must exist before Hydra composes or verl resolves a config.
+EAGER_REGISTRATIONS: tuple[str, ...] = (
+    "verl_offpolicy.cpu.registration:register_platform",
+    "verl_offpolicy.glue.resolvers:register_resolvers",
+)
 
 # verl module -> what registers into it, run right after verl itself imports that module, so that
 # ``import verl`` (in every Ray worker of every GPU job) imports nothing more than it already does.
