@@ -135,9 +135,10 @@ def list_presets(args: argparse.Namespace) -> int:
 
 
 def schedule(args: argparse.Namespace) -> int:
-    from verl_offpolicy.core.schedule import format_schedule_table
+    from verl_offpolicy.core.schedule import check_steps, format_schedule_table
 
     try:
+        check_steps(args.steps, "--steps (-n)")
         print(format_schedule_table(args.sync_interval, args.sync_offset, args.steps))
     except ValueError as exc:
         print(f"verl-offpolicy schedule: {exc}", file=sys.stderr)
@@ -241,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for main_ppo")
     p.set_defaults(func=check)
 
-    args = parser.parse_args(argv)
+    # Options may sit between Hydra overrides (`check algorithm=opmd --config-name offpolicy_trainer x=1`),
+    # as main_ppo accepts them: a subcommand's own parser reads its arguments intermixed.
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in sub.choices:
+        args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
+    else:
+        args = parser.parse_args(argv)
     return args.func(args)
 
 
