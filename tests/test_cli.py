@@ -60,6 +60,45 @@ def test_demo_accepts_options_between_hydra_overrides(capsys):
     assert "unknown preset 'no_such_preset'" in capsys.readouterr().err
 
 
+CPU_OVERLAY = ["--config-name", "offpolicy_trainer", "algorithm=opmd", "+cpu=demo"]
+
+
+@pytest.fixture()
+def cpu_model_dirs(tmp_path):
+    # The CPU guard checks that the model and tokenizer paths are local directories (check loads neither).
+    return [f"actor_rollout_ref.model.path={tmp_path}", f"actor_rollout_ref.model.tokenizer_path={tmp_path}"]
+
+
+def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
+    assert main(["check", *CPU_OVERLAY, *cpu_model_dirs]) == 0, capsys.readouterr().err
+    assert "strategy=fsdp2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("actor_rollout_ref.actor.strategy=fsdp", "FSDP1 does not run on the CPU; set actor_rollout_ref.actor.strategy=fsdp2"),
+        ("actor_rollout_ref.rollout.name=vllm", "set actor_rollout_ref.rollout.name=hf"),
+        ("ray_kwargs.ray_init.num_cpus=2", "Ray would have 2 and wait forever"),
+    ],
+)
+def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override, expected):
+    """`+cpu=...` selects the CPU path: check applies the same guard (the overlay's Hydra callback) main_ppo does."""
+    assert main(["check", *CPU_OVERLAY, *cpu_model_dirs, override]) == 1
+    captured = capsys.readouterr()
+    assert "ok:" not in captured.out
+    assert "cannot run on verl's CPU path" in captured.err and expected in captured.err
+
+
+@pytest.mark.parametrize("config_name", ["offpolicy_trainer", "offpolicy_megatron_trainer"])
+def test_check_rejects_an_algorithm_choice_that_is_no_preset(capsys, config_name):
+    """verl's own `algorithm/rollout_correction.yaml` is in the same Hydra group, but is no algorithm."""
+    assert main(["check", "--config-name", config_name, "algorithm=rollout_correction", *VALID_SIZES]) == 1
+    err = capsys.readouterr().err
+    assert "algorithm=rollout_correction is not a verl-offpolicy preset" in err
+    assert all(name in err for name in preset_names())
+
+
 def test_list_names_every_preset_with_description_and_paper_setting(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
