@@ -9,7 +9,7 @@ from tests.hydra_utils import PRIMARY_CONFIGS, STOCK_CONFIGS, VALID_SIZES, compo
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
-from verl_offpolicy.cli import preset_names
+from verl_offpolicy.cli import preset_header, preset_names
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyLossConfig, offpolicy_section
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -43,6 +43,35 @@ SPEC = {
 
 def test_every_spec_preset_exists_and_nothing_else():
     assert set(preset_names()) == set(SPEC)
+
+
+def _algorithm_group_files() -> list[str]:
+    from importlib import resources
+
+    return sorted(p.name for p in (resources.files("verl_offpolicy.configs") / "algorithm").iterdir() if p.is_file())
+
+
+def test_every_file_of_the_algorithm_group_is_a_documented_preset():
+    """Only presets are selectable as `algorithm=`: shared parts live outside the group."""
+    files = _algorithm_group_files()
+    assert files == sorted(f"{name}.yaml" for name in preset_names())
+    for name in preset_names():
+        assert any(line.startswith("Reproduces:") for line in preset_header(name)), f"{name}.yaml is not a preset"
+
+
+@pytest.mark.parametrize("choice", ["_common", "_rec", "common"])
+@pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
+def test_shared_parts_are_not_selectable_as_algorithm(config_name, choice):
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException):
+        compose_main_ppo(config_name, preset_overrides(config_name, choice) + VALID_SIZES)
+
+
+@pytest.mark.parametrize("config_name", PRIMARY_CONFIGS)
+def test_primary_config_installs_validation_whatever_the_algorithm_choice(config_name):
+    cfg = compose_main_ppo(config_name, ["algorithm=rollout_correction"], return_hydra_config=True)
+    assert cfg.hydra.callbacks.verl_offpolicy_validation._target_.endswith("StartupValidation")
 
 
 def _check_against_spec(cfg, spec):

@@ -53,7 +53,8 @@ def test_fifo_never_exceeds_s_plus_d_and_rollout_calls_every_s_steps(s, d):
     calls = [r.step for r in rows if r.generates]
     assert calls[0] == 1 and rows[0].generates == s + d
     assert all(b - a == s for a, b in zip(calls, calls[1:]))
-    assert all(r.generates == s for r in rows[1:] if r.generates)
+    # every later call generates s batches, except that nothing is generated past the run's last step
+    assert all(r.generates == min(s, 50 - (r.step + d) + 1) for r in rows[1:] if r.generates)
     # steady state: staleness cycles through d .. d + s - 1
     assert {r.staleness for r in rows[s + d :]} == set(range(d, d + s))
 
@@ -64,3 +65,34 @@ def test_fifo_never_exceeds_s_plus_d_and_rollout_calls_every_s_steps(s, d):
 def test_invalid_schedule_names_the_key(s, d, key):
     with pytest.raises(ValueError, match=f"algorithm.offpolicy.{key} must be an integer"):
         check_schedule(s, d)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("s,d", [(10**12, 0), (1, 10**12), (10**12, 10**12)])
+def test_huge_interval_or_offset_costs_only_the_runs_steps(s, d):
+    """s or d far beyond the run's N steps: generation is bounded by N in O(1), never a loop up to s."""
+    n = 7
+    assert generation_steps(0, s, d, total_steps=n) == range(1, n + 1)
+    assert len(generation_steps(s, s, d, total_steps=n)) == 0
+    rows = schedule_table(s, d, n)
+    assert [r.generates for r in rows] == [n] + [0] * (n - 1)
+    assert [r.queue_len for r in rows] == list(range(n, 0, -1))
+
+
+@pytest.mark.timeout(60)
+def test_trainer_generation_is_bounded_by_total_steps():
+    """The scheduler trainer's own step selection (called on a bare instance: no Ray, no workers)."""
+    from verl_offpolicy.glue.config import OffPolicyConfig
+    from verl_offpolicy.glue.trainer import OffPolicyTrainer
+
+    trainer = OffPolicyTrainer.__new__(OffPolicyTrainer)
+    trainer.offpolicy = OffPolicyConfig(sync_interval=10**12, sync_offset=3)
+    trainer.total_training_steps = 5
+    assert list(trainer._steps_generated_at(0)) == [1, 2, 3, 4, 5]
+    assert trainer._generates_after(0) and not trainer._generates_after(10**12)
+
+
+@pytest.mark.parametrize("steps", [0, -3, 2.5, True])
+def test_schedule_table_rejects_a_run_without_steps(steps):
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        schedule_table(2, 0, steps)

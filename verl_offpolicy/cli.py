@@ -5,22 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib import metadata
-from importlib import resources
 
-PRESET_PACKAGE = "verl_offpolicy.configs"
-
-
-def preset_names() -> list[str]:
-    """Every algorithm preset (``configs/algorithm/<name>.yaml``; files starting with ``_`` are shared parts)."""
-    folder = resources.files(PRESET_PACKAGE) / "algorithm"
-    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml") and not p.name.startswith("_"))
+from verl_offpolicy.configs import preset_names, preset_text
 
 
 def preset_header(name: str) -> list[str]:
     """The comment lines at the top of a preset file (its documentation)."""
-    text = (resources.files(PRESET_PACKAGE) / "algorithm" / f"{name}.yaml").read_text()
     lines = []
-    for line in text.splitlines():
+    for line in preset_text(name).splitlines():
         if not line.startswith("#"):
             break
         if not line.startswith("# @package"):
@@ -135,9 +127,10 @@ def list_presets(args: argparse.Namespace) -> int:
 
 
 def schedule(args: argparse.Namespace) -> int:
-    from verl_offpolicy.core.schedule import format_schedule_table
+    from verl_offpolicy.core.schedule import check_steps, format_schedule_table
 
     try:
+        check_steps(args.steps, "--steps (-n)")
         print(format_schedule_table(args.sync_interval, args.sync_offset, args.steps))
     except ValueError as exc:
         print(f"verl-offpolicy schedule: {exc}", file=sys.stderr)
@@ -180,18 +173,45 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def check(args: argparse.Namespace) -> int:
-    """Compose a main_ppo command line through its Hydra search path and run every startup check."""
-    from hydra import compose, initialize_config_module
+def run_startup_callbacks(cfg) -> None:
+    """Run the Hydra callbacks of a composed config (``hydra.callbacks``) as ``main_ppo`` would, before
+    its task starts: our validation of every preset and primary config, and the CPU guard of ``+cpu=``
+    overlays. A callback's ``SystemExit`` (how they stop main_ppo) is raised as ``ValueError`` with its message."""
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
-    from verl_offpolicy.glue.validation import validate_offpolicy_config
+    for name, node in (OmegaConf.select(cfg, "hydra.callbacks") or {}).items():
+        callback = instantiate(node)
+        try:
+            callback.on_job_start(config=cfg)
+        except SystemExit as exc:
+            raise ValueError(f"{exc.code}".removeprefix("verl-offpolicy: ").removeprefix("invalid configuration: ")) from exc
+
+
+def check(args: argparse.Namespace) -> int:
+    """Compose a main_ppo command line through its Hydra search path and run every startup check:
+    the config's Hydra callbacks (ours, the CPU guard), our validation and verl's ``validate_config``."""
+    import copy
+
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf, open_dict
+
+    from verl_offpolicy.glue.startup import BrokenInstallError, import_validation
 
     try:
+        validate_offpolicy_config = import_validation()
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
+    except BrokenInstallError as exc:
+        print(f"verl-offpolicy check: {exc}", file=sys.stderr)
+        return 1
+    try:
         with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            cfg = compose(config_name=args.config_name, overrides=args.overrides)
+            full = compose(config_name=args.config_name, overrides=args.overrides, return_hydra_config=True)
+        run_startup_callbacks(full)
+        cfg = copy.deepcopy(full)
+        with open_dict(cfg):
+            del cfg["hydra"]  # what main_ppo's task receives
         validate_offpolicy_config(cfg)
         validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
         actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
@@ -241,7 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for main_ppo")
     p.set_defaults(func=check)
 
-    args = parser.parse_args(argv)
+    # Options may sit between Hydra overrides (`check algorithm=opmd --config-name offpolicy_trainer x=1`),
+    # as main_ppo accepts them: a subcommand's own parser reads its arguments intermixed.
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in sub.choices:
+        args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
+    else:
+        args = parser.parse_args(argv)
     return args.func(args)
 
 

@@ -1,0 +1,29 @@
+"""verl-offpolicy's Hydra configs (found by ``main_ppo`` through ``hydra_plugins/verl_offpolicy_searchpath``).
+
+- ``offpolicy_trainer.yaml`` / ``offpolicy_megatron_trainer.yaml``: primary configs (``--config-name``).
+- ``algorithm/<name>.yaml``: one preset per algorithm, selected with ``algorithm=<name>`` (``+algorithm=``
+  on verl's stock configs). Every file of this folder is a preset, and only presets may be selected.
+- ``offpolicy_shared/``: the parts the presets include (never selected directly).
+- ``cpu/demo.yaml``: the CPU overlay (``+cpu=demo``).
+
+Only the standard library is imported here: the startup callback reads the preset list even when the
+rest of the package cannot import.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+PRESET_PACKAGE = "verl_offpolicy.configs"
+PRESET_GROUP = "algorithm"
+
+
+def preset_names() -> list[str]:
+    """Every algorithm preset: the ``.yaml`` files of ``configs/algorithm/``."""
+    folder = resources.files(PRESET_PACKAGE) / PRESET_GROUP
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_text(name: str) -> str:
+    """The YAML text of the preset ``name``."""
+    return (resources.files(PRESET_PACKAGE) / PRESET_GROUP / f"{name}.yaml").read_text()

@@ -39,19 +39,25 @@ def staleness_of_step(step: int, sync_interval: int, sync_offset: int) -> int:
     return (step - 1) - version_of_step(step, sync_interval, sync_offset)
 
 
-def generation_steps(version: int, sync_interval: int, sync_offset: int) -> range:
+def generation_steps(version: int, sync_interval: int, sync_offset: int, total_steps: int | None = None) -> range:
     """The training steps whose batches are generated at ``version`` (one rollout call).
 
     Version 0 generates the first s + d batches; version k*s (k >= 1) generates the s batches of
-    steps k*s + d + 1 .. k*s + d + s. Other versions generate nothing.
+    steps k*s + d + 1 .. k*s + d + s. Other versions generate nothing. With ``total_steps`` N, steps
+    after N are left out (a run generates nothing it will not train on). O(1) for any s and d: callers
+    iterate the result, so it must stay bounded by N however large s + d is.
     """
     check_schedule(sync_interval, sync_offset)
     if version < 0 or version % sync_interval:
         return range(0)
     if version == 0:
-        return range(1, sync_interval + sync_offset + 1)
-    first = version + sync_offset + 1
-    return range(first, first + sync_interval)
+        steps = range(1, sync_interval + sync_offset + 1)
+    else:
+        first = version + sync_offset + 1
+        steps = range(first, first + sync_interval)
+    if total_steps is not None:
+        steps = range(steps.start, max(steps.start, min(steps.stop, total_steps + 1)))
+    return steps
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,20 @@ class ScheduleRow:
     queue_len: int  # batches in the FIFO right before this step trains (its own batch included)
 
 
+def check_steps(steps, key: str = "steps") -> None:
+    """Raise ``ValueError`` naming ``key`` unless ``steps`` (a run's number of training steps) is >= 1."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{key} must be an integer >= 1, got {steps!r}")
+
+
 def schedule_table(sync_interval: int, sync_offset: int, steps: int) -> list[ScheduleRow]:
-    """The whole schedule for steps 1..N, as the scheduler executes it."""
+    """The whole schedule for steps 1..N, as the scheduler executes it (nothing generated after N)."""
     check_schedule(sync_interval, sync_offset)
+    check_steps(steps)
     rows = []
     queued = 0
     for step in range(1, steps + 1):
-        generated = len(generation_steps(step - 1, sync_interval, sync_offset))
+        generated = len(generation_steps(step - 1, sync_interval, sync_offset, total_steps=steps))
         queued += generated
         rows.append(
             ScheduleRow(

@@ -188,9 +188,14 @@ class OffPolicyTrainer(PPOTrainer):
             self.checkpoint_manager.sleep_replicas()
             self._rollout_version = None
 
+    def _steps_generated_at(self, version: int) -> range:
+        """The steps of this run generated at ``version`` (bounded by the run's total steps, O(1))."""
+        return generation_steps(
+            version, self.offpolicy.sync_interval, self.offpolicy.sync_offset, total_steps=self.total_training_steps
+        )
+
     def _generates_after(self, version: int) -> bool:
-        steps = generation_steps(version, self.offpolicy.sync_interval, self.offpolicy.sync_offset)
-        return any(step <= self.total_training_steps for step in steps)
+        return len(self._steps_generated_at(version)) > 0
 
     def on_init_end(self):
         self._rollout_at(self.global_steps)
@@ -212,11 +217,8 @@ class OffPolicyTrainer(PPOTrainer):
     def prepare_step(self) -> dict:
         step = self.global_steps
         version = step - 1
-        steps = [
-            t
-            for t in generation_steps(version, self.offpolicy.sync_interval, self.offpolicy.sync_offset)
-            if t <= self.total_training_steps and not any(b.step == t for b in self.replay_buffer.batches)
-        ]
+        queued = {b.step for b in self.replay_buffer.batches}
+        steps = [t for t in self._steps_generated_at(version) if t not in queued]
         self._generated_this_step = len(steps)
         if steps:
             self._generate(version, steps)

@@ -4,8 +4,8 @@
 loss) and the combinations no single section can see, each with a message that says what to
 change. It runs
 
-- as a Hydra callback (:class:`StartupValidation`, installed by every preset) before
-  ``verl.trainer.main_ppo`` starts Ray or any worker, and
+- as a Hydra callback (:class:`verl_offpolicy.glue.startup.StartupValidation`, installed by every
+  preset and our primary configs) before ``verl.trainer.main_ppo`` starts Ray or any worker, and
 - again in the scheduler trainer's constructor, for configs built without Hydra.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from verl_offpolicy.glue.config import (
@@ -191,17 +190,3 @@ def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> No
             "algorithm.offpolicy.ratio_anchor=rollout needs the inference engine's log-probs: "
             "set actor_rollout_ref.rollout.calculate_log_probs=true (or choose ratio_anchor=behaviour|proximal)"
         )
-
-
-class StartupValidation(Callback):
-    """Hydra callback: validates before ``main_ppo`` runs; exits with the message on a bad config.
-
-    Hydra turns an ``Exception`` raised by a callback into a warning, so the failure is raised as
-    ``SystemExit`` carrying the message (exit status 1, nothing started).
-    """
-
-    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            validate_offpolicy_config(config)
-        except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
-            raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc

@@ -1,0 +1,88 @@
+"""The startup callback of every verl-offpolicy config, importable even from a broken installation.
+
+:class:`StartupValidation` is the Hydra callback installed by every preset and by our primary configs
+(``configs/offpolicy_shared/validation.yaml``). Before ``verl.trainer.main_ppo`` starts Ray or any
+worker it checks that ``algorithm=`` names a preset (:func:`check_algorithm_choice`) and runs
+:func:`verl_offpolicy.glue.validation.validate_offpolicy_config`.
+
+This module imports only the standard library, Hydra and OmegaConf at import time. Hydra instantiates
+callbacks before running them, so if our validation code itself could not import (a broken install,
+a missing dependency), a callback defined there would stop ``main_ppo`` with Hydra's "Error locating
+target" and no cause; here the import happens inside the callback and :func:`import_failure_message`
+turns its error into one line naming the file and the cause.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from verl_offpolicy.configs import PRESET_GROUP, preset_names
+
+PACKAGE = "verl_offpolicy"
+
+
+class BrokenInstallError(RuntimeError):
+    """Part of verl-offpolicy cannot be imported; the message names the file and the cause."""
+
+
+def import_failure_message(module: str, exc: BaseException) -> str:
+    """One readable line: which module failed, where (the innermost of our files) and why."""
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if f"/{PACKAGE}/" in frame.filename.replace("\\", "/"):
+            where = f" (at {frame.filename}, line {frame.lineno})"
+            break
+    return (
+        f"verl-offpolicy is not installed correctly: importing {module} raised {type(exc).__name__}: {exc}{where}. "
+        "Fix that (reinstall with `pip install -e .` or install the missing package), then run `verl-offpolicy doctor`."
+    )
+
+
+def import_validation():
+    """``validate_offpolicy_config``, or :class:`BrokenInstallError` with one readable line."""
+    module = "verl_offpolicy.glue.validation"
+    try:
+        from verl_offpolicy.glue.validation import validate_offpolicy_config
+    except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, or whatever the module raised
+        raise BrokenInstallError(import_failure_message(module, exc)) from exc
+    return validate_offpolicy_config
+
+
+def check_algorithm_choice(config: DictConfig) -> None:
+    """Raise ``ValueError`` unless ``algorithm=`` (Hydra's choice of the ``algorithm`` group) is a preset.
+
+    verl's own ``algorithm/rollout_correction.yaml`` is in the same group but is not an algorithm; it is
+    mounted by verl under ``algorithm.rollout_correction``, a different choice key.
+    """
+    choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
+    choice = choices.get(PRESET_GROUP)
+    if choice is not None and choice not in preset_names():
+        raise ValueError(
+            f"{PRESET_GROUP}={choice} is not a verl-offpolicy preset; allowed values: {', '.join(preset_names())} "
+            "(`verl-offpolicy list` describes them)"
+        )
+
+
+class StartupValidation(Callback):
+    """Hydra callback: validates before ``main_ppo`` runs; exits with the message on a bad config.
+
+    Hydra turns an ``Exception`` raised by a callback into a warning, so the failure is raised as
+    ``SystemExit`` carrying the message (exit status 1, nothing started).
+    """
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_algorithm_choice(config)
+            validate = import_validation()
+        except BrokenInstallError as exc:
+            raise SystemExit(f"verl-offpolicy: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
+            raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
+        try:
+            validate(config)
+        except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
+            raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
