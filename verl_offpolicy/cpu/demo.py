@@ -670,10 +670,10 @@ def run_demo(
     lock = OutputDirLock(output_dir).acquire()
     log_path = output_dir / LOG_NAME
     try:
-        with _InterruptSignals():
+        with _InterruptSignals() as signals:
             try:
                 return _run_locked(
-                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock
+                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock, signals
                 )
             except _Interrupt as exc:
                 name = signal.Signals(exc.signum).name
@@ -697,6 +697,7 @@ def _run_locked(
     stream: bool,
     plot: bool,
     lock: OutputDirLock,
+    signals: _InterruptSignals,
 ) -> DemoResult:
     t0 = time.monotonic()
     inputs = build_inputs(output_dir, seed=seed)
@@ -717,7 +718,7 @@ def _run_locked(
     )
 
     def on_line(line: str) -> None:
-        if stream:
+        if stream and signals.received is None:  # once interrupted, the dying run's output goes to the log only
             shown = _progress_line(line)
             if shown:
                 print(shown, flush=True)
