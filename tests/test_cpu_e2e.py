@@ -7,12 +7,27 @@ other presets (``preset`` = ``+algorithm=<name>``) the same way.
 """
 
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from verl_offpolicy.cpu.demo import DemoError, DemoResult, _session_processes, is_loopback, run_demo
+from verl_offpolicy.cpu.demo import (
+    DemoError,
+    DemoResult,
+    OutputDirLock,
+    _session_processes,
+    is_loopback,
+    kill_process_tree,
+    run_demo,
+)
 
 STEPS = 2
 TIMEOUT = 240  # the run takes ~75 s on 2 cores (about 60 s of start-up)
@@ -81,6 +96,8 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(
         assert m["offpolicy/version"] == m["step"] - 1 and m["offpolicy/staleness/mean"] == 0
         assert {"actor/pg_clipfrac_upper", "actor/ratio_mean", "actor/ratio_max"} <= set(m)
         assert m["actor/grad_norm"] > 0
+        # our trainer generates under verl's own "gen" timer: a real share of the step, not ~0.01 s
+        assert m["timing_s/gen"] > 0.15 * m["timing_s/step"], (m["timing_s/gen"], m["timing_s/step"])
         if preset == "asymre":
             # A = r − (r̄ + shift): the token-mean advantage is ≈ −shift = +0.1 (GRPO's would be ≈ 0)
             assert m["critic/advantages/mean"] == pytest.approx(0.1, abs=0.03)
@@ -102,3 +119,156 @@ def test_timeout_becomes_a_failure_and_cleans_up(tmp_path):
     assert _session_processes(output_dir) == []
     leftovers = [p for p in _session_processes("vo-ray-") if p.pid not in before]
     assert leftovers == [], [" ".join(p.cmdline()) for p in leftovers]
+
+
+# ---------------------------------------------------------------------- the console script, interrupted
+
+CLI = str(Path(sys.executable).with_name("verl-offpolicy"))
+STARTUP_TIMEOUT = 900  # to the first training step; start-up alone took 200 s on a loaded 2-core machine
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class DemoProcess:
+    """``verl-offpolicy demo`` (the installed console script) in its own process group, HOME and XDG
+    dirs pointed at an empty directory; its output is collected line by line."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        self.out = tmp_path / "out"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p)
+        env["HOME"] = str(self.home)
+        for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+            env[name] = str(self.home / name.lower())
+        for name in ("MPLCONFIGDIR", "HF_DATASETS_CACHE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+            env.pop(name, None)
+        self.env = env
+        # --steps far beyond what runs before the signal: the run is always interrupted mid-way
+        self.proc = subprocess.Popen(
+            [CLI, "demo", "--steps", "500", "--output-dir", str(self.out), "trainer.test_freq=-1", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.ray_dir: str | None = None
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate, what: str, timeout: float = STARTUP_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert self.proc.poll() is None, f"the demo exited ({self.proc.returncode}) before {what}:\n" + "\n".join(self.lines[-40:])
+            assert time.monotonic() < deadline, f"no {what} within {timeout}s:\n" + "\n".join(self.lines[-40:])
+            time.sleep(0.5)
+
+    def find_ray_dir(self) -> bool:
+        """The run's Ray temp dir, from main_ppo's command line (``_temp_dir=``), once Ray runs in it."""
+        if self.ray_dir is None:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                try:
+                    match = re.search(r"_temp_dir=(\S+)", " ".join(child.cmdline()))
+                except psutil.NoSuchProcess:
+                    continue
+                if match:
+                    self.ray_dir = match.group(1)
+        return self.ray_dir is not None and any("raylet" in p.name() for p in _session_processes(self.ray_dir))
+
+    def run_processes(self) -> list[psutil.Process]:
+        """Every process of the run: the demo's descendants and its Ray session."""
+        procs = psutil.Process(self.proc.pid).children(recursive=True) + _session_processes(self.ray_dir)
+        return list({p.pid: p for p in procs}.values())
+
+    def interrupt(self, signum: int) -> int:
+        os.killpg(self.proc.pid, signum)  # what a terminal's Ctrl-C (SIGINT) or `timeout`/CI (SIGTERM) do
+        returncode = self.proc.wait(timeout=300)
+        self.reader.join(timeout=60)
+        return returncode
+
+    def cleanup(self) -> None:
+        """After a failed test: end whatever of the run is still alive."""
+        if self.proc.poll() is None:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+            kill_process_tree(self.proc, self.ray_dir)
+            for child in children:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+
+    def check_stopped_cleanly(self, signum: int, run_processes: list[psutil.Process]) -> None:
+        """Exit code 128 + signal, one line (no traceback) naming the partial output, nothing left."""
+        output = "\n".join(self.lines)
+        assert self.proc.returncode == 128 + signum, output[-4000:]
+        assert "Traceback" not in output, output[-4000:]
+        name = signal.Signals(signum).name
+        assert self.lines[-1].startswith(f"verl-offpolicy demo: interrupted by {name}: "), output[-4000:]
+        assert f"partial output in {self.out} " in self.lines[-1]
+        _, alive = psutil.wait_procs(run_processes, timeout=5)
+        alive = [p for p in alive if _running(p)]
+        assert alive == [], [" ".join(p.cmdline()) for p in alive]
+        assert _session_processes(self.ray_dir) == [] and _session_processes(str(self.out)) == []
+        assert not Path(self.ray_dir).exists()
+        assert (self.out / "train.log").exists()
+        OutputDirLock(self.out).acquire().release()  # the directory is free again
+
+
+@pytest.mark.timeout(STARTUP_TIMEOUT + 600)
+def test_ctrl_c_at_startup_stops_the_run_with_one_line(tmp_path):
+    """Ctrl-C once main_ppo has started Ray: the run's processes and Ray temp dir are gone, one line."""
+    demo = DemoProcess(tmp_path)
+    try:
+        demo.wait_for(demo.find_ray_dir, "Ray session")
+        run_processes = demo.run_processes()
+        assert len(run_processes) >= 3, run_processes  # main_ppo, GCS, raylet at least
+        demo.interrupt(signal.SIGINT)
+    finally:
+        demo.cleanup()
+    demo.check_stopped_cleanly(signal.SIGINT, run_processes)
+
+
+@pytest.mark.timeout(STARTUP_TIMEOUT + 900)
+def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside_the_run(tmp_path):
+    """SIGTERM after the first training step (what `timeout`, CI cancels and job schedulers send).
+
+    One run checks: a second demo into the same output directory is refused while it trains (naming
+    its PID); SIGTERM ends every process of the run, removes its Ray temp dir, prints one line; and
+    the run wrote nothing under HOME/XDG dirs (datasets cache, matplotlib cache, Ray's token).
+    """
+    demo = DemoProcess(tmp_path)
+    try:
+        demo.wait_for(lambda: any(line.startswith("[cpu-demo] step 1:") for line in demo.lines), "first training step")
+        second = subprocess.run(
+            [CLI, "demo", "--steps", "1", "--output-dir", str(demo.out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=demo.env,
+            stdin=subprocess.DEVNULL,
+        )
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by another demo run (PID {demo.proc.pid}" in second.stderr, second.stderr
+        assert demo.proc.poll() is None and demo.find_ray_dir()
+        run_processes = demo.run_processes()
+        assert len(run_processes) >= 5, run_processes  # main_ppo, GCS, raylet, workers
+        demo.interrupt(signal.SIGTERM)
+    finally:
+        demo.cleanup()
+    demo.check_stopped_cleanly(signal.SIGTERM, run_processes)
+    assert "step:1 - " in (demo.out / "train.log").read_text(errors="replace")
+    assert list(demo.home.rglob("*")) == []
+    assert (demo.out / ".cache" / "huggingface" / "datasets").is_dir()  # the datasets cache went here

@@ -160,7 +160,7 @@ def demo(args: argparse.Namespace) -> int:
         )
     except DemoError as exc:
         print(f"verl-offpolicy demo: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     window = max(1, min(5, len(result.rewards) // 4))
     start = sum(result.rewards[:window]) / window
     end = sum(result.rewards[-window:]) / window

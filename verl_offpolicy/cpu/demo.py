@@ -4,8 +4,15 @@
 ``output_dir``, runs verl's real pipeline in a subprocess with the ``+cpu=demo`` overlay (plus the
 algorithm preset and any extra Hydra overrides), streams per-step progress to the console, and
 finally reads verl's file logger (JSONL) and writes a reward-curve PNG. The subprocess runs in its
-own process group and its own Ray temp dir: on timeout or failure the group is killed and every
-process of that Ray session is ended, so nothing is left behind.
+own process group and its own Ray temp dir: on timeout, failure, Ctrl-C or SIGTERM the group is
+killed and every process of that Ray session is ended, so nothing is left behind (an interrupted run
+raises :class:`DemoInterrupted`, one line saying where its partial output is).
+
+Files: everything a run writes is under ``output_dir`` or its Ray temp dir (removed after the run):
+the datasets cache (``HF_DATASETS_CACHE``) and matplotlib's font cache (``MPLCONFIGDIR``) under
+``output_dir/.cache`` unless those variables are set, and Ray's session token in the Ray temp dir
+(``RAY_AUTH_TOKEN_PATH``; Ray would otherwise create ``~/.ray/auth_token``) unless a Ray token or
+``RAY_AUTH_MODE`` is set. A lock file (:data:`LOCK_NAME`) holds ``output_dir`` for one run at a time.
 
 Usage::
 
@@ -16,9 +23,11 @@ Usage::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,10 +48,29 @@ STEP_TIME = "timing_s/step"
 LOG_NAME = "train.log"
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "reward_curve.png"
+LOCK_NAME = ".verl-offpolicy-demo.lock"
+CACHE_NAME = ".cache"
 
 
 class DemoError(RuntimeError):
     """The demo run failed or timed out; the message carries the end of the training log."""
+
+    exit_code = 1
+
+
+class DemoInputError(DemoError):
+    """The demo cannot start (e.g. an unusable output directory); raised before anything is started."""
+
+    exit_code = 2
+
+
+class DemoInterrupted(DemoError):
+    """Ctrl-C or SIGTERM stopped the run; its processes and Ray temp dir are gone, its partial output stays."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 # AGRO's β on the repeat task (the presets' 0.1 suits GSM8K-style 0/1 rewards): the reward is spread
@@ -215,11 +243,22 @@ class DemoResult:
 
 
 def write_plot(result_metrics: list[dict[str, Any]], validation: dict[int, float], path: str | os.PathLike) -> str:
-    """Reward curve (train score per step, greedy validation reward) as a PNG."""
-    import matplotlib
+    """Reward curve (train score per step, greedy validation reward) as a PNG.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib's config and font cache go next to the PNG (``.cache/matplotlib``) unless
+    ``MPLCONFIGDIR`` is set or matplotlib is already imported (it reads the variable at import).
+    """
+    own_config = "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ
+    if own_config:
+        os.environ["MPLCONFIGDIR"] = str(Path(path).absolute().parent / CACHE_NAME / "matplotlib")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # builds the font cache (matplotlib caches the dir it chose)
+    finally:
+        if own_config:
+            del os.environ["MPLCONFIGDIR"]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     steps = [m["step"] for m in result_metrics if TRAIN_SCORE in m]
@@ -329,7 +368,7 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
     return killed
 
 
-def _spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str]) -> subprocess.Popen:
+def _spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """Start ``command`` in its own session (killable as a group), stdout+stderr merged into one pipe."""
     return subprocess.Popen(
         list(command),
@@ -341,6 +380,7 @@ def _spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str]) -> s
         text=True,
         errors="replace",
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
 
 
@@ -411,19 +451,21 @@ def run_subprocess(
     on_line: Optional[Callable[[str], None]] = None,
     cwd: Optional[str] = None,
     listening: Optional[list[str]] = None,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[int, float, dict[str, float]]:
     """Run ``command`` in its own process group with a timeout; log to ``log_path``.
 
     Returns (return code, wall seconds, {first_step_line: seconds after launch}). If ``listening``
     is a list, it receives the addresses the run listens on at its first training step. On timeout
     the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
-    processes of the run's Ray session that are still alive are ended.
+    processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
+    subprocess (the output directory's lock).
     """
     start = time.monotonic()
     marks: dict[str, float] = {}
     log_path = Path(log_path)
     with open(log_path, "w", buffering=1) as log:
-        proc = _spawn(command, env, cwd)
+        proc = _spawn(command, env, cwd, pass_fds)
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -469,6 +511,112 @@ def tail(path: str | os.PathLike, lines: int = 60) -> str:
         return "<no log>"
 
 
+def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
+    """Create ``output_dir`` (absolute) or raise :class:`DemoInputError`: one line naming it and why."""
+    path = Path(output_dir).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise DemoInputError(f"output directory {path} is not a directory (a file of that name exists)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DemoInputError(f"cannot create the output directory {path}: {exc.strerror or exc}") from None
+    return path.resolve()
+
+
+class OutputDirLock:
+    """One run per output directory: an exclusive ``flock`` on ``output_dir/LOCK_NAME``, which names the PID.
+
+    The kernel drops the lock when its holders exit, so the lock of a dead run is taken over. The
+    training subprocess inherits the locked file (``fd``), so the directory stays held while it lives.
+    """
+
+    def __init__(self, output_dir: Path):
+        self.path = output_dir / LOCK_NAME
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> "OutputDirLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DemoInputError(f"cannot write in the output directory {self.path.parent}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DemoInputError(
+                f"output directory {self.path.parent} is in use by another demo run (PID {holder}, lock {self.path}); "
+                "wait for it to end or choose another --output-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the file stays: the next run takes the unheld lock over
+            self.fd = None
+
+
+class _Interrupt(BaseException):
+    """SIGINT/SIGTERM in the main thread (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _InterruptSignals:
+    """Turn the first SIGINT/SIGTERM into :class:`_Interrupt` and ignore repeats while the run cleans up.
+
+    Without it SIGTERM ends the demo at once and leaves ``main_ppo`` (its own session) running. Only
+    in the main thread (elsewhere Python cannot set signal handlers and the caller owns signals).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.received: Optional[int] = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+            raise _Interrupt(signum)
+
+    def __enter__(self) -> "_InterruptSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def run_files_env(output_dir: str | os.PathLike, ray_temp_dir: Optional[str], base: dict[str, str]) -> dict[str, str]:
+    """Variables that keep the caches and Ray's token of a run under ``output_dir`` / ``ray_temp_dir``.
+
+    A variable the caller has set is kept. The Ray token file (a fresh random token, mode 0600) is
+    written to ``ray_temp_dir``, so it is removed with it.
+    """
+    cache = Path(output_dir) / CACHE_NAME
+    env = {}
+    if "HF_DATASETS_CACHE" not in base:
+        env["HF_DATASETS_CACHE"] = str(cache / "huggingface" / "datasets")
+    if "MPLCONFIGDIR" not in base:
+        env["MPLCONFIGDIR"] = str(cache / "matplotlib")
+    if ray_temp_dir and not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"} & set(base):
+        token = Path(ray_temp_dir) / "auth_token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        env["RAY_AUTH_TOKEN_PATH"] = str(token)
+    return env
+
+
 def cpu_env(metrics_path: str | os.PathLike, base: Optional[dict[str, str]] = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(CPU_ENV)
@@ -500,7 +648,8 @@ def run_demo(
             (``+algorithm=<preset>``, see :func:`preset_overrides`).
         steps: training steps (``trainer.total_training_steps``).
         seed: seeds the model init, the data order and the rollout sampler.
-        output_dir: where model, data, log, metrics and plot go (default: a new temp dir).
+        output_dir: where model, data, log, metrics and plot go (default: a new temp dir); one run
+            at a time (:class:`OutputDirLock`).
         timeout: seconds before the run is killed (and a :class:`DemoError` raised).
         overrides: extra Hydra overrides, applied last.
         config_name: primary config (``ppo_trainer``; e.g. ``offpolicy_trainer`` with its presets).
@@ -509,10 +658,47 @@ def run_demo(
 
     Returns:
         :class:`DemoResult` with per-step metrics, validation rewards and timings.
+
+    Raises:
+        DemoInputError: before anything starts, if ``output_dir`` cannot be created or written, or
+            another live run holds it.
+        DemoInterrupted: on SIGINT (Ctrl-C) or SIGTERM in the main thread, after the run's processes
+            and Ray temp dir are gone.
+        DemoError: the run failed or timed out.
     """
-    output_dir = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix="vo-cpu-demo-"))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    output_dir = output_dir.resolve()
+    output_dir = prepare_output_dir(output_dir if output_dir is not None else tempfile.mkdtemp(prefix="vo-cpu-demo-"))
+    lock = OutputDirLock(output_dir).acquire()
+    log_path = output_dir / LOG_NAME
+    try:
+        with _InterruptSignals() as signals:
+            try:
+                return _run_locked(
+                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock, signals
+                )
+            except _Interrupt as exc:
+                name = signal.Signals(exc.signum).name
+                raise DemoInterrupted(
+                    f"interrupted by {name}: the run's processes were stopped and its Ray temp dir removed; "
+                    f"partial output in {output_dir} (log: {log_path})",
+                    exc.signum,
+                ) from None
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    preset: str,
+    steps: int,
+    seed: int,
+    output_dir: Path,
+    timeout: float,
+    overrides: list[str],
+    config_name: str,
+    stream: bool,
+    plot: bool,
+    lock: OutputDirLock,
+    signals: _InterruptSignals,
+) -> DemoResult:
     t0 = time.monotonic()
     inputs = build_inputs(output_dir, seed=seed)
     metrics_path = output_dir / METRICS_NAME
@@ -526,13 +712,13 @@ def run_demo(
         preset=preset,
         steps=steps,
         seed=seed,
-        overrides=list(overrides),
+        overrides=overrides,
         config_name=config_name,
         ray_temp_dir=ray_temp_dir,
     )
 
     def on_line(line: str) -> None:
-        if stream:
+        if stream and signals.received is None:  # once interrupted, the dying run's output goes to the log only
             shown = _progress_line(line)
             if shown:
                 print(shown, flush=True)
@@ -541,15 +727,18 @@ def run_demo(
         print(f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})")
     listening: list[str] = []
     try:
+        env = cpu_env(metrics_path)
+        env.update(run_files_env(output_dir, ray_temp_dir, env))
         returncode, wall, marks = run_subprocess(
             command,
-            env=cpu_env(metrics_path),
+            env=env,
             log_path=output_dir / LOG_NAME,
             timeout=timeout,
             ray_marker=ray_temp_dir,
             on_line=on_line,
             cwd=str(output_dir),
             listening=listening,
+            pass_fds=[lock.fd],
         )
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)

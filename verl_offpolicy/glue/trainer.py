@@ -243,11 +243,13 @@ class OffPolicyTrainer(PPOTrainer):
             tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]
         all_uids = [uid for entry in entries for uid in entry.uids]
         # The schedule tags go in first (TransferQueue merges tags); verl then registers the prompts and
-        # the agent loop generates them all in one call.
-        tq.kv_batch_put(keys=all_uids, partition_id=TRAIN, tags=tags)
-        self._submit_batch_to_rollout(chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks))
-        self._wait_for_generation(set(all_uids), version)
-        self._rollout_sleep()
+        # the agent loop generates them all in one call. Timed as verl's own trainer times generation
+        # ("gen", logged as timing_s/gen; verl adds the sampling of the batch to it).
+        with marked_timer("gen", self.timing_raw, color="red"):
+            tq.kv_batch_put(keys=all_uids, partition_id=TRAIN, tags=tags)
+            self._submit_batch_to_rollout(chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks))
+            self._wait_for_generation(set(all_uids), version)
+            self._rollout_sleep()
         behaviour_uids = {uid for entry in entries if entry.behaviour for uid in entry.uids}
         if behaviour_uids:
             with marked_timer("behaviour_log_prob", self.timing_raw, color="blue"):

@@ -1,0 +1,135 @@
+"""``verl-offpolicy demo`` refuses what it cannot do before starting anything, one run per output
+directory, and keeps its caches and Ray's token out of the home directory. Real processes, real
+locks and real unwritable paths (tests run as root, so permission bits do not block writes: the
+read-only directory is ``/sys/kernel``, where the kernel refuses new files to everyone)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_offpolicy.cpu.demo import LOCK_NAME, DemoInputError, OutputDirLock, prepare_output_dir, run_files_env
+
+CLI_TIMEOUT = 300  # the console script imports verl: slow on a busy machine
+READ_ONLY_DIR = "/sys/kernel"
+
+
+def _cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+def _demo_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verl_offpolicy.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        env=_cli_env(),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _bad_dirs(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    """name -> (path, the reason the message must give)."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    return {
+        "file": (str(a_file), "is not a directory"),
+        "file-in-path": (str(a_file / "run"), "cannot create the output directory"),
+        "read-only": (READ_ONLY_DIR, "cannot write in the output directory"),
+        "impossible": ("/proc/verl-offpolicy-demo/run", "cannot create the output directory"),
+    }
+
+
+@pytest.mark.parametrize("case", ["file", "file-in-path", "read-only", "impossible"])
+def test_unusable_output_dir_is_one_clear_error(tmp_path, case):
+    path, reason = _bad_dirs(tmp_path)[case]
+    with pytest.raises(DemoInputError) as info:
+        OutputDirLock(prepare_output_dir(path)).acquire()
+    message = str(info.value)
+    assert path in message and reason in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("case", ["file-in-path", "read-only"])
+def test_demo_cli_rejects_an_unusable_output_dir_in_one_line(tmp_path, case):
+    """Through the console's code path: rc 2, one stderr line naming the directory, nothing started."""
+    path, reason = _bad_dirs(tmp_path)[case]
+    proc = _demo_cli("--steps", "1", "--output-dir", path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verl-offpolicy demo: "), proc.stderr
+    assert path in lines[0] and reason in lines[0]
+    assert "[cpu-demo]" not in proc.stdout  # the run never started
+
+
+def test_an_output_dir_held_by_a_live_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from verl_offpolicy.cpu.demo import OutputDirLock, prepare_output_dir; "
+            "OutputDirLock(prepare_output_dir(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(600)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_cli_env(),
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert (out / LOCK_NAME).read_text().strip() == str(holder.pid)
+        with pytest.raises(DemoInputError, match=rf"in use by another demo run \(PID {holder.pid}, lock "):
+            OutputDirLock(out).acquire()
+        proc = _demo_cli("--steps", "1", "--output-dir", str(out))
+        assert proc.returncode == 2, proc.stderr
+        assert f"in use by another demo run (PID {holder.pid}" in proc.stderr and str(out) in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    # The holder is dead; its PID is still in the lock file: the next run takes the lock over.
+    assert (out / LOCK_NAME).read_text().strip() == str(holder.pid)
+    lock = OutputDirLock(out).acquire()
+    try:
+        assert (out / LOCK_NAME).read_text().strip() == str(os.getpid())
+    finally:
+        lock.release()
+
+
+def test_run_files_stay_under_the_output_and_ray_temp_dirs(tmp_path):
+    """The variables that keep a run's datasets cache, matplotlib cache and Ray token out of $HOME;
+    a variable the user set is kept (the run's own e2e check is in test_cpu_e2e.py)."""
+    ray_dir = tmp_path / "ray"
+    ray_dir.mkdir()
+    env = run_files_env(tmp_path / "out", str(ray_dir), {})
+    assert env["HF_DATASETS_CACHE"].startswith(str(tmp_path / "out"))
+    assert env["MPLCONFIGDIR"].startswith(str(tmp_path / "out"))
+    token = Path(env["RAY_AUTH_TOKEN_PATH"])
+    assert token.parent == ray_dir and len(token.read_text()) == 64 and token.stat().st_mode & 0o777 == 0o600
+    kept = run_files_env(tmp_path / "out", str(ray_dir), {"MPLCONFIGDIR": "/mine", "RAY_AUTH_MODE": "disabled"})
+    assert "MPLCONFIGDIR" not in kept and "RAY_AUTH_TOKEN_PATH" not in kept
+
+
+def test_the_reward_plot_writes_nothing_under_home(tmp_path):
+    """write_plot (matplotlib in the demo's own process) with an empty HOME and XDG dirs."""
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    xdg = {k: str(home / k.lower()) for k in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")}
+    env = _cli_env(HOME=str(home), **xdg)
+    env.pop("MPLCONFIGDIR", None)
+    code = (
+        "import sys; from verl_offpolicy.cpu.demo import write_plot; "
+        "write_plot([{'step': 1, 'critic/score/mean': 0.5}], {0: 0.1}, sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", code, str(out / "curve.png")], check=True, timeout=CLI_TIMEOUT, env=env)
+    assert (out / "curve.png").stat().st_size > 0
+    assert list(home.rglob("*")) == []
