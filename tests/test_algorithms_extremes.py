@@ -266,7 +266,7 @@ def _subnormal(dtype):
 
 
 def _extreme_rewards(dtype):
-    """Named ([B, T] token rewards, uids) of extreme finite rewards in ``dtype``."""
+    """Named ([B, T] token rewards, uids) of extreme finite rewards in ``dtype`` (groups of 1 or ≥ 3)."""
     top = torch.finfo(dtype).max
     tiny = _subnormal(dtype)
     gap = 2e30 if dtype != torch.float16 else 6e4
@@ -274,11 +274,11 @@ def _extreme_rewards(dtype):
     return {
         "±max in one group, singletons at ±max": (col([top, -top, 0.0, top / 2, top, -top]), list("aaaabc")),
         "all at max": (col([top, top, top]), list("ggg")),
-        "gap 2e30 (6e4 in float16)": (col([0.0, gap, -gap, gap]), list("aabb")),
+        "gap 2e30 (6e4 in float16)": (col([0.0, gap, gap / 2, -gap, gap, 0.0]), list("aaabbb")),
         "subnormal rewards": (col([tiny, 0.0, -tiny, tiny, tiny]), list("aaabc")),
         "token sum beyond the dtype": (
-            torch.tensor([[0.75, 0.75], [0.7, 0.7]], dtype=F64).mul(top).to(dtype),
-            list("gg"),
+            torch.tensor([[0.75, 0.75], [0.7, 0.7], [0.7, 0.6]], dtype=F64).mul(top).to(dtype),
+            list("ggg"),
         ),
         "singletons": (col([top, -top, tiny, 0.0]), list("abcd")),
         "empty": (torch.zeros(0, 2, dtype=dtype), []),

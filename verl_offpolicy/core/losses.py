@@ -59,7 +59,9 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
 
     Δ_i is not clamped (pmd has no ratio): it is the quadratic's argument, finite for finite log-probs
     (an old log-prob of −1e4 adds 1e4 per token), and a clamp would cancel the gradient that pulls π back
-    to π_old exactly where it is largest. Padded tokens are selected away before Δ's sum.
+    to π_old exactly where it is largest. Padded tokens are selected away before Δ's sum, so −inf there
+    is harmless; −inf on a response token (the anchor gave it probability 0) is not a finite input and
+    makes Δ and L_i infinite.
     """
     length = mask.sum(-1).to(log_prob.dtype).clamp_min(1)
     seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length

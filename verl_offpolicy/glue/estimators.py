@@ -99,7 +99,7 @@ def _check_representable(name: str, advantage: Tensor, result: Tensor, token_lev
     raise ValueError(
         f"adv_estimator={name}: {len(bad)} sample(s) get an advantage that {dtype} (the rewards' dtype, largest "
         f"finite value {torch.finfo(dtype).max:.6g}) cannot hold: {listed}{more}. Scale the rewards down "
-        "(or return them in float32/float64) so that every advantage fits."
+        "(or give them a wider dtype, e.g. float64) so that every advantage fits."
     )
 
 
