@@ -252,7 +252,8 @@ def test_ctrl_c_at_startup_stops_the_run_with_one_line(tmp_path):
         demo.wait_for(demo.find_ray_dir, "Ray session")
         assert len(demo.run_processes()) >= 3, demo.recorded  # main_ppo, GCS, raylet at least
         demo.interrupt(signal.SIGINT)
-        assert demo.problems_after_interrupt(signal.SIGINT) == []
+        problems = demo.problems_after_interrupt(signal.SIGINT)
+        assert problems == [], "\n".join(problems)
     finally:
         demo.cleanup()
 
@@ -290,6 +291,6 @@ def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside
             problems.append(f"written under HOME: {written}")
         if not (demo.out / ".cache" / "huggingface" / "datasets").is_dir():
             problems.append("the datasets cache is not under the output dir")
-        assert problems == []
+        assert problems == [], "\n".join(problems)
     finally:
         demo.cleanup()
