@@ -9,6 +9,7 @@ other presets (``preset`` = ``+algorithm=<name>``) the same way.
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,6 +163,7 @@ class DemoProcess:
         )
         self.lines: list[str] = []
         self.ray_dir: str | None = None
+        self.recorded: list[psutil.Process] = []
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
 
@@ -189,9 +191,10 @@ class DemoProcess:
         return self.ray_dir is not None and any("raylet" in p.name() for p in _session_processes(self.ray_dir))
 
     def run_processes(self) -> list[psutil.Process]:
-        """Every process of the run: the demo's descendants and its Ray session."""
+        """Every process of the run: the demo's descendants and its Ray session (remembered for cleanup)."""
         procs = psutil.Process(self.proc.pid).children(recursive=True) + _session_processes(self.ray_dir)
-        return list({p.pid: p for p in procs}.values())
+        self.recorded = list({p.pid: p for p in procs}.values())
+        return self.recorded
 
     def interrupt(self, signum: int) -> int:
         os.killpg(self.proc.pid, signum)  # what a terminal's Ctrl-C (SIGINT) or `timeout`/CI (SIGTERM) do
@@ -200,31 +203,45 @@ class DemoProcess:
         return returncode
 
     def cleanup(self) -> None:
-        """After a failed test: end whatever of the run is still alive."""
+        """End whatever of the run is still alive (after a failed test) and remove its Ray temp dir."""
         if self.proc.poll() is None:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
+            self.recorded += psutil.Process(self.proc.pid).children(recursive=True)
             kill_process_tree(self.proc, self.ray_dir)
-            for child in children:
-                try:
-                    child.kill()
-                except psutil.NoSuchProcess:
-                    pass
+        if self.ray_dir:
+            self.recorded += _session_processes(self.ray_dir)
+        for proc in self.recorded:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if self.ray_dir:
+            shutil.rmtree(self.ray_dir, ignore_errors=True)
 
-    def check_stopped_cleanly(self, signum: int, run_processes: list[psutil.Process]) -> None:
-        """Exit code 128 + signal, one line (no traceback) naming the partial output, nothing left."""
+    def problems_after_interrupt(self, signum: int) -> list[str]:
+        """What is wrong after the signal; expected: exit code 128 + signal, one last line (no
+        traceback) naming the partial output, no process of the run alive, its Ray temp dir gone."""
+        problems = []
         output = "\n".join(self.lines)
-        assert self.proc.returncode == 128 + signum, output[-4000:]
-        assert "Traceback" not in output, output[-4000:]
+        if self.proc.returncode != 128 + signum:
+            problems.append(f"exit code {self.proc.returncode}")
+        if "Traceback" in output:
+            problems.append("a traceback was printed")
         name = signal.Signals(signum).name
-        assert self.lines[-1].startswith(f"verl-offpolicy demo: interrupted by {name}: "), output[-4000:]
-        assert f"partial output in {self.out} " in self.lines[-1]
-        _, alive = psutil.wait_procs(run_processes, timeout=5)
-        alive = [p for p in alive if _running(p)]
-        assert alive == [], [" ".join(p.cmdline()) for p in alive]
-        assert _session_processes(self.ray_dir) == [] and _session_processes(str(self.out)) == []
-        assert not Path(self.ray_dir).exists()
-        assert (self.out / "train.log").exists()
-        OutputDirLock(self.out).acquire().release()  # the directory is free again
+        last = self.lines[-1] if self.lines else ""
+        if not (last.startswith(f"verl-offpolicy demo: interrupted by {name}: ") and f"partial output in {self.out} " in last):
+            problems.append(f"last line: {last!r}")
+        _, alive = psutil.wait_procs(self.recorded, timeout=5)
+        alive = [" ".join(p.cmdline()) for p in alive if _running(p)]
+        alive += [" ".join(p.cmdline()) for p in _session_processes(self.ray_dir) + _session_processes(str(self.out))]
+        if alive:
+            problems.append(f"processes of the run alive: {alive}")
+        if Path(self.ray_dir).exists():
+            problems.append(f"Ray temp dir {self.ray_dir} left behind")
+        if not (self.out / "train.log").exists():
+            problems.append("no partial output (train.log)")
+        if self.proc.returncode is not None and not problems:
+            OutputDirLock(self.out).acquire().release()  # the directory is free again
+        return problems + ([f"output:\n{output[-3000:]}"] if problems else [])
 
 
 @pytest.mark.timeout(STARTUP_TIMEOUT + 600)
@@ -233,12 +250,12 @@ def test_ctrl_c_at_startup_stops_the_run_with_one_line(tmp_path):
     demo = DemoProcess(tmp_path)
     try:
         demo.wait_for(demo.find_ray_dir, "Ray session")
-        run_processes = demo.run_processes()
-        assert len(run_processes) >= 3, run_processes  # main_ppo, GCS, raylet at least
+        assert len(demo.run_processes()) >= 3, demo.recorded  # main_ppo, GCS, raylet at least
         demo.interrupt(signal.SIGINT)
+        problems = demo.problems_after_interrupt(signal.SIGINT)
+        assert problems == [], "\n".join(problems)
     finally:
         demo.cleanup()
-    demo.check_stopped_cleanly(signal.SIGINT, run_processes)
 
 
 @pytest.mark.timeout(STARTUP_TIMEOUT + 900)
@@ -248,6 +265,7 @@ def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside
     One run checks: a second demo into the same output directory is refused while it trains (naming
     its PID); SIGTERM ends every process of the run, removes its Ray temp dir, prints one line; and
     the run wrote nothing under HOME/XDG dirs (datasets cache, matplotlib cache, Ray's token).
+    Every problem found is reported together.
     """
     demo = DemoProcess(tmp_path)
     try:
@@ -263,12 +281,16 @@ def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside
         assert second.returncode == 2, second.stderr
         assert f"is in use by another demo run (PID {demo.proc.pid}" in second.stderr, second.stderr
         assert demo.proc.poll() is None and demo.find_ray_dir()
-        run_processes = demo.run_processes()
-        assert len(run_processes) >= 5, run_processes  # main_ppo, GCS, raylet, workers
+        assert len(demo.run_processes()) >= 5, demo.recorded  # main_ppo, GCS, raylet, workers
         demo.interrupt(signal.SIGTERM)
+        problems = demo.problems_after_interrupt(signal.SIGTERM)
+        if "step:1 - " not in (demo.out / "train.log").read_text(errors="replace"):
+            problems.append("train.log lacks step 1")
+        written = [str(p) for p in demo.home.rglob("*")]
+        if written:
+            problems.append(f"written under HOME: {written}")
+        if not (demo.out / ".cache" / "huggingface" / "datasets").is_dir():
+            problems.append("the datasets cache is not under the output dir")
+        assert problems == [], "\n".join(problems)
     finally:
         demo.cleanup()
-    demo.check_stopped_cleanly(signal.SIGTERM, run_processes)
-    assert "step:1 - " in (demo.out / "train.log").read_text(errors="replace")
-    assert list(demo.home.rglob("*")) == []
-    assert (demo.out / ".cache" / "huggingface" / "datasets").is_dir()  # the datasets cache went here
