@@ -159,3 +159,13 @@ def test_delta_is_nonzero_on_the_later_updates_of_a_batch():
     assert deltas[0] == 0.0 and tau_matters[0] < 1e-12  # (rounding of τ·(A/τ) only)
     # second update: the first one moved the weights, so Δ ≠ 0 and the τ·Δ term changes the gradient
     assert deltas[1] > 1e-3 and tau_matters[1] > 1e-4
+
+
+def test_preset_mini_batch_that_verl_cannot_split_into_micro_batches_is_rejected():
+    # train 16 → 1 prompt per update × rollout.n 4 = 4 responses over 2 GPUs = 2 per rank: micro-batch 4 cannot split it
+    overrides = ["algorithm=pmd_mean", *SIZES_WITHOUT_MINI_BATCH, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+    cfg = compose_main_ppo("offpolicy_trainer", overrides)
+    with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu to a divisor of 2"):
+        validate_offpolicy_config(cfg)
+    # the same micro-batch with a mini-batch that splits: accepted
+    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [*overrides, "actor_rollout_ref.actor.ppo_mini_batch_size=16"]))

@@ -172,8 +172,8 @@ def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bo
     """``agro``: D_i = R_i − R̄_{−i}; off-policy A_i = D_i; on-policy A_i = D_i − (D_i² − c_i)/(2β).
 
     ``scores`` are the regularised returns R_i = r_i − β·log(π(y_i)/π_ref(y_i)) (KL already in the
-    reward). D_i = (K·c_i − Σ_j c_j)/(K − 1) on the centred returns. A singleton has D = R and, in
-    the on-policy form, c = D², so A = R in both forms.
+    reward). D_i = (K·(R_i − M) − Σ_j (R_j − M))/(K − 1), M the group maximum. A singleton has D = R
+    and, in the on-policy form, c = D², so A = R in both forms.
 
     On-policy, c_i = K/(K−1)·s²_{−i}, s²_{−i} the unbiased sample variance of the other K−1 returns
     (:func:`agro_onpolicy_offset`), makes (1/K)·Σ_i A_i·∇log π(y_i) an unbiased estimate of

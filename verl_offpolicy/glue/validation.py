@@ -23,6 +23,7 @@ from verl_offpolicy.glue.config import (
     offpolicy_section,
 )
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAINERS, require_registration
+from verl_offpolicy.glue.resolvers import MINI_BATCH_RESOLVER
 
 SCHEDULER_TRAINER = "offpolicy"
 SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -89,7 +90,42 @@ def validate_offpolicy_config(cfg: DictConfig) -> None:
         if offpolicy.on_policy:
             _check_agro_onpolicy_data(cfg, offpolicy)
 
+    _check_preset_mini_batch(cfg)
     _check_scheduler(cfg, offpolicy, trainer_mode)
+
+
+def _check_preset_mini_batch(cfg: DictConfig) -> None:
+    """A mini-batch from the presets' resolver (PMD: ≥ 16 updates per batch) must split into verl's micro-batches.
+
+    verl asserts at the first update that each update's responses (ppo_mini_batch_size × rollout.n)
+    divide by the data-parallel size and, per rank, by ppo_micro_batch_size_per_gpu (FSDP, no dynamic
+    batch size). Only checked when the mini-batch size is the preset's (a size set explicitly is the user's).
+    """
+    actor = "actor_rollout_ref.actor"
+    node = _select(cfg, actor)
+    if node is None:
+        return
+    raw = OmegaConf.to_container(node, resolve=False).get("ppo_mini_batch_size")
+    if not (isinstance(raw, str) and MINI_BATCH_RESOLVER in raw) or _select(cfg, f"{actor}.use_dynamic_bsz", False):
+        return
+    if _select(cfg, f"{actor}.strategy", "fsdp") not in ("fsdp", "fsdp2"):
+        return
+    mini = _select(cfg, f"{actor}.ppo_mini_batch_size")
+    n = _select(cfg, "actor_rollout_ref.rollout.n", 1)
+    gpus = _select(cfg, "trainer.nnodes", 1) * _select(cfg, "trainer.n_gpus_per_node", 1)
+    ranks = max(1, gpus // (_select(cfg, f"{actor}.ulysses_sequence_parallel_size", 1) or 1))
+    micro = _select(cfg, f"{actor}.ppo_micro_batch_size_per_gpu")
+    responses = mini * n
+    if responses % ranks == 0 and (not micro or (responses // ranks) % micro == 0):
+        return
+    raise OffPolicyConfigError(
+        f"{actor}.ppo_mini_batch_size={mini} (the preset's split of data.train_batch_size="
+        f"{_select(cfg, 'data.train_batch_size')} into several optimizer updates) × actor_rollout_ref.rollout.n={n} = "
+        f"{responses} responses per update do not split into {ranks} data-parallel rank(s) × "
+        f"{actor}.ppo_micro_batch_size_per_gpu={micro}: set {actor}.ppo_micro_batch_size_per_gpu to a divisor of "
+        f"{responses // ranks if responses % ranks == 0 else 'the responses per rank'}, set {actor}.ppo_mini_batch_size "
+        f"explicitly, or set {actor}.use_dynamic_bsz=true"
+    )
 
 
 def _check_agro_anchor(cfg: DictConfig, offpolicy) -> None:
