@@ -85,8 +85,9 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     # Short (Ray puts unix sockets under it) and unique (its processes are found by it).
     temp_dir = tempfile.mkdtemp(prefix="vo-doctor-", dir="/tmp")
     env = {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = _spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
+    proc = None
     try:
+        proc = _spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ProbeError(
@@ -94,7 +95,8 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
             f"verl): the machine may be overloaded by other jobs; rerun with a larger --timeout (e.g. --timeout {2 * timeout:g})"
         ) from exc
     finally:
-        kill_process_tree(proc, temp_dir)
+        if proc is not None:
+            kill_process_tree(proc, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
     report = parse_report(output)
     if report is None:
