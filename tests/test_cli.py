@@ -1,5 +1,6 @@
 """The ``verl-offpolicy`` console command: schedule, list, doctor."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 
 from tests.hydra_utils import VALID_SIZES
 from tests.test_presets import SPEC
+from verl_offpolicy.cpu.demo import _session_processes, is_loopback
 from verl_offpolicy.cli import main, preset_header, preset_names
 
 # The console script pip installs next to this environment's python (PATH may not include it).
@@ -110,9 +112,35 @@ def test_list_names_every_preset_with_description_and_paper_setting(capsys):
         assert any("Reproduces:" in line for line in header), f"{name} does not state the paper setting"
 
 
-@pytest.mark.timeout(600)
+DOCTOR_TIMEOUT = 900  # composes every preset twice and starts Ray: minutes on a busy machine
+
+
+def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The real console script (environment inherited, PYTHONPATH included), and every TCP socket that its
+    process tree (the Ray probe, GCS, raylet, workers) listened on while it ran, polled every 0.1 s."""
+    import time
+
+    from verl_offpolicy.cpu.demo import listening_addresses
+
+    proc = subprocess.Popen([EXE, "doctor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    listening: set[str] = set()
+    deadline = time.monotonic() + DOCTOR_TIMEOUT
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            listening.update(listening_addresses(proc, None))
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), sorted(listening)
+
+
+@pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_every_name_in_driver_and_ray_worker():
-    proc = subprocess.run([EXE, "doctor"], capture_output=True, text=True, timeout=600)
+    proc, listening = run_doctor()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     driver, _, worker = proc.stdout.partition("[fresh Ray worker]")
     for section in (driver, worker):
@@ -120,3 +148,81 @@ def test_doctor_reports_every_name_in_driver_and_ray_worker():
             assert f" {name}\n" in section
         assert "MISSING" not in section
     assert f"offpolicy_trainer: {len(preset_names())} presets checked" in proc.stdout
+    # Security: doctor's Ray cluster (GCS, raylet, a worker) listens on loopback only.
+    assert len(listening) >= 3, listening
+    assert [a for a in listening if not is_loopback(a)] == [], listening
+
+
+@pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
+def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins():
+    """`VERL_USE_EXTERNAL_PLUGINS=none`: `import verl` registers nothing of ours in any process; doctor
+    must say so with the fix (it used to register the names itself and say ok)."""
+    proc, listening = run_doctor(env={"VERL_USE_EXTERNAL_PLUGINS": "none"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fix = "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins"
+    process, _, worker = proc.stdout.partition("[fresh Ray worker]")
+    assert fix in process and fix in worker and "MISSING" in worker
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert [a for a in listening if not is_loopback(a)] == [], listening
+
+
+@pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
+def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
+    before = set(Path("/tmp").glob("vo-doctor-*"))
+    proc, _ = run_doctor("--timeout", "0.5")
+    assert proc.returncode == 1
+    assert "the fresh Ray worker did not answer within 0.5 s" in proc.stdout
+    assert "overloaded" in proc.stdout and "--timeout" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert set(Path("/tmp").glob("vo-doctor-*")) == before
+    assert _session_processes("vo-doctor-") == []
+
+
+@pytest.mark.timeout(300)
+def test_ray_that_cannot_start_is_a_finding(monkeypatch):
+    """A real ray.init failure (RAY_ADDRESS names a cluster that is not there) in the probe process."""
+    from verl_offpolicy.cli import ProbeError, ray_worker_state
+
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}
+    with pytest.raises(ProbeError, match="Ray could not start a worker: .*Error"):
+        ray_worker_state(env, timeout=240)
+    assert _session_processes("vo-doctor-") == []
+
+
+# ------------------------------------------------------------ check: what the workers will see
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"VERL_USE_EXTERNAL_PLUGINS": "none"}, "unset VERL_USE_EXTERNAL_PLUGINS"),
+        ({"VERL_USE_EXTERNAL_PLUGINS": "someone_else"}, "VERL_USE_EXTERNAL_PLUGINS=someone_else,verl_offpolicy"),
+    ],
+)
+def test_check_reports_what_workers_miss_after_import_verl(capsys, monkeypatch, env, expected):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", *VALID_SIZES]) == 1
+    err = capsys.readouterr().err
+    assert "the Ray workers of this run will not have verl-offpolicy" in err and expected in err
+    assert "algorithm.adv_estimator=opmd" in err
+
+
+def test_check_reads_the_workers_environment_from_the_config(capsys):
+    override = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_PLUGINS=none"
+    assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", override, *VALID_SIZES]) == 1
+    assert "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins" in capsys.readouterr().err
+
+
+def test_check_reports_a_broken_entry_point(capsys, monkeypatch, tmp_path):
+    """Installed metadata whose entry point names a module that does not exist (a stale install):
+    found first on the path, it shadows the real metadata, as a second, broken install would."""
+    dist = tmp_path / "verl_offpolicy-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-offpolicy\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[verl.plugins]\nverl_offpolicy = verl_offpolicy.glue.no_such_plugin\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", *VALID_SIZES]) == 1
+    err = capsys.readouterr().err
+    assert "entry point verl_offpolicy = verl_offpolicy.glue.no_such_plugin failed to load" in err
+    assert "No module named 'verl_offpolicy.glue.no_such_plugin'" in err and "reinstall" in err

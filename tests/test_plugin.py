@@ -6,6 +6,7 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
 import yaml
 
 from tests.hydra_utils import VALID_SIZES
@@ -135,3 +136,88 @@ def test_stock_main_ppo_hydra_app_composes_our_preset():
     assert cfg["algorithm"]["offpolicy"]["tau"] == 0.5
     assert cfg["actor_rollout_ref"]["actor"]["policy_loss"]["_target_"] == "verl_offpolicy.glue.config.OffPolicyLossConfig"
     assert cfg["trainer"]["v1"]["trainer_mode"] == "offpolicy"
+
+
+# ------------------------------------------------- a broken install: one readable line everywhere
+
+MISSING_DEPENDENCY = "verl_offpolicy_missing_dependency"
+
+
+@pytest.fixture(scope="module")
+def broken_install(tmp_path_factory):
+    """A copy of the package under test whose registration module cannot import (a missing dependency),
+    first on PYTHONPATH of every process started with the returned environment (Ray workers included)."""
+    import shutil
+    from pathlib import Path
+
+    import verl_offpolicy
+
+    root = tmp_path_factory.mktemp("broken")
+    package = Path(verl_offpolicy.__file__).parent
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(package, root / "verl_offpolicy", ignore=ignore)
+    shutil.copytree(package.parent / "hydra_plugins", root / "hydra_plugins", ignore=ignore)
+    registration = root / "verl_offpolicy" / "glue" / "registration.py"
+    text = registration.read_text()
+    anchor = "from __future__ import annotations\n"
+    assert anchor in text
+    registration.write_text(text.replace(anchor, f"{anchor}import {MISSING_DEPENDENCY}\n", 1))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
+def _one_readable_line(output: str) -> None:
+    assert "Traceback" not in output, output[-3000:]
+    assert "Error locating target" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if f"No module named '{MISSING_DEPENDENCY}'" in line]
+    assert lines, output[-3000:]
+    assert all("verl_offpolicy/glue/registration.py" in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    "entry_point",
+    [
+        [sys.executable, "-c", "import verl"],
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "offpolicy_trainer", "algorithm=opmd"],
+        [sys.executable, "-m", "verl_offpolicy.cli", "check", "--config-name", "offpolicy_trainer", "algorithm=opmd"],
+    ],
+    ids=["import_verl", "main_ppo", "check"],
+)
+def test_broken_registration_module_gives_one_readable_message(broken_install, entry_point, tmp_path):
+    # cwd: main_ppo's Hydra writes its run directory there
+    proc = subprocess.run(entry_point, capture_output=True, text=True, timeout=TIMEOUT, env=broken_install, cwd=tmp_path)
+    _one_readable_line(proc.stdout + proc.stderr)
+    if entry_point[-1] == "import verl":
+        assert "ERROR" in proc.stderr and "verl-offpolicy registered nothing in this process" in proc.stderr
+    else:
+        assert proc.returncode != 0
+        assert "broken installation" in proc.stderr.strip().splitlines()[-1]
+        assert "ray init kwargs" not in proc.stdout, "Ray was started although nothing of ours can load"
+
+
+@pytest.mark.timeout(900)
+def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_offpolicy.cli", "doctor"],
+        capture_output=True, text=True, timeout=840, env=broken_install, cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    _one_readable_line(proc.stdout + proc.stderr)
+    findings = proc.stdout.partition("verl-offpolicy doctor found problems:")[2]
+    assert f"No module named '{MISSING_DEPENDENCY}'" in findings
+
+
+def test_main_ppo_rejects_an_algorithm_choice_that_is_no_preset(tmp_path):
+    """verl's own `algorithm/rollout_correction.yaml` is in the `algorithm` group: our primary config's
+    callback stops main_ppo before Ray, listing the presets."""
+    from verl_offpolicy.configs import preset_names
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "offpolicy_trainer", "algorithm=rollout_correction",
+         *VALID_SIZES],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("verl-offpolicy: invalid configuration: algorithm=rollout_correction is not a verl-offpolicy preset")
+    assert all(name in last for name in preset_names())
+    assert "ray init kwargs" not in proc.stdout

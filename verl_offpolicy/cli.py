@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from importlib import metadata
 
@@ -32,41 +34,84 @@ def compose_preset(name: str, config_name: str = "ppo_trainer", overrides: list[
 # ----------------------------------------------------------------------------------------- doctor
 
 
-def _registry_report() -> dict:
-    """Which of our names are registered in this process (run in the driver and in a Ray worker)."""
-    import verl  # noqa: F401 - loads the verl.plugins entry points, as in every verl process
-
-    from verl_offpolicy.glue.registration import expected_names, registration_failure
-
-    return {
-        "failure": registration_failure(),
-        "names": [(e.kind, e.name, e.lookup(e.name)) for e in expected_names()],
-    }
+# Generous: a fresh process imports torch and verl, a Ray worker also starts a cluster; a busy CI
+# machine needs minutes for that (a fixed two-minute limit failed there).
+DEFAULT_PROBE_TIMEOUT = 600.0
 
 
-def _ray_worker_report(timeout: float) -> dict:
-    import ray
+class ProbeError(RuntimeError):
+    """A fresh process (or Ray worker) could not report what it sees; the message is the finding."""
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+def _probe_failure(output: str, rc: int | None) -> str:
+    """The last error line of a probe's output (its exception), else its exit status."""
+    errors = [line.strip() for line in output.splitlines() if ("Error" in line or "Exception" in line) and ":" in line]
+    return errors[-1] if errors else f"exit status {rc}"
+
+
+def fresh_process_state(env: dict[str, str], timeout: float) -> dict:
+    """What a process started with ``env`` sees after ``import verl`` alone (``glue/diagnose.py``)."""
+    from verl_offpolicy.glue.diagnose import parse_report
+
     try:
-        return ray.get(ray.remote(_registry_report).remote(), timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "verl_offpolicy.glue.diagnose"],
+            env=env, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeError(
+            f"a fresh process did not report within {timeout:g} s: the machine may be overloaded; "
+            "rerun with a larger --timeout"
+        ) from exc
+    report = parse_report(proc.stdout)
+    if report is None:
+        raise ProbeError(f"a fresh `import verl` process failed: {_probe_failure(proc.stdout + proc.stderr, proc.returncode)}")
+    return report
+
+
+def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
+    """What a fresh Ray worker sees, from a private Ray cluster that listens on 127.0.0.1 only.
+
+    Ray runs in a child process with its own temp dir: the whole session (driver, GCS, raylet,
+    workers) is ended and its directory removed whatever happens, within ``timeout`` seconds.
+    """
+    import shutil
+    import tempfile
+
+    from verl_offpolicy.cpu.demo import _spawn, kill_process_tree
+    from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+    from verl_offpolicy.glue.diagnose import parse_report
+
+    # Short (Ray puts unix sockets under it) and unique (its processes are found by it).
+    temp_dir = tempfile.mkdtemp(prefix="vo-doctor-", dir="/tmp")
+    env = {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = None
+    try:
+        proc = _spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeError(
+            f"the fresh Ray worker did not answer within {timeout:g} s (starting Ray and a worker that imports "
+            f"verl): the machine may be overloaded by other jobs; rerun with a larger --timeout (e.g. --timeout {2 * timeout:g})"
+        ) from exc
     finally:
-        if started:
-            ray.shutdown()
+        if proc is not None:
+            kill_process_tree(proc, temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    report = parse_report(output)
+    if report is None:
+        raise ProbeError(f"Ray could not start a worker: {_probe_failure(output, proc.returncode)}")
+    return report
 
 
 def _print_registry(where: str, report: dict) -> list[str]:
     problems = []
     print(f"\n[{where}]")
-    if report["failure"]:
-        print(f"  REGISTRATION FAILED: {report['failure']}")
-        problems.append(f"registration failed in {where}: {report['failure']}")
+    if report["problem"]:
+        print(f"  FAILED: {report['problem']}")
+        problems.append(f"{where}: {report['problem']}")
     for kind, name, ok in report["names"]:
         print(f"  {'ok ' if ok else 'MISSING'} {kind:14s} {name}")
-        if not ok:
-            problems.append(f"{kind} '{name}' is not registered in {where}")
     return problems
 
 
@@ -83,12 +128,18 @@ def doctor(args: argparse.Namespace) -> int:
         print(f"  {dist:16s} {version}")
     print(f"  {'python':16s} {sys.version.split()[0]}")
 
-    problems += _print_registry("driver process", _registry_report())
-    try:
-        problems += _print_registry("fresh Ray worker", _ray_worker_report(args.ray_timeout))
-    except Exception as exc:  # noqa: BLE001 - reported as a doctor finding
-        print(f"\n[fresh Ray worker]\n  FAILED: {type(exc).__name__}: {exc}")
-        problems.append(f"could not query a Ray worker: {exc}")
+    # Both in fresh processes with this environment: this process would register everything itself.
+    probes = (
+        ("fresh process (`import verl` alone, as every verl process starts)", fresh_process_state),
+        ("fresh Ray worker", ray_worker_state),
+    )
+    for where, probe in probes:
+        try:
+            problems += _print_registry(where, probe(dict(os.environ), args.timeout))
+        except Exception as exc:  # noqa: BLE001 - reported as a doctor finding
+            message = str(exc) if isinstance(exc, ProbeError) else f"{type(exc).__name__}: {exc}"
+            print(f"\n[{where}]\n  FAILED: {message}")
+            problems.append(f"{where}: {message}")
 
     print("\n[Hydra search path of verl.trainer.main_ppo]")
     for config_name in ("ppo_trainer", "offpolicy_trainer"):
@@ -188,6 +239,30 @@ def run_startup_callbacks(cfg) -> None:
             raise ValueError(f"{exc.code}".removeprefix("verl-offpolicy: ").removeprefix("invalid configuration: ")) from exc
 
 
+def _worker_problem(cfg, timeout: float) -> str | None:
+    """If ``cfg`` selects names of ours: what a Ray worker of this run will lack, checked in a fresh
+    process after ``import verl`` alone, with the workers' environment (this one plus the config's
+    ``ray_kwargs.ray_init.runtime_env.env_vars``). None if nothing is wrong or nothing of ours is used."""
+    from omegaconf import OmegaConf
+
+    from verl_offpolicy.glue.registration import expected_names
+
+    used = sorted({f"{e.config_key}={e.name}" for e in expected_names() if OmegaConf.select(cfg, e.config_key) == e.name})
+    if not used:
+        return None
+    worker_env = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
+    if OmegaConf.is_config(worker_env):
+        worker_env = OmegaConf.to_container(worker_env, resolve=True)
+    env = {**os.environ, **{str(k): str(v) for k, v in (worker_env or {}).items()}}
+    try:
+        state = fresh_process_state(env, timeout)
+    except ProbeError as exc:
+        return f"could not check what the Ray workers will see: {exc}"
+    if state["problem"]:
+        return f"the Ray workers of this run will not have verl-offpolicy ({', '.join(used)}): {state['problem']}"
+    return None
+
+
 def check(args: argparse.Namespace) -> int:
     """Compose a main_ppo command line through its Hydra search path and run every startup check:
     the config's Hydra callbacks (ours, the CPU guard), our validation and verl's ``validate_config``."""
@@ -218,6 +293,10 @@ def check(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the message is the answer
         print(f"verl-offpolicy check: invalid configuration: {exc}", file=sys.stderr)
         return 1
+    problem = _worker_problem(cfg, args.timeout)
+    if problem:
+        print(f"verl-offpolicy check: {problem}", file=sys.stderr)
+        return 1
     off = OmegaConf.select(cfg, "algorithm.offpolicy") or {}
     print(
         f"ok: {args.config_name} | adv_estimator={cfg.algorithm.adv_estimator} "
@@ -234,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("doctor", help="check versions, registrations (driver and Ray worker) and Hydra configs")
-    p.add_argument("--ray-timeout", type=float, default=120.0, help="seconds to wait for the Ray worker")
+    p.add_argument(
+        "--timeout", "--ray-timeout", dest="timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
+        help=f"seconds to wait for each fresh process and the Ray worker (default {DEFAULT_PROBE_TIMEOUT:g})",
+    )
     p.add_argument("--verbose", action="store_true", help="print every preset composition")
     p.set_defaults(func=doctor)
 
@@ -258,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("check", help="compose a main_ppo command line (no GPU) and run every startup check")
     p.add_argument("--config-name", default="ppo_trainer", help="primary config, as for main_ppo")
+    p.add_argument(
+        "--timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
+        help=f"seconds to wait for the fresh process that checks what a worker sees (default {DEFAULT_PROBE_TIMEOUT:g})",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for main_ppo")
     p.set_defaults(func=check)
 

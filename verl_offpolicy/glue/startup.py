@@ -32,13 +32,17 @@ class BrokenInstallError(RuntimeError):
 def import_failure_message(module: str, exc: BaseException) -> str:
     """One readable line: which module failed, where (the innermost of our files) and why."""
     where = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if f"/{PACKAGE}/" in frame.filename.replace("\\", "/"):
-            where = f" (at {frame.filename}, line {frame.lineno})"
-            break
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" (in {exc.filename}, line {exc.lineno})"
+    else:
+        for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+            if f"/{PACKAGE}/" in frame.filename.replace("\\", "/"):
+                where = f" (at {frame.filename}, line {frame.lineno})"
+                break
     return (
-        f"verl-offpolicy is not installed correctly: importing {module} raised {type(exc).__name__}: {exc}{where}. "
-        "Fix that (reinstall with `pip install -e .` or install the missing package), then run `verl-offpolicy doctor`."
+        f"broken installation: importing {module} raised {type(exc).__name__}: {exc}{where}; nothing of "
+        "verl-offpolicy can run. Fix that (install the missing package, or reinstall verl-offpolicy), "
+        "then run `verl-offpolicy doctor`."
     )
 
 

@@ -1,0 +1,146 @@
+"""What a verl process sees of verl-offpolicy after ``import verl`` alone (for ``check`` and ``doctor``).
+
+A Ray worker of ``main_ppo`` gets verl-offpolicy only through verl's ``verl.plugins`` entry point,
+loaded by ``import verl``. :func:`plugin_state` reports, without registering anything itself, whether
+that happened in this process, what is registered and, if something is missing, why and how to fix
+it (``VERL_USE_EXTERNAL_PLUGINS``, a broken entry point, a module that cannot import). The checks
+run it in a *fresh* process with the workers' environment (``python -m verl_offpolicy.glue.diagnose``)
+and, for ``doctor``, in a fresh Ray worker: the checking process itself has registered everything on
+its own and would say "ok" where the workers fail.
+
+Only the standard library is imported at module level: the report must work from a broken install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+ENTRY_POINT_GROUP = "verl.plugins"
+ENTRY_POINT_NAME = "verl_offpolicy"
+PLUGIN_MODULE = "verl_offpolicy.glue.plugin"
+PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
+MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+REPORT_PREFIX = "VERL_OFFPOLICY_STATE "
+
+
+def _entry_point():
+    from importlib.metadata import entry_points
+
+    return next((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME), None)
+
+
+def _why_not_loaded() -> str:
+    """Why ``import verl`` did not import our plugin module in this process, with the fix."""
+    policy = os.environ.get(PLUGINS_ENV, "auto").strip().lower()
+    alternative = f"or set {MODULES_ENV}={PLUGIN_MODULE}"
+    if policy == "none":
+        return (
+            f"{PLUGINS_ENV}=none disables verl's plugins, so `import verl` registers nothing of verl-offpolicy; "
+            f"unset {PLUGINS_ENV} (or set it to auto or to a list that includes {ENTRY_POINT_NAME}), {alternative}"
+        )
+    allowed = {name.strip() for name in policy.split(",") if name.strip()}
+    if policy != "auto" and ENTRY_POINT_NAME not in allowed:
+        return (
+            f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)} does not list {ENTRY_POINT_NAME}, so `import verl` "
+            f"registers nothing of verl-offpolicy; add it ({PLUGINS_ENV}={policy},{ENTRY_POINT_NAME}), {alternative}"
+        )
+    try:
+        entry_point = _entry_point()
+    except Exception as exc:  # noqa: BLE001 - broken metadata is a finding
+        return f"reading the installed entry points failed ({type(exc).__name__}: {exc}); reinstall verl-offpolicy"
+    if entry_point is None:
+        return (
+            f"no '{ENTRY_POINT_NAME}' entry point in the '{ENTRY_POINT_GROUP}' group of the installed packages "
+            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . or pip install verl-offpolicy)"
+        )
+    try:
+        entry_point.load()  # what verl did, but verl logged the error at DEBUG level only
+    except Exception as exc:  # noqa: BLE001 - the cause is the finding
+        return (
+            f"verl's entry point {ENTRY_POINT_NAME} = {entry_point.value} failed to load: {type(exc).__name__}: {exc}; "
+            "reinstall verl-offpolicy (pip install -e . or pip install verl-offpolicy)"
+        )
+    return f"`import verl` did not load the entry point {ENTRY_POINT_NAME} = {entry_point.value}; reinstall verl-offpolicy"
+
+
+def plugin_state() -> dict[str, Any]:
+    """After ``import verl`` alone: ``{"problem": str|None, "names": [[kind, name, registered], ...]}``.
+
+    Never registers anything itself: a process that registered on its own (``check``, ``doctor``)
+    must not report what its workers will not have.
+    """
+    import verl  # noqa: F401 - loads the verl.plugins entry points, as in every verl process
+
+    plugin = sys.modules.get(PLUGIN_MODULE)
+    problem = getattr(plugin, "LOAD_FAILURE", None) if plugin is not None else None
+    names: list[list[Any]] = []
+    try:
+        from verl_offpolicy.glue import registration
+    except Exception as exc:  # noqa: BLE001 - reported, with the cause
+        from verl_offpolicy.glue.startup import import_failure_message
+
+        return {"problem": problem or import_failure_message("verl_offpolicy.glue.registration", exc), "names": names}
+    for entry in registration.expected_names():
+        try:
+            # The lookup imports verl's registry module, which runs our deferred registration into it,
+            # if (and only if) the plugin installed it.
+            present = bool(entry.lookup(entry.name))
+        except Exception as exc:  # noqa: BLE001 - a lookup that raises counts as missing, with why
+            present = False
+            problem = problem or f"looking up {entry.kind} '{entry.name}' raised {type(exc).__name__}: {exc}"
+        names.append([entry.kind, entry.name, present])
+    if plugin is None:
+        problem = _why_not_loaded()
+    elif problem is None and registration._failure is not None:
+        problem = f"verl-offpolicy failed to register its names: {registration._failure}"
+    if problem is None and not all(present for _, _, present in names):
+        problem = "some names are missing from verl's registries although registration reported no error"
+    return {"problem": problem, "names": names}
+
+
+def parse_report(output: str) -> dict[str, Any] | None:
+    """The report a ``python -m verl_offpolicy.glue.diagnose`` run printed, or None."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(REPORT_PREFIX):
+            return json.loads(line[len(REPORT_PREFIX) :])
+    return None
+
+
+def _ray_worker_state(temp_dir: str) -> dict[str, Any]:
+    """:func:`plugin_state` in a fresh Ray worker of a private Ray cluster on 127.0.0.1 (the caller
+    bounds the time and sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which Ray reads at import)."""
+    import ray
+
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=temp_dir,
+    )
+    # Imported by name, so that the worker imports this module (a function of __main__ would be pickled by value).
+    from verl_offpolicy.glue.diagnose import plugin_state as worker_state
+
+    try:
+        return ray.get(ray.remote(worker_state).remote())
+    finally:
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m verl_offpolicy.glue.diagnose [--ray TEMP_DIR]``: print the state as one JSON line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--ray"]:
+        state = _ray_worker_state(argv[1])
+    else:
+        state = plugin_state()
+    print(REPORT_PREFIX + json.dumps(state), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
