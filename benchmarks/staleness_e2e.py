@@ -13,7 +13,7 @@ at a time on a shared machine). The report (reward-vs-step plots with seed bands
 table) is rebuilt from every JSON of the requested grid after the runs, or alone with
 ``--report-only``, and replaces the generated block of ``benchmarks/results/RESULTS.md``.
 
-    python benchmarks/staleness_e2e.py                                   # full grid: 5 presets × 3 settings × 3 seeds
+    python benchmarks/staleness_e2e.py                                   # full grid: 6 presets × 3 settings × 3 seeds
     python benchmarks/staleness_e2e.py --presets grpo,opmd --settings 1:0 --seeds 0 --steps 5   # smoke test
     python benchmarks/staleness_e2e.py --report-only                     # tables and plots from the JSONs
 """
