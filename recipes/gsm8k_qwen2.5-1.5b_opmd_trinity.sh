@@ -28,7 +28,6 @@ run_main_ppo --config-name offpolicy_trainer algorithm=opmd algorithm.offpolicy.
   actor_rollout_ref.actor.optim.lr=2e-6 "actor_rollout_ref.actor.optim.betas=[0.0,0.95]" \
   actor_rollout_ref.actor.optim.lr_warmup_steps=0 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0 \
   actor_rollout_ref.actor.optim.lr_scheduler_type=constant actor_rollout_ref.actor.grad_clip=1.0 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=96 \
   actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=8 \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.top_p=1.0 \

@@ -28,7 +28,7 @@ run_main_ppo --config-name offpolicy_trainer "algorithm=$PRESET" "${SCHEDULE[@]}
   actor_rollout_ref.model.enable_gradient_checkpointing=true \
   actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.optim.weight_decay=0.1 \
   actor_rollout_ref.actor.optim.lr_warmup_steps=80 actor_rollout_ref.actor.optim.lr_scheduler_type=constant \
-  actor_rollout_ref.actor.grad_clip=1.0 actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.actor.grad_clip=1.0 \
   actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=16 \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.top_p=1.0 \

@@ -27,7 +27,6 @@ run_main_ppo --config-name offpolicy_megatron_trainer "algorithm=$PRESET" "${SCH
   actor_rollout_ref.actor.optim.lr=5e-7 actor_rollout_ref.actor.optim.lr_warmup_steps=40 \
   actor_rollout_ref.actor.optim.lr_decay_style=constant actor_rollout_ref.actor.optim.weight_decay=0.1 \
   actor_rollout_ref.actor.optim.weight_decay_incr_style=constant actor_rollout_ref.actor.optim.clip_grad=1.0 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 \
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \

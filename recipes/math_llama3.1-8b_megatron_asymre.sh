@@ -21,7 +21,7 @@ run_main_ppo --config-name offpolicy_megatron_trainer "algorithm=$PRESET" "${SCH
   "data.train_files=$DATA_DIR/math/train.parquet" "data.val_files=$DATA_DIR/math/test.parquet" \
   data.train_batch_size=16 data.max_prompt_length=1024 data.max_response_length=2048 \
   "actor_rollout_ref.model.path=$MODEL" \
-  actor_rollout_ref.actor.optim.lr=6e-8 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+  actor_rollout_ref.actor.optim.lr=6e-8 \
   actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 \
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \

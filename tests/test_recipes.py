@@ -89,6 +89,16 @@ def test_recipe_uses_the_rec_paper_table_1_setting(script):
         assert rollout.val_kwargs.do_sample and (rollout.val_kwargs.temperature, rollout.val_kwargs.top_p) == want["eval"]
 
 
+@pytest.mark.parametrize("script", sorted(REC_TABLE_1))
+@pytest.mark.parametrize("preset", ["pmd_mean", "pmd_partition"])
+def test_recipe_keeps_the_pmd_presets_several_updates_per_batch(script, preset):
+    """The recipes set no mini-batch size: the PMD presets keep OpenKimi's ≥ 16 updates per batch
+    (GSM8K 96 prompts → 16 mini-batches of 6; MATH and Guru 64 → 16 of 4), the others one."""
+    cfg = _composed(script, preset)
+    batch, mini = cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert batch % mini == 0 and batch // mini == 16 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
+
+
 def test_opmd_trinity_recipe_uses_trinity_rft_opmd_gsm8k_setting():
     """Trinity-RFT examples/opmd_gsm8k: τ 4, KL loss mse 0.001, lr 2e-6, betas (0, 0.95), sync_interval 10."""
     cfg = _composed("gsm8k_qwen2.5-1.5b_opmd_trinity.sh")
