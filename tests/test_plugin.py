@@ -141,6 +141,7 @@ def test_stock_main_ppo_hydra_app_composes_our_preset():
 # ------------------------------------------------- a broken install: one readable line everywhere
 
 MISSING_DEPENDENCY = "verl_offpolicy_missing_dependency"
+CPU_PATH_VARIABLES = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE")
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,10 @@ def broken_install(tmp_path_factory):
     anchor = "from __future__ import annotations\n"
     assert anchor in text
     registration.write_text(text.replace(anchor, f"{anchor}import {MISSING_DEPENDENCY}\n", 1))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    # A GPU user's environment: none of the CPU path's variables (an earlier in-process test may have
+    # selected the CPU platform in this process; with a broken install that platform does not exist).
+    env = {k: v for k, v in os.environ.items() if k not in CPU_PATH_VARIABLES}
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
 
 
 def _one_readable_line(output: str) -> None:
