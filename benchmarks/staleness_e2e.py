@@ -83,7 +83,7 @@ def parse_settings(text: str) -> list[tuple[int, int]]:
 
 
 def expected_staleness(setting: tuple[int, int], steps: int) -> list[int]:
-    """SCHEDULER.md: step t (1-indexed) trains on version v(t) = s·max(0, ⌊(t − d − 1)/s⌋)."""
+    """docs/scheduler.md: step t (1-indexed) trains on version v(t) = s·max(0, ⌊(t − d − 1)/s⌋)."""
     s, d = setting
     return [(t - 1) - s * max(0, (t - d - 1) // s) for t in range(1, steps + 1)]
 
@@ -278,7 +278,7 @@ def report(presets, settings, seeds, steps, command: str) -> str:
     lines += [
         "",
         f"Train reward at step 1 and at step {steps // 2}, mean over seeds; observed "
-        "staleness vs the SCHEDULER.md schedule; mean wall time per run:",
+        "staleness vs the docs/scheduler.md schedule; mean wall time per run:",
         "",
         "| preset | setting | reward @ step 1 | reward @ step " + str(steps // 2) + " | final | staleness mean (observed) "
         "| matches schedule | wall s/run |",

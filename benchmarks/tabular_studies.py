@@ -473,7 +473,7 @@ def agro_markdown(res: dict) -> str:
 
 RED_STEPS = 20000
 RED_SIMULATED_T = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 1.5, 2.0, 5.0, 100.0)
-RED_CLAMP = 20.0  # the estimator's exponent clamp (ALGORITHMS.md)
+RED_CLAMP = 20.0  # the estimator's exponent clamp (docs/algorithms.md, `red_weight`)
 
 
 def _arm_advantages(estimator: str, **kw) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Advantage estimators of ALGORITHMS.md, through verl's registry (``get_adv_estimator_fn``).
+"""Advantage estimators of docs/algorithms.md, through verl's registry (``get_adv_estimator_fn``).
 
 Expected values are derived by hand from the spec formulas in the comments; nothing is copied from
 the implementation.

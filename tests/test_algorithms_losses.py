@@ -1,4 +1,4 @@
-"""Policy losses of ALGORITHMS.md, through verl's registry (``get_policy_loss_fn``).
+"""Policy losses of docs/algorithms.md, through verl's registry (``get_policy_loss_fn``).
 
 Hand-derived values in the comments; gradients dL/dlog_prob from autograd are compared with the
 closed forms of the spec.

@@ -1,4 +1,4 @@
-"""The eight tabular properties of ALGORITHMS.md, driven through the REGISTERED estimators and losses.
+"""The eight tabular properties of docs/algorithms.md, driven through the REGISTERED estimators and losses.
 
 Single prompt, softmax policy over n arms, each "sequence" is one token (T = 1), gradient ascent on
 the logits θ (descent on the registered loss). Expectations are exact: a batch holds each arm with a

@@ -1,5 +1,5 @@
 """Every preset composes with verl's stock and our primary configs, converts to verl's dataclasses,
-passes verl's validate_config and ours, and resolves to the settings of ALGORITHMS.md."""
+passes verl's validate_config and ours, and resolves to the settings of docs/algorithms.md."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from verl_offpolicy.glue.validation import validate_offpolicy_config
 
 REC = dict(adv="grpo", norm=False, loss="rec", agg="token-mean", anchor="behaviour", weight="none", reg="none")
 
-# The preset table of ALGORITHMS.md, written out by hand.
+# The preset table of docs/algorithms.md ("Presets"), written out by hand.
 SPEC = {
     "grpo": dict(adv="grpo", norm=True, loss="vanilla", agg="token-mean", anchor="behaviour", eps=(0.2, 0.2)),
     "grpo_proximal": dict(adv="grpo", norm=True, loss="vanilla", agg="token-mean", anchor="proximal", eps=(0.2, 0.2)),

@@ -1,4 +1,4 @@
-"""The staleness schedule of SCHEDULER.md: v(t), staleness, rollout calls and FIFO bound."""
+"""The staleness schedule of docs/scheduler.md: v(t), staleness, rollout calls and FIFO bound."""
 
 import pytest
 
@@ -10,7 +10,7 @@ from verl_offpolicy.core.schedule import (
     version_of_step,
 )
 
-# The table of SCHEDULER.md, steps 1..12, written out from the spec (not computed).
+# The table of docs/scheduler.md ("Vocabulary"), steps 1..12, written out from the spec (not computed).
 SPEC_VERSIONS = {
     (1, 0): [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
     (1, 1): [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],

@@ -90,7 +90,7 @@ RUNS = {
 }
 
 
-# The schedule of SCHEDULER.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
+# The schedule of docs/scheduler.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
 # versions, staleness, the steps right before which a rollout call is made (version t − 1 generates
 # the batches of the steps scheduled at that version), and the batches of the first call (s + d).
 SPEC_SCHEDULE = {

@@ -12,7 +12,7 @@ probability (μ = [0.3, 0.6, 0.1] → counts [3, 6, 1]), so verl's token-mean ov
 E_{y∼μ}[ℓ(y)] and the group mean is V^μ. With exact expectations the dynamics are deterministic, so a
 step whose gradient is exactly zero is a fixed point (:func:`train` stops there).
 
-Used by ``tests/test_algorithms_properties.py`` (the eight properties of ALGORITHMS.md) and by
+Used by ``tests/test_algorithms_properties.py`` (the eight properties of ``docs/algorithms.md``) and by
 ``benchmarks/tabular_studies.py`` (the papers' bandit studies, with curves).
 """
 
@@ -58,7 +58,7 @@ __all__ = [
 
 F64 = torch.float64
 
-# The three-arm off-policy bandit of ALGORITHMS.md: rewards, fixed behaviour μ, V^μ, and μ as 10 samples.
+# The three-arm off-policy bandit of docs/algorithms.md: rewards, fixed behaviour μ, V^μ, and μ as 10 samples.
 REWARD = torch.tensor([0.0, 0.8, 1.0], dtype=F64)
 MU = torch.tensor([0.3, 0.6, 0.1], dtype=F64)
 V_MU = 0.58  # 0.3·0 + 0.6·0.8 + 0.1·1
@@ -67,7 +67,7 @@ MU_ARMS = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 6, 1]))  # 1
 # Batch size of a refreshed behaviour (sync_run): counts closest to N·π.
 N_SAMPLES = 20000
 
-# The six-arm regularised bandit of ALGORITHMS.md property 6 (AGRO): data from π_ref only, exact.
+# The six-arm regularised bandit of docs/algorithms.md, property 6 (AGRO): data from π_ref only, exact.
 REWARD6 = torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], dtype=F64)
 REF_COUNTS = torch.tensor([1, 2, 3, 4, 5, 5])
 PI_REF = REF_COUNTS.to(F64) / REF_COUNTS.sum()

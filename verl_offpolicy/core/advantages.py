@@ -1,4 +1,4 @@
-"""Advantage estimators of ``ALGORITHMS.md``: pure math on per-sequence scores (torch only, no verl).
+"""Advantage estimators of ``docs/algorithms.md``: pure math on per-sequence scores (torch only, no verl).
 
 Every estimator takes scores r [B] (one scalar reward per response) and integer group ids g [B]
 (responses to the same prompt share an id ≥ 0) and returns per-sequence advantages A [B]. Group

@@ -1,4 +1,4 @@
-"""Policy losses of ``ALGORITHMS.md``: pure per-token math (torch only, no verl).
+"""Policy losses of ``docs/algorithms.md``: pure per-token math (torch only, no verl).
 
 Inputs are [B, T] token tensors: ``log_prob`` = log π_θ (the only path of the gradient),
 ``old_log_prob`` = log π_old, ``advantages`` (per-sequence A broadcast over tokens), ``mask`` m

@@ -1,6 +1,6 @@
 """Staleness arithmetic of the rollout scheduler (pure Python, no verl).
 
-Vocabulary of ``SCHEDULER.md`` (kept from Trinity-RFT and the REC paper):
+Vocabulary of ``docs/scheduler.md`` (kept from Trinity-RFT and the REC paper):
 
 - ``sync_interval`` s >= 1: rollout weights are refreshed every s training steps.
 - ``sync_offset`` d >= 0: d batches are generated before training starts (delayed feedback).

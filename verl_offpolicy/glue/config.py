@@ -27,7 +27,7 @@ RATIO_ANCHORS = ("behaviour", "rollout", "proximal")
 CLIP_MODES = ("none", "one-side", "two-side", "ring", "gspo-one-side")
 WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
 REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
-# ALGORITHMS.md's default τ of each consumer, used while ``tau`` is left unset (null).
+# The default τ of each consumer (docs/algorithms.md), used while ``tau`` is left unset (null).
 DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01}
 
 ALGO_PREFIX = "algorithm.offpolicy"

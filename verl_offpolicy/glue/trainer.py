@@ -1,7 +1,7 @@
 """The staleness-controlled colocated trainer: ``trainer.v1.trainer_mode=offpolicy``.
 
 It is verl's v1 ``PPOTrainer`` (stock FSDP/Megatron workers, TransferQueue, agent loop) with the
-schedule of ``SCHEDULER.md`` (see :mod:`verl_offpolicy.core.schedule`):
+schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
 
 - right before step ``version + 1`` trains, if ``version`` is a multiple of ``sync_interval`` s, the
   rollout is woken at the current weights once and generates every batch of that version in one
@@ -138,7 +138,7 @@ class StalenessQueue(ReplayBuffer):
 
 @register_trainer("offpolicy")
 class OffPolicyTrainer(PPOTrainer):
-    """verl's v1 trainer with staleness-controlled colocated rollouts (``SCHEDULER.md``)."""
+    """verl's v1 trainer with staleness-controlled colocated rollouts (``docs/scheduler.md``)."""
 
     def __init__(self, config):
         validate_offpolicy_config(config)
