@@ -102,7 +102,7 @@ SIZES_WITHOUT_MINI_BATCH = [o for o in VALID_SIZES if "ppo_mini_batch_size" not 
 @pytest.mark.parametrize("train_batch_size,mini_batch_size", [(512, 32), (96, 6), (16, 1), (8, 1), (50, 2)])
 def test_pmd_presets_split_each_batch_into_several_updates(preset, train_batch_size, mini_batch_size):
     # OpenKimi: 512 prompts in mini-batches of 32 (16 updates); elsewhere the largest mini-batch giving ≥ 16
-    # updates that divides the batch (96 → 6; 50 → 2, i.e. 25 updates), one prompt per update below 16 prompts
+    # updates that divides the batch (96 → 6; 50 → 2, i.e. 25 updates), one prompt per update below 32 prompts
     overrides = [f"algorithm={preset}", *SIZES_WITHOUT_MINI_BATCH, f"data.train_batch_size={train_batch_size}"]
     cfg = compose_main_ppo("offpolicy_trainer", overrides)
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == mini_batch_size

@@ -153,7 +153,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
         clip_mode: ``rec`` token mask: none, one-side, two-side, ring, gspo-one-side.
         weight: ``rec`` token weight: none, importance_sampling (ρ_t), gspo_importance_sampling (ρ̄_i).
         regularizer: ``rec`` regulariser: none, forward-kl (−c·log π), k2 (token-level c·(log π_t − log π_old,t)²,
-            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t log π_t − log π_old,t)²/|y| per response, as Kimi k1.5).
+            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response, as Kimi k1.5).
         regularizer_coef: c ≥ 0.
         ring_clip_ratio_low: ε′_low of ``ring`` (≥ the actor's clip_ratio_low).
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).
