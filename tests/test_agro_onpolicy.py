@@ -13,9 +13,8 @@ import torch
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig
 from verl_offpolicy.glue.validation import validate_offpolicy_config
-from verl_offpolicy.tabular import agro_onpolicy_run, all_groups
+from verl_offpolicy.tabular import agro_config, agro_onpolicy_run, all_groups
 
 F64 = torch.float64
 BETA = 0.5
@@ -48,13 +47,7 @@ def _registered_onpolicy(group_returns: torch.Tensor) -> torch.Tensor:
     """verl's registered ``agro`` estimator with on_policy=true, one uid per tuple."""
     n_tuples, k = group_returns.shape
     token_rewards = group_returns.reshape(-1, 1)
-    config = OffPolicyAlgoConfig(
-        adv_estimator="agro",
-        use_kl_in_reward=True,
-        kl_penalty="kl",
-        kl_ctrl={"type": "fixed", "kl_coef": BETA},
-        offpolicy=OffPolicyConfig(beta=BETA, on_policy=True),
-    )
+    config = agro_config(BETA, on_policy=True)
     advantages, _ = get_adv_estimator_fn("agro")(
         token_level_rewards=token_rewards,
         response_mask=torch.ones_like(token_rewards),

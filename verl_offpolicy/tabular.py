@@ -42,6 +42,7 @@ __all__ = [
     "PI_REF",
     "REF_ARMS",
     "actor",
+    "agro_config",
     "estimate",
     "loss_gradient",
     "train",
@@ -72,6 +73,17 @@ REWARD6 = torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], dtype=F64)
 REF_COUNTS = torch.tensor([1, 2, 3, 4, 5, 5])
 PI_REF = REF_COUNTS.to(F64) / REF_COUNTS.sum()
 REF_ARMS = torch.repeat_interleave(torch.arange(6), REF_COUNTS)
+
+
+def agro_config(beta: float, on_policy: bool) -> OffPolicyAlgoConfig:
+    """The algorithm config of the ``agro``/``agro_onpolicy`` presets: KL-in-reward (kl, fixed β) and β."""
+    return OffPolicyAlgoConfig(
+        adv_estimator="agro",
+        use_kl_in_reward=True,
+        kl_penalty="kl",
+        kl_ctrl={"type": "fixed", "kl_coef": beta},
+        offpolicy=OffPolicyConfig(beta=beta, on_policy=on_policy),
+    )
 
 
 def actor(loss_mode: str, clip: tuple[float, float] = (0.2, 0.2), **loss_kw) -> ActorConfig:
@@ -258,13 +270,7 @@ def regularised_run(
         history.append(torch.softmax(theta, 0))
     extra: Optional[Callable] = None
     if method == "agro":
-        algo = OffPolicyAlgoConfig(
-            adv_estimator="agro",
-            use_kl_in_reward=True,
-            kl_penalty="kl",
-            kl_ctrl={"type": "fixed", "kl_coef": beta},
-            offpolicy=OffPolicyConfig(beta=beta, on_policy=False),
-        )
+        algo = agro_config(beta, on_policy=False)
     elif method == "k2":
         advantages = estimate("grpo", arms, rewards=rewards)
 
@@ -309,13 +315,7 @@ def agro_onpolicy_run(
     """
     rewards = torch.tensor([0.0, 1.0], dtype=F64)
     pi_ref = torch.tensor([1.0 - p_correct, p_correct], dtype=F64)
-    algo = OffPolicyAlgoConfig(
-        adv_estimator="agro",
-        use_kl_in_reward=True,
-        kl_penalty="kl",
-        kl_ctrl={"type": "fixed", "kl_coef": beta},
-        offpolicy=OffPolicyConfig(beta=beta, on_policy=True),
-    )
+    algo = agro_config(beta, on_policy=True)
     groups = all_groups(2, k)
     arms = groups.flatten()
     uids = np.repeat(np.arange(len(groups)), k)
