@@ -138,6 +138,8 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), sorted(listening)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_every_name_in_driver_and_ray_worker():
     proc, listening = run_doctor()
@@ -153,6 +155,8 @@ def test_doctor_reports_every_name_in_driver_and_ray_worker():
     assert [a for a in listening if not is_loopback(a)] == [], listening
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins():
     """`VERL_USE_EXTERNAL_PLUGINS=none`: `import verl` registers nothing of ours in any process; doctor
@@ -166,6 +170,8 @@ def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins():
     assert [a for a in listening if not is_loopback(a)] == [], listening
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     before = set(Path("/tmp").glob("vo-doctor-*"))
@@ -178,6 +184,7 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     assert _session_processes("vo-doctor-") == []
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_ray_that_cannot_start_is_a_finding(monkeypatch):
     """A real ray.init failure (RAY_ADDRESS names a cluster that is not there) in the probe process."""

@@ -194,6 +194,8 @@ def test_broken_registration_module_gives_one_readable_message(broken_install, e
         assert "ray init kwargs" not in proc.stdout, "Ray was started although nothing of ours can load"
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
     proc = subprocess.run(
