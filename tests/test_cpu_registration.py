@@ -114,3 +114,22 @@ print(json.dumps({"before": before, "hook_pending": hook_pending,
     # ... which registered hf when the package was imported, and removed itself.
     assert report["registered"] is True
     assert report["hook_left"] is False
+
+
+def test_the_rollout_name_is_written_once_in_the_package():
+    """``"hf"`` is HF_ROLLOUT of glue/registration.py; every other module imports it."""
+    import ast
+    from pathlib import Path
+
+    import verl_offpolicy
+    from verl_offpolicy.glue.registration import HF_ROLLOUT, ROLLOUTS
+
+    root = Path(verl_offpolicy.__file__).parent
+    written = [
+        path.relative_to(root).as_posix()
+        for path in sorted(root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == HF_ROLLOUT
+    ]
+    assert written == ["glue/registration.py"]
+    assert ROLLOUTS == (HF_ROLLOUT,)
