@@ -11,6 +11,7 @@ from tests.hydra_utils import VALID_SIZES
 from tests.test_presets import SPEC
 from verl_offpolicy.cpu.demo import _session_processes, is_loopback
 from verl_offpolicy.cli import main, preset_header, preset_names
+from verl_offpolicy.configs import PRIMARY_CONFIGS
 
 # The console script pip installs next to this environment's python (PATH may not include it).
 EXE = str(Path(sys.executable).parent / "verl-offpolicy")
@@ -92,7 +93,7 @@ def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override,
     assert "cannot run on verl's CPU path" in captured.err and expected in captured.err
 
 
-@pytest.mark.parametrize("config_name", ["offpolicy_trainer", "offpolicy_megatron_trainer"])
+@pytest.mark.parametrize("config_name", PRIMARY_CONFIGS)
 def test_check_rejects_an_algorithm_choice_that_is_no_preset(capsys, config_name):
     """verl's own `algorithm/rollout_correction.yaml` is in the same Hydra group, but is no algorithm."""
     assert main(["check", "--config-name", config_name, "algorithm=rollout_correction", *VALID_SIZES]) == 1
