@@ -52,3 +52,13 @@ def test_every_subprocess_call_has_a_timeout():
                     missing.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
     assert missing == []
     assert checked >= 10  # the scan sees the suite's calls (this file's own included)
+
+
+def test_no_test_module_imports_a_private_name_of_another_test_module():
+    """What tests share lives in helper modules under public names (e.g. tests/loss_helpers.py)."""
+    private = []
+    for path in sorted((REPO_ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert private == []
