@@ -69,7 +69,12 @@ CPU_OVERLAY = ["--config-name", "offpolicy_trainer", "algorithm=opmd", "+cpu=dem
 @pytest.fixture()
 def cpu_model_dirs(tmp_path):
     # The CPU guard checks that the model and tokenizer paths are local directories (check loads neither).
-    return [f"actor_rollout_ref.model.path={tmp_path}", f"actor_rollout_ref.model.tokenizer_path={tmp_path}"]
+    # A passing guard puts this process on the CPU platform (VERL_PLATFORM=cpu, ... in os.environ): undone
+    # afterwards, or every later test's subprocess would inherit it.
+    environ = dict(os.environ)
+    yield [f"actor_rollout_ref.model.path={tmp_path}", f"actor_rollout_ref.model.tokenizer_path={tmp_path}"]
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
