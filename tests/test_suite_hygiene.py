@@ -1,4 +1,5 @@
-"""The test suite's own rules: CI fails on an empty suite, every subprocess has a timeout."""
+"""The test suite's own rules: CI fails on an empty suite, every subprocess has a timeout, tests share
+helpers under public names, and every test that starts Ray, a training run or doctor is marked e2e."""
 
 import ast
 import re
