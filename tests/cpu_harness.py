@@ -1,4 +1,4 @@
-"""Test helpers of the CPU path (the engine pieces live in verl_offpolicy.cpu.harness).
+"""Test helpers and scenarios of the CPU path (the engine pieces live in tests/actor_harness.py).
 
 - :class:`ActorHarness` / :func:`run_isolated`: a real single-process FSDP2 ``TrainingWorker`` and a
   runner that executes ``module:function`` in a fresh ``VERL_PLATFORM=cpu`` process with a timeout.
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from verl_offpolicy.cpu.harness import ActorHarness, IsolatedRunError, demo_vanilla_update, run_isolated  # noqa: F401
+from tests.actor_harness import ActorHarness, IsolatedRunError, run_isolated  # noqa: F401
 from verl_offpolicy.cpu.demo import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 
@@ -63,7 +63,7 @@ def run_main_ppo(
 
 def _server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
     from verl.workers.rollout.replica import RolloutMode
-    from verl_offpolicy.cpu.harness import compose_cpu_config
+    from tests.actor_harness import compose_cpu_config
     from verl_offpolicy.cpu.rollout import HFRolloutServer
 
     cfg = compose_cpu_config(model_path, tokenizer_path, overrides)
@@ -270,7 +270,7 @@ def platform_facts() -> dict[str, Any]:
     from verl_offpolicy.cpu.demo import is_loopback
     from verl.utils import distributed
     from verl.workers.engine import EngineRegistry
-    from verl_offpolicy.cpu.harness import init_single_process_env
+    from tests.actor_harness import init_single_process_env
 
     init_single_process_env()  # MASTER_ADDR=127.0.0.1
     distributed.initialize_global_process_group_ray(timeout_second=60)
@@ -321,7 +321,7 @@ def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float 
     ``old_log_prob_shift`` sets old_log_prob = log π − shift (ρ = e^shift on every token; 0 = on-policy).
     Returns, per case, how far the weights moved and the sequence log-probs before and after.
     """
-    from verl_offpolicy.cpu.harness import ActorHarness
+    from tests.actor_harness import ActorHarness
 
     report = {}
     harness = None
@@ -354,3 +354,46 @@ def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float 
             "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
         }
     return report
+
+
+# ----------------------------------------------------------------------------------------------
+# One real actor update with verl's vanilla loss (run in a fresh CPU process)
+# ----------------------------------------------------------------------------------------------
+
+
+def demo_vanilla_update(workdir: Optional[str] = None, lr: float = 1e-2) -> dict[str, Any]:
+    """One real update with verl's ``vanilla`` loss; returns what changed (used by the tests).
+
+    Prompts ``repeat c``, responses ``c c </s>`` (advantage +1) and ``d d </s>`` (advantage -1):
+    after the update the log-prob of the positive responses must rise and the negative ones fall.
+    """
+    workdir = workdir or tempfile.mkdtemp(prefix="vo-harness-")
+    harness = ActorHarness.create(workdir, loss_mode="vanilla", lr=lr)
+    tok = harness.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict) or hasattr(prompt, "keys"):
+        prompt = prompt["input_ids"]
+    good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
+    bad = tok.convert_tokens_to_ids(["d", "d", "</s>"])
+    batch = harness.make_batch([prompt] * 4, [good, bad, good, bad], [1.0, -1.0, 1.0, -1.0])
+    before_weights = harness.state_dict()
+    before_lp = harness.log_probs(batch)
+    metrics = harness.update(batch)
+    after_weights = harness.state_dict()
+    after_lp = harness.log_probs(batch)
+    changed = {
+        name: float((after_weights[name] - before_weights[name]).abs().max())
+        for name in before_weights
+    }
+    seq_before = before_lp.sum(-1)
+    seq_after = after_lp.sum(-1)
+    return {
+        "num_params": len(before_weights),
+        "num_changed": sum(v > 0 for v in changed.values()),
+        "max_abs_change": max(changed.values()),
+        "good_logp_before": float(seq_before[0::2].mean()),
+        "good_logp_after": float(seq_after[0::2].mean()),
+        "bad_logp_before": float(seq_before[1::2].mean()),
+        "bad_logp_after": float(seq_after[1::2].mean()),
+        "metrics": {k: (float(v) if isinstance(v, int | float) else str(v)) for k, v in metrics.items()},
+    }

@@ -16,17 +16,9 @@ VALID_SIZES = [
     "trainer.n_gpus_per_node=2",
 ]
 
-STOCK_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
-PRIMARY_CONFIGS = ("offpolicy_trainer", "offpolicy_megatron_trainer")
-
 
 def compose_main_ppo(config_name: str, overrides: list[str], return_hydra_config: bool = False):
     """Compose ``config_name`` through main_ppo's config module (``verl.trainer.config``)."""
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
-
-
-def preset_overrides(config_name: str, preset: str) -> list[str]:
-    """``+algorithm=<preset>`` on verl's stock configs, ``algorithm=<preset>`` on ours."""
-    return [f"+algorithm={preset}" if config_name in STOCK_CONFIGS else f"algorithm={preset}"]

@@ -312,4 +312,4 @@ def test_core_modules_do_not_import_verl():
         "import verl_offpolicy.core.advantages, verl_offpolicy.core.losses\n"
         "assert not any(m == 'verl' or m.startswith('verl.') for m in sys.modules if sys.modules[m] is not None)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=240)

@@ -30,8 +30,7 @@ from verl_offpolicy.glue.config import CLIP_MODES, REGULARIZERS, WEIGHTS
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
 from verl_offpolicy.tabular import actor
 
-from tests.test_algorithms_integration import LOSS, RESPONSE_LENS, compose_actor, engine_batch, nested
-from tests.test_algorithms_losses import call
+from tests.loss_helpers import LOSS, RESPONSE_LENS, call, compose_actor, engine_batch, nested
 
 F64 = torch.float64
 E20 = math.exp(20.0)  # the largest ratio: log-ratios are clamped to [−20, 20] before exp

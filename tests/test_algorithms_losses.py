@@ -12,38 +12,14 @@ import pytest
 import torch
 
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
-from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import ActorConfig, PolicyLossConfig
 from verl_offpolicy.glue.config import OffPolicyLossConfig
 from verl_offpolicy.tabular import actor
 
+from tests.loss_helpers import call
+
 F64 = torch.float64
 RHO = [0.5, 0.79, 0.8, 1.0, 1.2, 1.21, 2.9, 3.0, 3.1]
-METRICS = {
-    "actor/pg_clipfrac",
-    "actor/pg_clipfrac_upper",
-    "actor/pg_clipfrac_lower",
-    "actor/ratio_mean",
-    "actor/ratio_max",
-    "actor/ppo_kl",
-}
-
-
-def call(config, old, log_prob, adv, mask, agg="token-sum", weights=None):
-    """Registered loss and its gradient w.r.t. log_prob."""
-    log_prob = log_prob.clone().requires_grad_(True)
-    loss, metrics = get_policy_loss_fn(config.policy_loss.loss_mode)(
-        old_log_prob=old,
-        log_prob=log_prob,
-        advantages=adv,
-        response_mask=mask,
-        loss_agg_mode=agg,
-        config=config,
-        rollout_is_weights=weights,
-    )
-    (grad,) = torch.autograd.grad(loss, log_prob)
-    assert set(metrics) == METRICS and all(type(v) is float for v in metrics.values())
-    return loss.detach(), grad, metrics
 
 
 # ---------------------------------------------------------------- opmd

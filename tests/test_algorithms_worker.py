@@ -6,6 +6,8 @@ CPU process with a timeout). A +1-advantage response must become more likely and
 likely; a batch that the REC one-side mask removes entirely must leave the weights unchanged.
 """
 
+import pytest
+
 from tests.cpu_harness import isolated
 
 ON_POLICY = [
@@ -53,6 +55,8 @@ MASKED = [
 ]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_each_loss_moves_a_real_fsdp2_actor_in_the_direction_of_the_advantage(tmp_path):
     report = isolated("tests.cpu_harness:offpolicy_loss_updates", timeout=900, workdir=str(tmp_path), cases=ON_POLICY + MASKED)
     for case in ON_POLICY:

@@ -11,6 +11,7 @@ from tests.hydra_utils import VALID_SIZES
 from tests.test_presets import SPEC
 from verl_offpolicy.cpu.demo import _session_processes, is_loopback
 from verl_offpolicy.cli import main, preset_header, preset_names
+from verl_offpolicy.configs import PRIMARY_CONFIGS
 
 # The console script pip installs next to this environment's python (PATH may not include it).
 EXE = str(Path(sys.executable).parent / "verl-offpolicy")
@@ -68,7 +69,12 @@ CPU_OVERLAY = ["--config-name", "offpolicy_trainer", "algorithm=opmd", "+cpu=dem
 @pytest.fixture()
 def cpu_model_dirs(tmp_path):
     # The CPU guard checks that the model and tokenizer paths are local directories (check loads neither).
-    return [f"actor_rollout_ref.model.path={tmp_path}", f"actor_rollout_ref.model.tokenizer_path={tmp_path}"]
+    # A passing guard puts this process on the CPU platform (VERL_PLATFORM=cpu, ... in os.environ): undone
+    # afterwards, or every later test's subprocess would inherit it.
+    environ = dict(os.environ)
+    yield [f"actor_rollout_ref.model.path={tmp_path}", f"actor_rollout_ref.model.tokenizer_path={tmp_path}"]
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
@@ -92,7 +98,7 @@ def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override,
     assert "cannot run on verl's CPU path" in captured.err and expected in captured.err
 
 
-@pytest.mark.parametrize("config_name", ["offpolicy_trainer", "offpolicy_megatron_trainer"])
+@pytest.mark.parametrize("config_name", PRIMARY_CONFIGS)
 def test_check_rejects_an_algorithm_choice_that_is_no_preset(capsys, config_name):
     """verl's own `algorithm/rollout_correction.yaml` is in the same Hydra group, but is no algorithm."""
     assert main(["check", "--config-name", config_name, "algorithm=rollout_correction", *VALID_SIZES]) == 1
@@ -138,6 +144,8 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), sorted(listening)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_every_name_in_driver_and_ray_worker():
     proc, listening = run_doctor()
@@ -153,6 +161,8 @@ def test_doctor_reports_every_name_in_driver_and_ray_worker():
     assert [a for a in listening if not is_loopback(a)] == [], listening
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins():
     """`VERL_USE_EXTERNAL_PLUGINS=none`: `import verl` registers nothing of ours in any process; doctor
@@ -166,6 +176,8 @@ def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins():
     assert [a for a in listening if not is_loopback(a)] == [], listening
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
 def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     before = set(Path("/tmp").glob("vo-doctor-*"))
@@ -178,6 +190,7 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     assert _session_processes("vo-doctor-") == []
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_ray_that_cannot_start_is_a_finding(monkeypatch):
     """A real ray.init failure (RAY_ADDRESS names a cluster that is not there) in the probe process."""

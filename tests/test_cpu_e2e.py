@@ -35,6 +35,8 @@ TIMEOUT = 240  # the run takes ~75 s on 2 cores (about 60 s of start-up)
 
 CASES = [pytest.param("grpo", [], id="grpo")]
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 def check_completed(result: DemoResult, steps: int = STEPS) -> None:
     """The run logged every training step with verl's metrics, and rollout/trainer agree."""

@@ -4,7 +4,7 @@ import pytest
 
 from tests.cpu_harness import run_main_ppo
 from verl_offpolicy.cpu.guards import check_cpu_config, required_ray_cpus, validate_cpu_config, CPUConfigError
-from verl_offpolicy.cpu.harness import compose_cpu_config
+from tests.actor_harness import compose_cpu_config
 from verl_offpolicy.cpu.tiny import build_tiny
 
 GUARD_TIMEOUT = 120  # a guard failure must be quick: no Ray, no workers

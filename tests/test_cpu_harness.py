@@ -1,8 +1,11 @@
 """The single-process FSDP2 TrainingWorker harness: one real actor update with verl's vanilla loss."""
 
+import pytest
+
 from tests.cpu_harness import isolated
 
 
+@pytest.mark.slow
 def test_one_vanilla_update_changes_weights_in_the_advantage_direction(tmp_path):
     report = isolated("tests.cpu_harness:demo_vanilla_update", timeout=300, workdir=str(tmp_path), lr=1e-2)
     print(report)

@@ -5,10 +5,14 @@ training reward of the last steps must clearly exceed that of the first steps, a
 validation reward must rise.
 """
 
+import pytest
+
 from verl_offpolicy.cpu.demo import run_demo
 
 STEPS = 40
 TIMEOUT = 600
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 300)]
 
 
 def test_grpo_learns_repeat_task_on_cpu(tmp_path):

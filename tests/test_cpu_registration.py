@@ -103,11 +103,33 @@ def pending():
 hook_pending = pending()
 before = "verl.workers.rollout" in sys.modules
 import verl.workers.rollout.base as base
-print(json.dumps({"before": before, "hook_pending": hook_pending or before,
+print(json.dumps({"before": before, "hook_pending": hook_pending,
                   "registered": registration.rollout_registered(), "hook_left": pending()}))
 """,
         cpu=False,
     )
-    assert report["registered"] is True
+    # `import verl` left verl's rollout package alone and our hook waiting for it ...
+    assert report["before"] is False
     assert report["hook_pending"] is True
+    # ... which registered hf when the package was imported, and removed itself.
+    assert report["registered"] is True
     assert report["hook_left"] is False
+
+
+def test_the_rollout_name_is_written_once_in_the_package():
+    """``"hf"`` is HF_ROLLOUT of glue/registration.py; every other module imports it."""
+    import ast
+    from pathlib import Path
+
+    import verl_offpolicy
+    from verl_offpolicy.glue.registration import HF_ROLLOUT, ROLLOUTS
+
+    root = Path(verl_offpolicy.__file__).parent
+    written = [
+        path.relative_to(root).as_posix()
+        for path in sorted(root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == HF_ROLLOUT
+    ]
+    assert written == ["glue/registration.py"]
+    assert ROLLOUTS == (HF_ROLLOUT,)

@@ -45,6 +45,7 @@ def test_sample_next_greedy_top_p_and_repetition_penalty():
     assert tokens.tolist() == [3]
 
 
+@pytest.mark.slow
 def test_server_generation_semantics_against_transformers(tmp_path):
     report = isolated("tests.cpu_harness:rollout_server_semantics", timeout=TIMEOUT, workdir=str(tmp_path))
     assert report["batched_equals_single"]
@@ -62,6 +63,8 @@ def test_server_generation_semantics_against_transformers(tmp_path):
     assert report["serves_after_resume"]
 
 
+@pytest.mark.e2e  # a Ray cluster for the rollout server
+@pytest.mark.slow
 def test_rollout_logprobs_match_trainer_after_weight_sync(tmp_path):
     """Trainer (FSDP2 TrainingWorker) weights -> adapter -> Ray server; then both score the same tokens."""
     report = isolated(

@@ -37,6 +37,41 @@ print(json.dumps({"failure": registration_failure(), "missing": [e.name for e in
     assert len(expected_names()) >= 10
 
 
+def _defined_by_us(entry) -> bool:
+    """A registry value of ours: a function or class of verl_offpolicy, or the dotted path of one
+    (verl's adapter dict holds paths, its agent-loop registry ``{"_target_": path}``)."""
+    if isinstance(entry, dict):
+        entry = entry.get("_target_", "")
+    module = entry if isinstance(entry, str) else getattr(entry, "__module__", "")
+    return module.startswith("verl_offpolicy.")
+
+
+def test_name_lists_equal_what_our_decorators_registered():
+    """Drift: every name in glue/registration.py's lists is registered by our code, and every entry our
+    code put into a verl registry is in a list (so doctor and the startup checks know it)."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.plugin.platform import PlatformRegistry
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    from verl.workers.rollout import base, replica
+    from verl_offpolicy.glue import registration as reg
+
+    assert all(e.lookup(e.name) for e in expected_names())  # imports every registry module (hooks fire)
+    registries = {
+        "ADV_ESTIMATORS": (reg.ADV_ESTIMATORS, ADV_ESTIMATOR_REGISTRY),
+        "POLICY_LOSSES": (reg.POLICY_LOSSES, POLICY_LOSS_REGISTRY),
+        "TRAINERS": (reg.TRAINERS, TRAINER_REGISTRY),
+        "PLATFORMS": (reg.PLATFORMS, PlatformRegistry._platforms),
+        "ROLLOUTS (replicas)": (reg.ROLLOUTS, replica.RolloutReplicaRegistry._registry),
+        "ROLLOUTS (adapters)": (reg.ROLLOUTS, {name: v for (name, _mode), v in base._ROLLOUT_REGISTRY.items()}),
+        "AGENT_LOOPS": (reg.AGENT_LOOPS, _agent_loop_registry),
+    }
+    for list_name, (listed, registry) in registries.items():
+        ours = sorted(name for name, entry in registry.items() if _defined_by_us(entry))
+        assert ours == sorted(listed), f"{list_name} in glue/registration.py is not what our code registered"
+    assert len(expected_names()) == sum(len(v) for k, (v, _) in registries.items() if k != "ROLLOUTS (adapters)")
+
+
 def test_plugins_disabled_means_nothing_registered_until_our_config_is_built():
     """VERL_USE_EXTERNAL_PLUGINS=none really skips us; building our typed config registers on demand."""
     code = """
@@ -198,6 +233,8 @@ def test_broken_registration_module_gives_one_readable_message(broken_install, e
         assert "ray init kwargs" not in proc.stdout, "Ray was started although nothing of ours can load"
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
     proc = subprocess.run(

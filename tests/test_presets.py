@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.hydra_utils import PRIMARY_CONFIGS, STOCK_CONFIGS, VALID_SIZES, compose_main_ppo, preset_overrides
+from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
-from verl_offpolicy.cli import preset_header, preset_names
+from verl_offpolicy.cli import compose_preset, preset_header, preset_names
+from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyLossConfig, offpolicy_section
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -59,13 +60,30 @@ def test_every_file_of_the_algorithm_group_is_a_documented_preset():
         assert any(line.startswith("Reproduces:") for line in preset_header(name)), f"{name}.yaml is not a preset"
 
 
+def test_primary_configs_are_the_packages_top_level_configs():
+    from importlib import resources
+
+    files = sorted(p.name for p in resources.files("verl_offpolicy.configs").iterdir() if p.name.endswith(".yaml"))
+    assert files == sorted(f"{name}.yaml" for name in PRIMARY_CONFIGS)
+
+
+@pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
+def test_cli_and_demo_select_a_preset_on_every_config(config_name):
+    """`verl-offpolicy doctor`/`check` (compose_preset) and the demo select a preset by the one rule."""
+    from verl_offpolicy.cpu.demo import preset_overrides
+
+    assert compose_preset("asymre", config_name, VALID_SIZES).algorithm.adv_estimator == "asymre"
+    demo = compose_main_ppo(config_name, [*preset_overrides("asymre", config_name), *VALID_SIZES])
+    assert demo.algorithm.adv_estimator == "asymre"
+
+
 @pytest.mark.parametrize("choice", ["_common", "_rec", "common"])
 @pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
 def test_shared_parts_are_not_selectable_as_algorithm(config_name, choice):
     from hydra.errors import MissingConfigException
 
     with pytest.raises(MissingConfigException):
-        compose_main_ppo(config_name, preset_overrides(config_name, choice) + VALID_SIZES)
+        compose_main_ppo(config_name, [preset_selector(choice, config_name), *VALID_SIZES])
 
 
 @pytest.mark.parametrize("config_name", PRIMARY_CONFIGS)
@@ -112,7 +130,7 @@ def _check_against_spec(cfg, spec):
 @pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
 @pytest.mark.parametrize("preset", sorted(SPEC))
 def test_preset_composes_converts_and_validates(config_name, preset):
-    cfg = compose_main_ppo(config_name, preset_overrides(config_name, preset) + VALID_SIZES)
+    cfg = compose_main_ppo(config_name, [preset_selector(preset, config_name), *VALID_SIZES])
     _check_against_spec(cfg, SPEC[preset])
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert isinstance(actor.policy_loss, OffPolicyLossConfig)

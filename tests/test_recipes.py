@@ -43,6 +43,7 @@ def _dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow  # each runs the recipe's `verl-offpolicy check` in a fresh process
 @pytest.mark.parametrize("script", TRAINING)
 @pytest.mark.parametrize("preset", ["rec_ring_nois", "agro", "pmd_partition"])
 def test_recipe_composes_and_validates(script, preset):
@@ -111,6 +112,7 @@ def test_opmd_trinity_recipe_uses_trinity_rft_opmd_gsm8k_setting():
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (96, 8)
 
 
+@pytest.mark.slow
 def test_paper_off_policy_setting_reaches_the_scheduler():
     proc = _dry_run("gsm8k_qwen2.5-1.5b.sh", "rec_oneside_nois", SYNC_INTERVAL="20", SYNC_OFFSET="0")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -41,7 +41,7 @@ SMALL = NO_VALIDATION + [
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
 ]
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def schedule(s: int, d: int) -> list[str]:

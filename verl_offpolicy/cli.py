@@ -8,7 +8,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from verl_offpolicy.configs import preset_names, preset_text
+from verl_offpolicy.configs import preset_names, preset_selector, preset_text
 
 
 def preset_header(name: str) -> list[str]:
@@ -26,9 +26,8 @@ def compose_preset(name: str, config_name: str = "ppo_trainer", overrides: list[
     """Compose ``config_name`` with a preset exactly as stock ``verl.trainer.main_ppo`` would."""
     from hydra import compose, initialize_config_module
 
-    selector = f"+algorithm={name}" if config_name in ("ppo_trainer", "ppo_megatron_trainer") else f"algorithm={name}"
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name=config_name, overrides=[selector, *(overrides or [])])
+        return compose(config_name=config_name, overrides=[preset_selector(name, config_name), *(overrides or [])])
 
 
 # ----------------------------------------------------------------------------------------- doctor

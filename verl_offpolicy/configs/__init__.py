@@ -16,6 +16,15 @@ from importlib import resources
 
 PRESET_PACKAGE = "verl_offpolicy.configs"
 PRESET_GROUP = "algorithm"
+# verl's primary configs (no `algorithm` group default) and ours (default `algorithm: grpo`).
+STOCK_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
+PRIMARY_CONFIGS = ("offpolicy_trainer", "offpolicy_megatron_trainer")
+
+
+def preset_selector(preset: str, config_name: str) -> str:
+    """The override selecting ``preset``: ``+algorithm=<preset>`` on verl's stock configs (it adds the
+    group), ``algorithm=<preset>`` on ours (it replaces the default)."""
+    return f"+{PRESET_GROUP}={preset}" if config_name in STOCK_CONFIGS else f"{PRESET_GROUP}={preset}"
 
 
 def preset_names() -> list[str]:

@@ -6,7 +6,6 @@
 - :mod:`.guards`: startup checks of a CPU config (Hydra callback of the ``+cpu=demo`` overlay).
 - :mod:`.tiny`, :mod:`.task`: a tiny local Llama + tokenizer and a synthetic task with its reward.
 - :mod:`.demo`: ``run_demo()``: stock ``main_ppo`` end to end on the CPU, reward curve.
-- :mod:`.harness`: a single-process FSDP2 ``TrainingWorker`` for tests of real actor updates.
 
 Nothing here is imported unless asked for, and nothing changes for GPU users.
 """

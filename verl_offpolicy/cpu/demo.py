@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from verl_offpolicy.configs import STOCK_CONFIGS, preset_selector
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, is_loopback_host
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
@@ -87,15 +88,13 @@ TASK_OVERRIDES = {
 def preset_overrides(preset: str, config_name: str = DEFAULT_CONFIG_NAME) -> list[str]:
     """Hydra overrides selecting an algorithm (plus its :data:`TASK_OVERRIDES` for the repeat task).
 
-    On the stock ``ppo_trainer``, ``grpo`` is verl's built-in GRPO with the vanilla PPO-clip loss
-    (plain verl keys, no preset file) and any other name selects the preset file
-    ``verl_offpolicy/configs/algorithm/<preset>.yaml`` as ``+algorithm=<preset>``. A primary config
-    that declares an ``algorithm`` group default (``offpolicy_trainer``) takes ``algorithm=<preset>``.
+    On verl's stock configs (``ppo_trainer``), ``grpo`` is verl's built-in GRPO with the vanilla
+    PPO-clip loss (plain verl keys, no preset file); any other name, and every name on our primary
+    configs (``offpolicy_trainer``), selects the preset file ``verl_offpolicy/configs/algorithm/<preset>.yaml``
+    (``+algorithm=`` or ``algorithm=``: :func:`verl_offpolicy.configs.preset_selector`).
     """
     task = TASK_OVERRIDES.get(preset, [])
-    if config_name != DEFAULT_CONFIG_NAME:
-        return [f"algorithm={preset}", *task]
-    if preset == "grpo":
+    if preset == "grpo" and config_name in STOCK_CONFIGS:
         return [
             "algorithm.adv_estimator=grpo",
             "algorithm.norm_adv_by_std_in_grpo=true",
@@ -103,7 +102,7 @@ def preset_overrides(preset: str, config_name: str = DEFAULT_CONFIG_NAME) -> lis
             "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
             "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         ]
-    return [f"+algorithm={preset}", *task]
+    return [preset_selector(preset, config_name), *task]
 
 
 @dataclass

@@ -23,10 +23,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, LOOPBACK_ENV, PLATFORM_NAME
+from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 logger = logging.getLogger("verl_offpolicy")
 
-ROLLOUT_NAME = "hf"
 # Each training process's placement-group bundle reserves this many CPUs (verl's ResourcePoolManager).
 CPUS_PER_TRAINING_BUNDLE = 3
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -47,7 +47,7 @@ def _select(cfg: DictConfig, key: str, default: Any = None) -> Any:
 def cpu_path_selected(cfg: DictConfig) -> bool:
     """True if the config (or the environment) asks for verl's CPU path."""
     return (
-        _select(cfg, "actor_rollout_ref.rollout.name") == ROLLOUT_NAME
+        _select(cfg, "actor_rollout_ref.rollout.name") == HF_ROLLOUT
         or _select(cfg, "trainer.device") == PLATFORM_NAME
         or str(_select(cfg, f"{ENV_PREFIX}.{ENV_PLATFORM}", "")).lower() == PLATFORM_NAME
         or os.environ.get(ENV_PLATFORM, "").strip().lower() == PLATFORM_NAME
@@ -76,16 +76,16 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
 
     rollout = "actor_rollout_ref.rollout"
     name = _select(cfg, f"{rollout}.name")
-    need(f"{rollout}.name", name == ROLLOUT_NAME, name,
-         f"vLLM/SGLang do not run here; set {rollout}.name={ROLLOUT_NAME} (transformers generation on the CPU)")
+    need(f"{rollout}.name", name == HF_ROLLOUT, name,
+         f"vLLM/SGLang do not run here; set {rollout}.name={HF_ROLLOUT} (transformers generation on the CPU)")
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         value = _select(cfg, f"{rollout}.{key}", 1)
-        need(f"{rollout}.{key}", value == 1, value, f"the {ROLLOUT_NAME} rollout runs one process; set {rollout}.{key}=1")
+        need(f"{rollout}.{key}", value == 1, value, f"the {HF_ROLLOUT} rollout runs one process; set {rollout}.{key}=1")
     mode = _select(cfg, f"{rollout}.mode", "async")
     need(f"{rollout}.mode", mode == "async", mode, f"set {rollout}.mode=async")
     hybrid = _select(cfg, "actor_rollout_ref.hybrid_engine", True)
     need("actor_rollout_ref.hybrid_engine", bool(hybrid), hybrid,
-         f"the {ROLLOUT_NAME} rollout is colocated with the actor; set actor_rollout_ref.hybrid_engine=true")
+         f"the {HF_ROLLOUT} rollout is colocated with the actor; set actor_rollout_ref.hybrid_engine=true")
 
     device = _select(cfg, "trainer.device")
     need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")

@@ -15,8 +15,8 @@ Run by :mod:`verl_offpolicy.glue.registration` (see its ``EAGER_REGISTRATIONS`` 
 from __future__ import annotations
 
 from verl_offpolicy.cpu.platform import PLATFORM_NAME, install_gloo_default
+from verl_offpolicy.glue.registration import HF_ROLLOUT
 
-ROLLOUT_NAME = "hf"
 ADAPTER_FQN = "verl_offpolicy.cpu.rollout.HFServerAdapter"
 
 
@@ -30,9 +30,9 @@ def register_rollout() -> None:
     """Put ``hf`` into verl's two rollout registries (public replica registry, private adapter dict)."""
     from verl.workers.rollout import base, replica
 
-    replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
+    replica.RolloutReplicaRegistry.register(HF_ROLLOUT, _load_replica)
     # verl has no public API for adapters: it registers vllm/sglang/trtllm in this private dict too.
-    base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+    base._ROLLOUT_REGISTRY[(HF_ROLLOUT, "async")] = ADAPTER_FQN
 
 
 def rollout_registered() -> bool:
@@ -40,8 +40,8 @@ def rollout_registered() -> bool:
     from verl.workers.rollout import base, replica
 
     return (
-        ROLLOUT_NAME in replica.RolloutReplicaRegistry._registry
-        and base._ROLLOUT_REGISTRY.get((ROLLOUT_NAME, "async")) == ADAPTER_FQN
+        HF_ROLLOUT in replica.RolloutReplicaRegistry._registry
+        and base._ROLLOUT_REGISTRY.get((HF_ROLLOUT, "async")) == ADAPTER_FQN
     )
 
 

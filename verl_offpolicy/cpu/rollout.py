@@ -44,11 +44,11 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutpu
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_offpolicy.cpu.platform import require_cpu_platform
+from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 logger = logging.getLogger("verl_offpolicy.cpu.rollout")
 logger.setLevel(os.getenv("VERL_OFFPOLICY_LOGGING_LEVEL", "INFO"))
 
-ROLLOUT_NAME = "hf"
 # Seconds a replica waits for its server actor to be scheduled and to load the model.
 LAUNCH_TIMEOUT_S = float(os.environ.get("VERL_OFFPOLICY_HF_LAUNCH_TIMEOUT", "300"))
 # Seconds the server waits for concurrent requests to arrive before starting a batch.
@@ -60,7 +60,7 @@ class HFRolloutError(RuntimeError):
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0, suffix: str = "") -> str:
-    return f"{ROLLOUT_NAME}_server_{replica_rank}_{node_rank}{suffix}"
+    return f"{HF_ROLLOUT}_server_{replica_rank}_{node_rank}{suffix}"
 
 
 def check_rollout_parallelism(config) -> None:
@@ -73,13 +73,13 @@ def check_rollout_parallelism(config) -> None:
     if bad:
         settings = ", ".join(f"actor_rollout_ref.rollout.{key}={value}" for key, value in bad.items())
         raise HFRolloutError(
-            f"rollout name={ROLLOUT_NAME} runs one CPU process per replica and needs tensor/data/pipeline "
+            f"rollout name={HF_ROLLOUT} runs one CPU process per replica and needs tensor/data/pipeline "
             f"parallel size 1, got {settings}; set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
         )
     disaggregation = getattr(config, "disaggregation", None)
     if disaggregation is not None and getattr(disaggregation, "enabled", False):
         raise HFRolloutError(
-            f"rollout name={ROLLOUT_NAME} does not support prefill/decode disaggregation; "
+            f"rollout name={HF_ROLLOUT} does not support prefill/decode disaggregation; "
             "set actor_rollout_ref.rollout.disaggregation.enabled=false"
         )
 
@@ -178,14 +178,14 @@ class HFRolloutServer:
     """
 
     def __init__(self, config, model_config, rollout_mode: RolloutMode, replica_rank: int, node_rank: int = 0):
-        require_cpu_platform(f"rollout name={ROLLOUT_NAME}")
+        require_cpu_platform(f"rollout name={HF_ROLLOUT}")
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
         check_rollout_parallelism(self.config)
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.rollout_mode = rollout_mode
         self.replica_rank = replica_rank
         self.node_rank = node_rank
-        engine_kwargs = dict((self.config.engine_kwargs or {}).get(ROLLOUT_NAME, None) or {})
+        engine_kwargs = dict((self.config.engine_kwargs or {}).get(HF_ROLLOUT, None) or {})
         self.batch_window_s = float(engine_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S))
         num_threads = int(engine_kwargs.get("num_threads", 0) or 0) or (os.cpu_count() or 1)
         torch.set_num_threads(num_threads)
@@ -308,7 +308,7 @@ class HFRolloutServer:
         **kwargs: Any,
     ) -> TokenOutput:
         if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
-            raise HFRolloutError(f"rollout name={ROLLOUT_NAME} is text-only; multimodal inputs are not supported")
+            raise HFRolloutError(f"rollout name={HF_ROLLOUT} is text-only; multimodal inputs are not supported")
         self._ensure_loop_state()
         prompt_ids = [int(t) for t in prompt_ids]
         if self._sleeping and not self._warned_sleeping:
@@ -605,10 +605,10 @@ class HFReplica(RolloutReplica):
         check_rollout_parallelism(self.config)
 
     async def launch_servers(self):
-        require_cpu_platform(f"rollout name={ROLLOUT_NAME}")
+        require_cpu_platform(f"rollout name={HF_ROLLOUT}")
         if self.rollout_mode != RolloutMode.HYBRID or self.is_reward_model or self.is_teacher_model:
             raise HFRolloutError(
-                f"rollout name={ROLLOUT_NAME} supports the colocated hybrid engine only "
+                f"rollout name={HF_ROLLOUT} supports the colocated hybrid engine only "
                 f"(actor_rollout_ref.hybrid_engine=true, trainer modes sync/colocate_async); got "
                 f"mode={self.rollout_mode}, reward_model={self.is_reward_model}, teacher={self.is_teacher_model}"
             )
@@ -651,7 +651,7 @@ class HFReplica(RolloutReplica):
         self.servers = [server]
         self._server_handle = server
         # No HTTP endpoint: the address only identifies the server in verl's load balancer.
-        self._server_address = f"{ROLLOUT_NAME}-rollout-replica-{self.replica_rank}{self.name_suffix}"
+        self._server_address = f"{HF_ROLLOUT}-rollout-replica-{self.replica_rank}{self.name_suffix}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -664,7 +664,7 @@ class HFServerAdapter(BaseRollout):
 
     def __init__(self, config, model_config, device_mesh, replica_rank: int = -1, **kwargs):
         super().__init__(config, model_config, device_mesh)
-        require_cpu_platform(f"rollout name={ROLLOUT_NAME}")
+        require_cpu_platform(f"rollout name={HF_ROLLOUT}")
         check_rollout_parallelism(self.config)
         rank = int(os.environ.get("RANK", "0"))
         self.replica_rank = rank if replica_rank == -1 else replica_rank
@@ -702,12 +702,12 @@ class HFServerAdapter(BaseRollout):
         """
         if wire_format != "named_tensors":
             raise HFRolloutError(
-                f"rollout name={ROLLOUT_NAME} receives full tensors only (wire_format='named_tensors'), got "
+                f"rollout name={HF_ROLLOUT} receives full tensors only (wire_format='named_tensors'), got "
                 f"{wire_format!r}; use actor_rollout_ref.rollout.checkpoint_engine.backend=naive"
             )
         if peft_config is not None:
             raise HFRolloutError(
-                f"rollout name={ROLLOUT_NAME} cannot load LoRA adapters; set actor_rollout_ref.model.lora.merge=true "
+                f"rollout name={HF_ROLLOUT} cannot load LoRA adapters; set actor_rollout_ref.model.lora.merge=true "
                 "or train without LoRA"
             )
         start = time.monotonic()
@@ -736,4 +736,4 @@ class HFServerAdapter(BaseRollout):
         )
 
     def generate_sequences(self, prompts):
-        raise NotImplementedError(f"rollout name={ROLLOUT_NAME} serves the async agent loop only")
+        raise NotImplementedError(f"rollout name={HF_ROLLOUT} serves the async agent loop only")

@@ -97,7 +97,8 @@ ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "
 POLICY_LOSSES = ("opmd", "pmd", "rec")
 TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
-ROLLOUTS = ("hf",)
+HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
+ROLLOUTS = (HF_ROLLOUT,)
 AGENT_LOOPS = ("seeded_single_turn_agent",)
 
 

@@ -5,7 +5,7 @@ is built exactly as ``ActorRolloutRefWorker.init_model`` builds its actor (same 
 same ``ppo_loss`` entry point, same engine), from the ``+cpu=demo`` config composed with Hydra, and
 the batch goes through the same padding conversion as verl's trainer.
 
-    from verl_offpolicy.cpu.harness import ActorHarness
+    from tests.actor_harness import ActorHarness
 
     harness = ActorHarness.create(workdir, loss_mode="vanilla", lr=1e-2)
     batch = harness.make_batch(prompts=[[5, 7, 10, 6]] * 4, responses=[[10, 10, 2]] * 4, advantages=[1, -1, 1, -1])
@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from tests.hydra_utils import compose_main_ppo
 from verl_offpolicy.cpu.demo import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
@@ -55,18 +56,15 @@ def init_single_process_env() -> None:
 
 def compose_cpu_config(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
     """verl's ``ppo_trainer`` config with the ``+cpu=demo`` overlay and ``overrides`` (Hydra compose)."""
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module("verl.trainer.config", version_base=None):
-        return compose(
-            "ppo_trainer",
-            overrides=[
-                "+cpu=demo",
-                f"actor_rollout_ref.model.path={model_path}",
-                f"actor_rollout_ref.model.tokenizer_path={tokenizer_path}",
-                *overrides,
-            ],
-        )
+    return compose_main_ppo(
+        "ppo_trainer",
+        [
+            "+cpu=demo",
+            f"actor_rollout_ref.model.path={model_path}",
+            f"actor_rollout_ref.model.tokenizer_path={tokenizer_path}",
+            *overrides,
+        ],
+    )
 
 
 def _scalar(value: Any) -> Any:
@@ -311,41 +309,3 @@ def run_isolated(
         if returncode != 0 or not result_path.exists():
             raise IsolatedRunError(f"{target} failed (exit {returncode}); output:\n{output[-4000:]}")
         return json.loads(result_path.read_text())
-
-
-def demo_vanilla_update(workdir: Optional[str] = None, lr: float = 1e-2) -> dict[str, Any]:
-    """One real update with verl's ``vanilla`` loss; returns what changed (used by the tests).
-
-    Prompts ``repeat c``, responses ``c c </s>`` (advantage +1) and ``d d </s>`` (advantage -1):
-    after the update the log-prob of the positive responses must rise and the negative ones fall.
-    """
-    workdir = workdir or tempfile.mkdtemp(prefix="vo-harness-")
-    harness = ActorHarness.create(workdir, loss_mode="vanilla", lr=lr)
-    tok = harness.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
-    if isinstance(prompt, dict) or hasattr(prompt, "keys"):
-        prompt = prompt["input_ids"]
-    good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
-    bad = tok.convert_tokens_to_ids(["d", "d", "</s>"])
-    batch = harness.make_batch([prompt] * 4, [good, bad, good, bad], [1.0, -1.0, 1.0, -1.0])
-    before_weights = harness.state_dict()
-    before_lp = harness.log_probs(batch)
-    metrics = harness.update(batch)
-    after_weights = harness.state_dict()
-    after_lp = harness.log_probs(batch)
-    changed = {
-        name: float((after_weights[name] - before_weights[name]).abs().max())
-        for name in before_weights
-    }
-    seq_before = before_lp.sum(-1)
-    seq_after = after_lp.sum(-1)
-    return {
-        "num_params": len(before_weights),
-        "num_changed": sum(v > 0 for v in changed.values()),
-        "max_abs_change": max(changed.values()),
-        "good_logp_before": float(seq_before[0::2].mean()),
-        "good_logp_after": float(seq_after[0::2].mean()),
-        "bad_logp_before": float(seq_before[1::2].mean()),
-        "bad_logp_after": float(seq_after[1::2].mean()),
-        "metrics": {k: (float(v) if isinstance(v, int | float) else str(v)) for k, v in metrics.items()},
-    }

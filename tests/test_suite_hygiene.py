@@ -1,0 +1,167 @@
+"""The test suite's own rules: CI fails on an empty suite, every subprocess has a timeout, tests share
+helpers under public names, and every test that starts Ray, a training run or doctor is marked e2e."""
+
+import ast
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHECKED_DIRS = ("tests", "benchmarks")
+
+
+def _ci_run(tmp_path: Path, test_command: str) -> subprocess.CompletedProcess:
+    """The real ``.ci/run`` in a copy of the repository whose README's test command is ``test_command``
+    (and whose install command does nothing)."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy2(REPO_ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    (tmp_path / "README.md").write_text(f"# x\n\n```\ntrue && .venv/bin/verl-offpolicy demo\n{test_command}\n```\n")
+    return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("rc", [0, 1, 5])
+def test_ci_passes_on_its_test_commands_exit_code_only(tmp_path, rc):
+    """pytest's exit 5 (no test collected) is a broken suite: CI fails with that code and says why."""
+    proc = _ci_run(tmp_path, f"exit {rc}")
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    assert ("collected no tests" in proc.stdout) == (rc == 5), proc.stdout
+
+
+def _python_files() -> list[Path]:
+    return sorted(p for d in CHECKED_DIRS for p in (REPO_ROOT / d).rglob("*.py"))
+
+
+SUBPROCESS_WAITS = {"run", "check_output", "check_call", "call"}
+
+
+def test_every_subprocess_call_has_a_timeout():
+    """subprocess.run/check_output/check_call/call in tests/ and benchmarks/ pass ``timeout=``."""
+    checked, missing = 0, []
+    for path in _python_files():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "subprocess"
+                and node.func.attr in SUBPROCESS_WAITS
+            ):
+                checked += 1
+                if not any(k.arg == "timeout" for k in node.keywords):
+                    missing.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert missing == []
+    assert checked >= 10  # the scan sees the suite's calls (this file's own included)
+
+
+def test_no_test_module_imports_a_private_name_of_another_test_module():
+    """What tests share lives in helper modules under public names (e.g. tests/loss_helpers.py)."""
+    private = []
+    for path in sorted((REPO_ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert private == []
+
+
+# ------------------------------------------------------------------ the e2e marker
+
+# What starts a Ray cluster, a main_ppo training run, the demo or doctor's Ray probe (see
+# pyproject.toml's `e2e` marker): calls of these names, `ray.init(...)`, or a command list with the
+# CLI's "doctor" subcommand. Not detected: a `verl-offpolicy demo` command line (tests also run it to
+# see it refuse bad input before Ray); test_cpu_e2e.py, which runs it, is marked as a whole.
+E2E_CALLS = {"run_demo", "demo_command", "ray_worker_state"}
+E2E_SUBCOMMANDS = {"doctor"}
+HELPER_TARGET = re.compile(r"^tests\.(\w+):(\w+)$")  # run_isolated("tests.<module>:<function>")
+
+
+def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.Module]:
+    """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
+    tree = ast.parse((REPO_ROOT / "tests" / f"{module}.py").read_text())
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    imported = {
+        a.asname or a.name: node.module.split(".", 1)[1]
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.")
+        for a in node.names
+    }
+    return defs, imported, tree
+
+
+def _starts_e2e(node: ast.AST) -> bool:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if isinstance(f, ast.Name) and f.id in E2E_CALLS:
+                return True
+            if isinstance(f, ast.Attribute) and f.attr == "init" and isinstance(f.value, ast.Name) and f.value.id == "ray":
+                return True
+        if isinstance(n, ast.List | ast.Tuple) and any(
+            isinstance(e, ast.Constant) and e.value in E2E_SUBCOMMANDS for e in n.elts
+        ):
+            return True
+    return False
+
+
+def _reaches_e2e(module: str, name: str, seen: set[tuple[str, str]]) -> bool:
+    """Whether tests/<module>.py's ``name`` (a test, fixture or helper) starts e2e work, following the
+    helpers and fixtures it uses in tests/ (same module, imported from tests.*, or run_isolated targets)."""
+    if (module, name) in seen:
+        return False
+    seen.add((module, name))
+    defs, imported, _ = _module_defs(module)
+    if name not in defs:
+        return name in imported and _reaches_e2e(imported[name], name, seen)
+    node = defs[name]
+    if _starts_e2e(node):
+        return True
+    used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        used |= {a.arg for a in node.args.args}  # fixtures
+    targets = [
+        HELPER_TARGET.match(n.value).groups()
+        for n in ast.walk(node)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and HELPER_TARGET.match(n.value)
+    ]
+    return any(_reaches_e2e(module, u, seen) for u in used if u != name and (u in defs or u in imported)) or any(
+        _reaches_e2e(m, f, seen) for m, f in targets
+    )
+
+
+def _marked_e2e(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "e2e" for n in ast.walk(node))
+
+
+def _e2e_tests() -> tuple[set[str], set[str]]:
+    """(tests that start e2e work, tests marked e2e), as ``file::function``."""
+    starting, marked = set(), set()
+    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
+        defs, _, tree = _module_defs(path.stem)
+        module_marked = any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in n.targets) and _marked_e2e(n)
+            for n in tree.body
+        )
+        for name, node in defs.items():
+            if not name.startswith("test_"):
+                continue
+            test_id = f"{path.name}::{name}"
+            if _reaches_e2e(path.stem, name, set()):
+                starting.add(test_id)
+            if module_marked or any(_marked_e2e(d) for d in node.decorator_list):
+                marked.add(test_id)
+    return starting, marked
+
+
+def test_every_test_that_starts_ray_a_run_the_demo_or_doctor_is_marked_e2e():
+    starting, marked = _e2e_tests()
+    assert sorted(starting - marked) == []
+    # The scan finds them through helpers, fixtures and run_isolated targets.
+    assert {
+        "test_cli.py::test_doctor_reports_every_name_in_driver_and_ray_worker",
+        "test_cpu_rollout.py::test_rollout_logprobs_match_trainer_after_weight_sync",
+        "test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec",
+        "test_cpu_e2e.py::test_main_ppo_runs_end_to_end_on_cpu",
+        "test_plugin.py::test_doctor_reports_a_broken_registration_module",
+    } <= starting
