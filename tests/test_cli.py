@@ -235,6 +235,10 @@ def test_check_reports_a_broken_entry_point(capsys, monkeypatch, tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-offpolicy\nVersion: 0.1.0\n")
     (dist / "entry_points.txt").write_text("[verl.plugins]\nverl_offpolicy = verl_offpolicy.glue.no_such_plugin\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    # Run from tmp_path: in a source checkout with an editable install, the checkout's own
+    # verl_offpolicy.egg-info (the working directory, first on a fresh process's sys.path) would be
+    # found before the stale metadata.
+    monkeypatch.chdir(tmp_path)
     assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", *VALID_SIZES]) == 1
     err = capsys.readouterr().err
     assert "entry point verl_offpolicy = verl_offpolicy.glue.no_such_plugin failed to load" in err
