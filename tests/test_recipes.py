@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.hydra_utils import compose_main_ppo
+from verl.utils.config import omega_conf_to_dataclass
+from verl_offpolicy.glue.validation import validate_offpolicy_config
 from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -43,9 +45,14 @@ def _dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess
     )
 
 
+# Each script's full `verl-offpolicy check` (a fresh process, ~20 s) with one preset, the presets taking
+# turns so each is checked on some script; every script × preset pair is composed in-process below.
+CHECKED_PRESETS = ("rec_ring_nois", "agro", "pmd_partition")
+FULL_CHECKS = [(script, CHECKED_PRESETS[i % len(CHECKED_PRESETS)]) for i, script in enumerate(TRAINING)]
+
+
 @pytest.mark.slow  # each runs the recipe's `verl-offpolicy check` in a fresh process
-@pytest.mark.parametrize("script", TRAINING)
-@pytest.mark.parametrize("preset", ["rec_ring_nois", "agro", "pmd_partition"])
+@pytest.mark.parametrize("script,preset", FULL_CHECKS)
 def test_recipe_composes_and_validates(script, preset):
     proc = _dry_run(script, preset)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -61,6 +68,16 @@ def _composed(script: str, *args: str, **env: str):
     argv = proc.stdout.splitlines()
     assert argv[0] == "--config-name"
     return compose_main_ppo(argv[1], argv[2:])
+
+
+@pytest.mark.parametrize("script", TRAINING)
+@pytest.mark.parametrize("preset", CHECKED_PRESETS)
+def test_every_recipe_and_preset_pair_passes_validation(script, preset):
+    """Every script with every checked preset, composed as main_ppo would and validated by our startup
+    checks and verl's own config conversion (in-process; the fresh-process check runs above)."""
+    cfg = _composed(script, preset)
+    validate_offpolicy_config(cfg)
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
 
 def test_every_training_script_is_tested():
