@@ -44,12 +44,17 @@ def _check_finite(name: str, scores: Tensor, index: np.ndarray) -> None:
     if bool(finite.all()):  # the sum overflowed, every reward is finite
         return
     bad = (~finite).nonzero().flatten().tolist()
-    listed = "; ".join(f"batch position {i} (uid {str(index[i])!r}): {scores[i].item()}" for i in bad[:_MAX_REPORTED])
-    more = f"; and {len(bad) - _MAX_REPORTED} more" if len(bad) > _MAX_REPORTED else ""
+    listed = _list_samples(bad, index, lambda i: f"{scores[i].item()}")
     raise ValueError(
         f"adv_estimator={name}: {len(bad)} sample(s) have a non-finite reward (sum of token_level_rewards): "
-        f"{listed}{more}. Fix the reward function or filter these samples."
+        f"{listed}. Fix the reward function or filter these samples."
     )
+
+
+def _list_samples(bad: list[int], index: np.ndarray, describe) -> str:
+    """The first few bad batch positions with their uid and ``describe(i)``, and how many more there are."""
+    listed = "; ".join(f"batch position {i} (uid {str(index[i])!r}): {describe(i)}" for i in bad[:_MAX_REPORTED])
+    return listed + (f"; and {len(bad) - _MAX_REPORTED} more" if len(bad) > _MAX_REPORTED else "")
 
 
 def _group_ids(index: Any, size: int, device: torch.device) -> Tensor:
@@ -88,17 +93,13 @@ def _check_representable(name: str, advantage: Tensor, result: Tensor, token_lev
         return
     bad = (~torch.isfinite(result)).nonzero().flatten().tolist()
     scores = token_level_rewards.to(COMPUTE_DTYPE).sum(dim=-1)
-    index = np.asarray(index)
-    listed = "; ".join(
-        f"batch position {i} (uid {str(index[i])!r}): reward {scores[i].item():.6g}, "
-        f"advantage {advantage[i].item():.6g}"
-        for i in bad[:_MAX_REPORTED]
+    listed = _list_samples(
+        bad, np.asarray(index), lambda i: f"reward {scores[i].item():.6g}, advantage {advantage[i].item():.6g}"
     )
-    more = f"; and {len(bad) - _MAX_REPORTED} more" if len(bad) > _MAX_REPORTED else ""
     dtype = token_level_rewards.dtype
     raise ValueError(
         f"adv_estimator={name}: {len(bad)} sample(s) get an advantage that {dtype} (the rewards' dtype, largest "
-        f"finite value {torch.finfo(dtype).max:.6g}) cannot hold: {listed}{more}. Scale the rewards down "
+        f"finite value {torch.finfo(dtype).max:.6g}) cannot hold: {listed}. Scale the rewards down "
         "(or give them a wider dtype, e.g. float64) so that every advantage fits."
     )
 
