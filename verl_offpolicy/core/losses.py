@@ -49,6 +49,12 @@ def opmd_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) ->
     return torch.where(mask, advantages, 0.0) * log_prob * (-1.0 / (1.0 + tau))
 
 
+def sequence_delta(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(Δ_i = Σ_t m·(log π_t − log π_old,t) with its gradient, |y_i| ≥ 1): the regularised sequence terms' input."""
+    delta = torch.where(mask, log_prob - old_log_prob, 0.0).sum(-1)
+    return delta, mask.sum(-1).to(log_prob.dtype).clamp_min(1)
+
+
 def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
     """``pmd``: L_i = ½·τ·(A_i/τ − Δ_i)²/|y_i|, spread as L_i/|y_i| over the response's tokens.
 
@@ -63,9 +69,8 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
     is harmless; −inf on a response token (the anchor gave it probability 0) is not a finite input and
     makes Δ and L_i infinite.
     """
-    length = mask.sum(-1).to(log_prob.dtype).clamp_min(1)
+    delta, length = sequence_delta(log_prob, old_log_prob, mask)
     seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
-    delta = torch.where(mask, log_prob - old_log_prob, 0.0).sum(-1)
     seq_loss = 0.5 * tau * (seq_advantage / tau - delta) ** 2 / length
     return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
 
@@ -77,8 +82,7 @@ def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: floa
     so with equal per-token log-ratios it equals the token-level ``k2`` sum Σ_t c·(log π_t − log π_old,t)²
     under every aggregation. ∂/∂log π_t = 2c·Δ_i/|y_i| on each of the response's tokens (token sum).
     """
-    delta = torch.where(mask, log_prob - old_log_prob, 0.0).sum(-1)
-    length = mask.sum(-1).to(log_prob.dtype).clamp_min(1)
+    delta, length = sequence_delta(log_prob, old_log_prob, mask)
     return torch.where(mask, (coef * delta.square() / length.square()).unsqueeze(-1), 0.0)
 
 
