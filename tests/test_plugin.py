@@ -121,7 +121,7 @@ runpy.run_module("verl.trainer.main_ppo", run_name="__main__")
 def test_failed_registration_surfaces_in_verl_validate_config_without_our_callback():
     """Even without the Hydra callback, verl's own validate_config builds our loss config and fails with the cause."""
     code = BROKEN + f"""
-from tests.hydra_utils import compose_main_ppo
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl.utils.config import validate_config
 cfg = compose_main_ppo("ppo_trainer", ["+algorithm=rec_ring_nois", *{VALID_SIZES!r}])
 try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hydra_utils import compose_main_ppo
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl.utils.config import omega_conf_to_dataclass
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 from verl_offpolicy.rewards.math_verify_reward import compute_score
