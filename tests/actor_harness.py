@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from verl_offpolicy.glue.compose import compose_main_ppo
-from verl_offpolicy.cpu.demo import run_captured
+from verl_offpolicy.cpu.process import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
 

@@ -69,7 +69,7 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     import shutil
     import tempfile
 
-    from verl_offpolicy.cpu.demo import _spawn, kill_process_tree
+    from verl_offpolicy.cpu.process import kill_process_tree, spawn
     from verl_offpolicy.cpu.platform import LOOPBACK_ENV
     from verl_offpolicy.glue.diagnose import parse_report
 
@@ -78,7 +78,7 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     env = {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = None
     try:
-        proc = _spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
+        proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ProbeError(
