@@ -128,7 +128,14 @@ def _check_against_spec(cfg, spec):
     assert cfg.trainer.v1.trainer_mode == "offpolicy" and off.sync_interval == 1 and off.sync_offset == 0
 
 
-@pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
+# The Megatron configs repeat the proof with the other strategy: in the slow tier (a second each).
+ALL_CONFIGS = [
+    pytest.param(name, marks=[pytest.mark.slow] if "megatron" in name else [], id=name)
+    for name in STOCK_CONFIGS + PRIMARY_CONFIGS
+]
+
+
+@pytest.mark.parametrize("config_name", ALL_CONFIGS)
 @pytest.mark.parametrize("preset", sorted(SPEC))
 def test_preset_composes_converts_and_validates(config_name, preset):
     cfg = compose_main_ppo(config_name, [preset_selector(preset, config_name), *VALID_SIZES])
