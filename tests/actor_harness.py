@@ -33,8 +33,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from tests.hydra_utils import compose_main_ppo
-from verl_offpolicy.cpu.demo import run_captured
+from verl_offpolicy.glue.compose import compose_main_ppo
+from verl_offpolicy.cpu.process import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
 

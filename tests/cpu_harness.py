@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tests.actor_harness import ActorHarness, IsolatedRunError, run_isolated  # noqa: F401
-from verl_offpolicy.cpu.demo import run_captured
+from verl_offpolicy.cpu.process import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -267,7 +267,7 @@ def platform_facts() -> dict[str, Any]:
     import torch.distributed as dist
 
     from verl.plugin.platform import get_platform
-    from verl_offpolicy.cpu.demo import is_loopback
+    from verl_offpolicy.cpu.process import is_loopback
     from verl.utils import distributed
     from verl.workers.engine import EngineRegistry
     from tests.actor_harness import init_single_process_env

@@ -11,7 +11,7 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
-from tests.hydra_utils import compose_main_ppo
+from verl_offpolicy.glue.compose import compose_main_ppo
 
 LOSS = "actor_rollout_ref.actor.policy_loss"
 PROMPT_LENS = [3, 1, 2, 4, 2]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
@@ -14,6 +13,7 @@ import verl  # noqa: F401  (loads the verl.plugins entry point: registers our na
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import ActorConfig
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.config import OffPolicyConfig, OffPolicyLossConfig
 
 LOSS = "actor_rollout_ref.actor.policy_loss"
@@ -117,16 +117,15 @@ def test_rec_loss_rejects_clip_ratios(config, message):
 
 
 def test_hydra_composition_reports_the_key():
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(
-            config_name="ppo_trainer",
-            overrides=[
-                f"{LOSS}._target_=verl_offpolicy.glue.config.OffPolicyLossConfig",
-                f"{LOSS}.loss_mode=rec",
-                f"+{LOSS}.clip_mode=sideways",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            ],
-        )
+    cfg = compose_main_ppo(
+        "ppo_trainer",
+        [
+            f"{LOSS}._target_=verl_offpolicy.glue.config.OffPolicyLossConfig",
+            f"{LOSS}.loss_mode=rec",
+            f"+{LOSS}.clip_mode=sideways",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        ],
+    )
     with pytest.raises(InstantiationException, match=rf"{LOSS}.clip_mode='sideways' is not valid; allowed values"):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
@@ -147,3 +146,54 @@ def test_offpolicy_section_defaults_match_the_spec():
     assert (loss.ring_clip_ratio_low, loss.ring_clip_ratio_high) == (0.6, 2.0)
     assert OffPolicyLossConfig(loss_mode="pmd").resolved_tau == 0.01
     assert OffPolicyLossConfig(loss_mode="opmd").resolved_tau == 1.0
+
+
+# τ is one hyperparameter (check_tau_coupling): expected outcomes derived by hand from the rule of
+# docs/algorithms.md — the loss's resolved τ must equal the estimator's when both read τ, else
+# algorithm.offpolicy.tau when that is set. Defaults: opmd 1.0, pmd_partition 0.01, pmd 0.01.
+@pytest.mark.parametrize(
+    "estimator, baseline, algo_tau, loss_mode, loss_tau, accepted",
+    [
+        ("pmd_partition", "mean", 0.01, "pmd", 0.01, True),  # the preset: one value
+        ("pmd_partition", "mean", 0.01, "pmd", 0.5, False),  # the loss's key overridden alone
+        ("pmd_partition", "mean", None, "pmd", None, True),  # both default to 0.01
+        ("pmd_partition", "mean", None, "opmd", None, False),  # 0.01 (estimator) vs 1.0 (opmd loss)
+        ("opmd", "logavgexp", 2.0, "opmd", 1.0, False),  # the logavgexp baseline reads τ too
+        ("opmd", "mean", None, "opmd", 0.5, True),  # only the loss reads τ and nothing else is set
+        ("rloo", "mean", 0.01, "pmd", 0.05, False),  # pmd_mean: algorithm.offpolicy.tau is the one key
+        ("grpo", "mean", 0.3, "rec", None, True),  # rec reads no τ
+    ],
+)
+def test_tau_is_one_hyperparameter_for_estimator_and_loss(estimator, baseline, algo_tau, loss_mode, loss_tau, accepted):
+    from verl_offpolicy.glue.config import check_tau_coupling
+
+    offpolicy = OffPolicyConfig(tau=algo_tau, baseline=baseline)
+    loss = OffPolicyLossConfig(loss_mode=loss_mode, tau=loss_tau)
+    if accepted:
+        check_tau_coupling(offpolicy, estimator, loss)
+    else:
+        with pytest.raises(ValueError, match=rf"{LOSS}.tau={loss_tau} \(loss_mode={loss_mode}\) and {ALGO}.tau={algo_tau}"):
+            check_tau_coupling(offpolicy, estimator, loss)
+
+
+def test_clip_ratio_falls_back_to_clip_ratio_in_the_loss_and_at_startup():
+    """ε_low = clip_ratio when clip_ratio_low is null: the same ε for the registered loss (an ActorConfig)
+    and the startup validation (the composed DictConfig). ring ε′_low = 0.6 < clip_ratio = 0.7 fails both."""
+    from tests.hydra_utils import VALID_SIZES
+    from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+    message = rf"{LOSS}.ring_clip_ratio_low=0.6 must be >= actor_rollout_ref.actor.clip_ratio_low=0.7"
+    actor = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=0.7,
+        clip_ratio_low=None,
+        policy_loss=OffPolicyLossConfig(loss_mode="rec", clip_mode="ring"),
+    )
+    with pytest.raises(ValueError, match=message):
+        _rec(actor)
+    overrides = ["actor_rollout_ref.actor.clip_ratio_low=null", "actor_rollout_ref.actor.clip_ratio=0.7"]
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=rec_ring_nois", *overrides, *VALID_SIZES])
+    with pytest.raises(ValueError, match=message):
+        validate_offpolicy_config(cfg)

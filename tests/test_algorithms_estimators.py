@@ -306,6 +306,7 @@ def test_integer_uids_are_renumbered():
     torch.testing.assert_close(adv[:, 0], torch.tensor([-1.0, 1.0, -5.0, 5.0]))
 
 
+@pytest.mark.slow  # a fresh process imports torch
 def test_core_modules_do_not_import_verl():
     code = (
         "import sys; sys.modules['verl'] = None\n"

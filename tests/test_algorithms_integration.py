@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.config import OffPolicyLossConfig
 
 from tests.loss_helpers import LOSS, PROMPT_LENS, compose_actor, engine_batch
@@ -87,11 +87,7 @@ def test_loss_through_verl_ppo_loss(case):
 
 def test_plain_policy_loss_target_fails_with_instructions():
     # our loss_mode but verl's own PolicyLossConfig: the first step must say what to set
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(
-            config_name="ppo_trainer",
-            overrides=[f"{LOSS}.loss_mode=rec", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
-        )
+    cfg = compose_main_ppo("ppo_trainer", [f"{LOSS}.loss_mode=rec", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     model_output, data, _, _ = engine_batch(seed=0)
     with pytest.raises(TypeError, match=r"_target_=verl_offpolicy.glue.config.OffPolicyLossConfig.*\+algorithm=<name>"):

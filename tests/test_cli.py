@@ -9,7 +9,7 @@ import pytest
 
 from tests.hydra_utils import VALID_SIZES
 from tests.test_presets import SPEC
-from verl_offpolicy.cpu.demo import _session_processes, is_loopback
+from verl_offpolicy.cpu.process import is_loopback, session_processes
 from verl_offpolicy.cli import main, preset_header, preset_names
 from verl_offpolicy.configs import PRIMARY_CONFIGS
 
@@ -49,6 +49,7 @@ def test_schedule_with_a_huge_interval_generates_only_the_steps_asked_for(capsys
     assert "+4 batches" in out and str(10**12) + " batches" not in out.split("\n", 1)[1]
 
 
+@pytest.mark.slow  # check's worker probe: a fresh process imports verl
 def test_check_accepts_options_between_hydra_overrides(capsys):
     """As main_ppo does: `check algorithm=opmd --config-name offpolicy_trainer ...` (options anywhere)."""
     argv = ["check", "algorithm=opmd", "--config-name", "offpolicy_trainer", *VALID_SIZES[:3], "--config-name",
@@ -77,6 +78,7 @@ def cpu_model_dirs(tmp_path):
     os.environ.update(environ)
 
 
+@pytest.mark.slow  # check's worker probe: a fresh process imports verl
 def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
     assert main(["check", *CPU_OVERLAY, *cpu_model_dirs]) == 0, capsys.readouterr().err
     assert "strategy=fsdp2" in capsys.readouterr().out
@@ -126,7 +128,7 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
     process tree (the Ray probe, GCS, raylet, workers) listened on while it ran, polled every 0.1 s."""
     import time
 
-    from verl_offpolicy.cpu.demo import listening_addresses
+    from verl_offpolicy.cpu.process import listening_addresses
 
     proc = subprocess.Popen([EXE, "doctor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
@@ -187,7 +189,7 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     assert "overloaded" in proc.stdout and "--timeout" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
     assert set(Path("/tmp").glob("vo-doctor-*")) == before
-    assert _session_processes("vo-doctor-") == []
+    assert session_processes("vo-doctor-") == []
 
 
 @pytest.mark.e2e
@@ -199,7 +201,7 @@ def test_ray_that_cannot_start_is_a_finding(monkeypatch):
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}
     with pytest.raises(ProbeError, match="Ray could not start a worker: .*Error"):
         ray_worker_state(env, timeout=240)
-    assert _session_processes("vo-doctor-") == []
+    assert session_processes("vo-doctor-") == []
 
 
 # ------------------------------------------------------------ check: what the workers will see
@@ -212,6 +214,7 @@ def test_ray_that_cannot_start_is_a_finding(monkeypatch):
         ({"VERL_USE_EXTERNAL_PLUGINS": "someone_else"}, "VERL_USE_EXTERNAL_PLUGINS=someone_else,verl_offpolicy"),
     ],
 )
+@pytest.mark.slow  # check's worker probe: a fresh process imports verl
 def test_check_reports_what_workers_miss_after_import_verl(capsys, monkeypatch, env, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -221,12 +224,14 @@ def test_check_reports_what_workers_miss_after_import_verl(capsys, monkeypatch, 
     assert "algorithm.adv_estimator=opmd" in err
 
 
+@pytest.mark.slow  # check's worker probe: a fresh process imports verl
 def test_check_reads_the_workers_environment_from_the_config(capsys):
     override = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_PLUGINS=none"
     assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", override, *VALID_SIZES]) == 1
     assert "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # check's worker probe: a fresh process imports verl
 def test_check_reports_a_broken_entry_point(capsys, monkeypatch, tmp_path):
     """Installed metadata whose entry point names a module that does not exist (a stale install):
     found first on the path, it shadows the real metadata, as a second, broken install would."""

@@ -120,6 +120,6 @@ def test_missing_loopback_environment_is_warned_with_the_variable(monkeypatch, c
     ],
 )
 def test_is_loopback_reads_psutil_addresses(address, loopback):
-    from verl_offpolicy.cpu.demo import is_loopback
+    from verl_offpolicy.cpu.process import is_loopback
 
     assert is_loopback(address) is loopback

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from verl_offpolicy.cpu.platform import CPU_ENV
 from verl_offpolicy.glue.registration import expected_names
 
@@ -55,6 +57,7 @@ def test_cpu_platform_registered_and_expected_names_resolve():
     assert all(e.lookup(e.name) for e in ours.values())
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_gpu_processes_are_untouched():
     """Without VERL_PLATFORM=cpu: no CPU platform, verl's own process-group default, no rollout import."""
     report = _python(
@@ -73,6 +76,7 @@ print(json.dumps({
     assert report == {"platform": "cuda", "gloo_wrapper": False, "hf_rollout_imported": False}
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_cpu_process_gets_platform_engine_and_gloo():
     from tests.cpu_harness import isolated
 
@@ -91,6 +95,7 @@ def test_cpu_process_gets_platform_engine_and_gloo():
     }
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_rollout_registration_waits_for_verl_rollout_import():
     """`import verl` does not import verl's rollout package for us; importing it registers hf."""
     report = _python(

@@ -58,6 +58,7 @@ def test_unusable_output_dir_is_one_clear_error(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["file-in-path", "read-only"])
+@pytest.mark.slow  # fresh processes import verl (the console script, the lock holder)
 def test_demo_cli_rejects_an_unusable_output_dir_in_one_line(tmp_path, case):
     """Through the console's code path: rc 2, one stderr line naming the directory, nothing started."""
     path, reason = _bad_dirs(tmp_path)[case]
@@ -69,6 +70,7 @@ def test_demo_cli_rejects_an_unusable_output_dir_in_one_line(tmp_path, case):
     assert "[cpu-demo]" not in proc.stdout  # the run never started
 
 
+@pytest.mark.slow  # fresh processes import verl (the console script, the lock holder)
 def test_an_output_dir_held_by_a_live_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen(
@@ -117,6 +119,7 @@ def test_run_files_stay_under_the_output_and_ray_temp_dirs(tmp_path):
     assert "MPLCONFIGDIR" not in kept and "RAY_AUTH_TOKEN_PATH" not in kept
 
 
+@pytest.mark.slow  # fresh processes import verl (the console script, the lock holder)
 def test_the_reward_plot_writes_nothing_under_home(tmp_path):
     """write_plot (matplotlib in the demo's own process) with an empty HOME and XDG dirs."""
     home = tmp_path / "home"

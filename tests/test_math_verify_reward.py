@@ -83,7 +83,7 @@ def test_scores_through_verls_reward_loop(tmp_path):
     from verl import DataProto
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-    from tests.hydra_utils import compose_main_ppo
+    from verl_offpolicy.glue.compose import compose_main_ppo
 
     tokenizer = _byte_tokenizer(tmp_path / "tokenizer")
     config = compose_main_ppo(

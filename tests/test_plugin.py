@@ -24,16 +24,32 @@ def test_entry_point_is_declared_in_verl_plugins_group():
     assert eps.get("verl_offpolicy") == "verl_offpolicy.glue.plugin"
 
 
-def test_import_verl_alone_registers_every_name_in_a_fresh_process():
+@pytest.fixture(scope="module")
+def after_import_verl():
+    """What one fresh process sees after ``import verl`` alone, then as verl imports its registry modules
+    (one process for the claims below: each fresh ``import verl`` costs seconds)."""
     code = """
-import json, verl
+import json, sys, verl
+watched = ["verl.trainer.ppo.core_algos", "verl.trainer.ppo.v1.trainer_base", "verl.workers.rollout",
+           "verl_offpolicy.glue.losses", "verl_offpolicy.glue.trainer"]
+after_import = [m for m in watched if m in sys.modules]
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+losses = "rec" in POLICY_LOSS_REGISTRY
+trainer_early = "verl_offpolicy.glue.trainer" in sys.modules
+from verl.trainer.ppo.v1 import get_trainer_cls
+trainer = get_trainer_cls("offpolicy").__name__
 from verl_offpolicy.glue.registration import expected_names, registration_failure
-print(json.dumps({"failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
+print(json.dumps({"after_import": after_import, "losses": losses, "trainer_early": trainer_early, "trainer": trainer,
+                  "failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
 """
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report == {"failure": None, "missing": []}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # a fresh process imports verl
+def test_import_verl_alone_registers_every_name_in_a_fresh_process(after_import_verl):
+    assert (after_import_verl["failure"], after_import_verl["missing"]) == (None, [])
     assert len(expected_names()) >= 10
 
 
@@ -72,6 +88,7 @@ def test_name_lists_equal_what_our_decorators_registered():
     assert len(expected_names()) == sum(len(v) for k, (v, _) in registries.items() if k != "ROLLOUTS (adapters)")
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_plugins_disabled_means_nothing_registered_until_our_config_is_built():
     """VERL_USE_EXTERNAL_PLUGINS=none really skips us; building our typed config registers on demand."""
     code = """
@@ -101,6 +118,7 @@ sys.modules["verl_offpolicy.glue.losses"] = None
 CAUSE = "import of verl_offpolicy.glue.losses halted; None in sys.modules"
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_failed_registration_is_logged_at_error_and_main_ppo_stops_at_startup_with_the_cause():
     """Stock ``python -m verl.trainer.main_ppo +algorithm=...`` with a registration that raises."""
     code = BROKEN + f"""
@@ -118,10 +136,11 @@ runpy.run_module("verl.trainer.main_ppo", run_name="__main__")
     assert "Unsupported loss mode" not in proc.stderr
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_failed_registration_surfaces_in_verl_validate_config_without_our_callback():
     """Even without the Hydra callback, verl's own validate_config builds our loss config and fails with the cause."""
     code = BROKEN + f"""
-from tests.hydra_utils import compose_main_ppo
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl.utils.config import validate_config
 cfg = compose_main_ppo("ppo_trainer", ["+algorithm=rec_ring_nois", *{VALID_SIZES!r}])
 try:
@@ -135,26 +154,14 @@ except Exception as exc:
     assert "policy_loss 'rec'" in proc.stdout
 
 
-def test_import_verl_stays_cheap_and_registration_follows_verls_own_imports():
+@pytest.mark.slow  # a fresh process imports verl
+def test_import_verl_stays_cheap_and_registration_follows_verls_own_imports(after_import_verl):
     """`import verl` imports none of verl's registry modules for us; each registers when verl imports it."""
-    code = """
-import json, sys, verl
-watched = ["verl.trainer.ppo.core_algos", "verl.trainer.ppo.v1.trainer_base", "verl.workers.rollout",
-           "verl_offpolicy.glue.losses", "verl_offpolicy.glue.trainer"]
-after_import = [m for m in watched if m in sys.modules]
-from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-losses = "rec" in POLICY_LOSS_REGISTRY
-trainer_early = "verl_offpolicy.glue.trainer" in sys.modules
-from verl.trainer.ppo.v1 import get_trainer_cls
-print(json.dumps({"after_import": after_import, "losses": losses, "trainer_early": trainer_early,
-                  "trainer": get_trainer_cls("offpolicy").__name__}))
-"""
-    proc = _run_python(code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = {k: after_import_verl[k] for k in ("after_import", "losses", "trainer_early", "trainer")}
     assert report == {"after_import": [], "losses": True, "trainer_early": False, "trainer": "OffPolicyTrainer"}
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_stock_main_ppo_hydra_app_composes_our_preset():
     """verl's own ``main_ppo`` Hydra app (``--cfg job`` prints the composed config and exits) finds
     ``+algorithm=opmd`` through our SearchPathPlugin, with nothing but the installed package."""
@@ -221,6 +228,7 @@ def _one_readable_line(output: str) -> None:
     ],
     ids=["import_verl", "main_ppo", "check"],
 )
+@pytest.mark.slow  # a fresh process imports verl
 def test_broken_registration_module_gives_one_readable_message(broken_install, entry_point, tmp_path):
     # cwd: main_ppo's Hydra writes its run directory there
     proc = subprocess.run(entry_point, capture_output=True, text=True, timeout=TIMEOUT, env=broken_install, cwd=tmp_path)
@@ -247,6 +255,7 @@ def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
     assert f"No module named '{MISSING_DEPENDENCY}'" in findings
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_main_ppo_rejects_an_algorithm_choice_that_is_no_preset(tmp_path):
     """verl's own `algorithm/rollout_correction.yaml` is in the `algorithm` group: our primary config's
     callback stops main_ppo before Ray, listing the presets."""

@@ -15,7 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
-from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+from tests.hydra_utils import VALID_SIZES
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+from tests.hydra_utils import VALID_SIZES
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
-from verl_offpolicy.cli import compose_preset, preset_header, preset_names
+from verl_offpolicy.cli import preset_header, preset_names
+from verl_offpolicy.glue.compose import compose_main_ppo, compose_preset
 from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyLossConfig, offpolicy_section
 from verl_offpolicy.glue.validation import validate_offpolicy_config
@@ -127,7 +128,14 @@ def _check_against_spec(cfg, spec):
     assert cfg.trainer.v1.trainer_mode == "offpolicy" and off.sync_interval == 1 and off.sync_offset == 0
 
 
-@pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
+# The Megatron configs repeat the proof with the other strategy: in the slow tier (a second each).
+ALL_CONFIGS = [
+    pytest.param(name, marks=[pytest.mark.slow] if "megatron" in name else [], id=name)
+    for name in STOCK_CONFIGS + PRIMARY_CONFIGS
+]
+
+
+@pytest.mark.parametrize("config_name", ALL_CONFIGS)
 @pytest.mark.parametrize("preset", sorted(SPEC))
 def test_preset_composes_converts_and_validates(config_name, preset):
     cfg = compose_main_ppo(config_name, [preset_selector(preset, config_name), *VALID_SIZES])
@@ -240,6 +248,8 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
         ("agro", ["algorithm.kl_ctrl.kl_coef=0.2"], "to equal algorithm.offpolicy.beta"),
         ("pmd_mean", ["algorithm.offpolicy.tau=0"], "tau (loss_mode=pmd) must be > 0"),
         ("pmd_partition", ["algorithm.offpolicy.tau=-1"], "must be > 0"),
+        ("pmd_partition", ["actor_rollout_ref.actor.policy_loss.tau=0.5"], "τ is one hyperparameter"),
+        ("pmd_mean", ["actor_rollout_ref.actor.policy_loss.tau=0.05"], "set algorithm.offpolicy.tau only"),
         ("rec_gspo_is", ["actor_rollout_ref.actor.loss_agg_mode=token-mean"], "must be sequence-level"),
         (
             "rec_oneside_nois",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hydra_utils import compose_main_ppo
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl.utils.config import omega_conf_to_dataclass
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 from verl_offpolicy.rewards.math_verify_reward import compute_score
@@ -142,6 +142,7 @@ def test_recipe_rejects_unknown_preset_with_allowed_values():
     assert "unknown preset 'rec_sideways'; allowed:" in proc.stderr and "rec_ring_nois" in proc.stderr
 
 
+@pytest.mark.slow  # the recipe's `verl-offpolicy check`: a fresh process imports verl
 def test_recipe_extra_override_is_validated():
     proc = _dry_run("gsm8k_qwen2.5-1.5b.sh", "agro", "algorithm.kl_ctrl.kl_coef=0.3")
     assert proc.returncode == 1

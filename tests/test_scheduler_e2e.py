@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -18,15 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_offpolicy.cpu.demo import (
-    build_inputs,
-    cpu_env,
-    demo_command,
-    kill_process_tree,
-    read_metrics,
-    run_demo,
-    run_subprocess,
-)
+from verl_offpolicy.cpu.demo import build_inputs, cpu_env, demo_command, read_metrics, run_demo, run_subprocess
+from verl_offpolicy.cpu.process import kill_process_tree, spawn
 
 STEPS = 6
 TIMEOUT = 420
@@ -192,16 +184,7 @@ def _interrupted_run(out: Path, kill_after_step: int, overrides: list[str]) -> t
         config_name="offpolicy_trainer",
         ray_temp_dir=ray_dir,
     )
-    proc = subprocess.Popen(
-        command,
-        env=cpu_env(metrics),
-        cwd=str(out),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = spawn(command, cpu_env(metrics), str(out))
     seen = threading.Event()
 
     def pump():

@@ -162,6 +162,6 @@ def test_every_test_that_starts_ray_a_run_the_demo_or_doctor_is_marked_e2e():
         "test_cli.py::test_doctor_reports_every_name_in_driver_and_ray_worker",
         "test_cpu_rollout.py::test_rollout_logprobs_match_trainer_after_weight_sync",
         "test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec",
-        "test_cpu_e2e.py::test_main_ppo_runs_end_to_end_on_cpu",
+        "test_cpu_e2e.py::test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behind",
         "test_plugin.py::test_doctor_reports_a_broken_registration_module",
     } <= starting

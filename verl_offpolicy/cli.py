@@ -8,7 +8,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from verl_offpolicy.configs import preset_names, preset_selector, preset_text
+from verl_offpolicy.configs import preset_names, preset_text
 
 
 def preset_header(name: str) -> list[str]:
@@ -20,14 +20,6 @@ def preset_header(name: str) -> list[str]:
         if not line.startswith("# @package"):
             lines.append(line[1:].strip())
     return lines
-
-
-def compose_preset(name: str, config_name: str = "ppo_trainer", overrides: list[str] | None = None):
-    """Compose ``config_name`` with a preset exactly as stock ``verl.trainer.main_ppo`` would."""
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name=config_name, overrides=[preset_selector(name, config_name), *(overrides or [])])
 
 
 # ----------------------------------------------------------------------------------------- doctor
@@ -77,7 +69,7 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     import shutil
     import tempfile
 
-    from verl_offpolicy.cpu.demo import _spawn, kill_process_tree
+    from verl_offpolicy.cpu.process import kill_process_tree, spawn
     from verl_offpolicy.cpu.platform import LOOPBACK_ENV
     from verl_offpolicy.glue.diagnose import parse_report
 
@@ -86,7 +78,7 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     env = {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = None
     try:
-        proc = _spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
+        proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ProbeError(
@@ -139,6 +131,8 @@ def doctor(args: argparse.Namespace) -> int:
             message = str(exc) if isinstance(exc, ProbeError) else f"{type(exc).__name__}: {exc}"
             print(f"\n[{where}]\n  FAILED: {message}")
             problems.append(f"{where}: {message}")
+
+    from verl_offpolicy.glue.compose import compose_preset
 
     print("\n[Hydra search path of verl.trainer.main_ppo]")
     for config_name in ("ppo_trainer", "offpolicy_trainer"):
@@ -267,9 +261,9 @@ def check(args: argparse.Namespace) -> int:
     the config's Hydra callbacks (ours, the CPU guard), our validation and verl's ``validate_config``."""
     import copy
 
-    from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf, open_dict
 
+    from verl_offpolicy.glue.compose import compose_main_ppo
     from verl_offpolicy.glue.startup import BrokenInstallError, import_validation
 
     try:
@@ -280,8 +274,7 @@ def check(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy check: {exc}", file=sys.stderr)
         return 1
     try:
-        with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            full = compose(config_name=args.config_name, overrides=args.overrides, return_hydra_config=True)
+        full = compose_main_ppo(args.config_name, args.overrides, return_hydra_config=True)
         run_startup_callbacks(full)
         cfg = copy.deepcopy(full)
         with open_dict(cfg):

@@ -23,7 +23,6 @@ Usage::
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -40,7 +39,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from verl_offpolicy.configs import STOCK_CONFIGS, preset_selector
-from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, is_loopback_host
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
+from verl_offpolicy.cpu.process import (
+    ExclusiveLock,
+    Interrupt,
+    InterruptSignals,
+    LockHeld,
+    is_loopback,
+    kill_process_tree,
+    listening_addresses,
+    spawn,
+)
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 CPU_OVERLAY = "+cpu=demo"
@@ -278,127 +287,8 @@ def write_plot(result_metrics: list[dict[str, Any]], validation: dict[int, float
 
 
 # ----------------------------------------------------------------------------------------------
-# Process management
+# Running main_ppo (spawn, timeouts, cleanup: verl_offpolicy.cpu.process)
 # ----------------------------------------------------------------------------------------------
-
-
-def _session_processes(marker: str) -> list:
-    """Processes whose command line mentions ``marker`` (our unique Ray temp dir)."""
-    import psutil
-
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if proc.info["pid"] != me and marker in cmdline:
-            found.append(proc)
-    return found
-
-
-def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> list[str]:
-    """``ip:port (process name)`` of every TCP socket the run listens on: its process group and Ray session."""
-    import psutil
-
-    procs = []
-    try:
-        root = psutil.Process(proc.pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        pass
-    if ray_marker:
-        procs += _session_processes(ray_marker)
-    found = set()
-    for p in {p.pid: p for p in procs}.values():
-        try:
-            name = p.name()
-            conns = p.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        found |= {f"{c.laddr.ip}:{c.laddr.port} ({name})" for c in conns if c.status == psutil.CONN_LISTEN}
-    return sorted(found)
-
-
-def is_loopback(address: str) -> bool:
-    """True if ``ip:port`` (as :func:`listening_addresses` writes it, suffix allowed) is a loopback address."""
-    return is_loopback_host(address.split(" ")[0].rpartition(":")[0])
-
-
-def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:
-    """End the run: its process group (SIGTERM, then SIGKILL) and every process of its Ray session.
-
-    Ray's GCS/raylet/workers are found by the run's own temp dir in their command line, so other Ray
-    clusters on the machine are untouched. Returns the pids that had to be killed.
-    """
-    import psutil
-
-    killed: list[int] = []
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=grace_s)
-        killed.append(proc.pid)
-    if ray_marker:
-        leftovers = _session_processes(ray_marker)
-        for p in leftovers:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(leftovers, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=grace_s)
-        killed += [p.pid for p in leftovers]
-    return killed
-
-
-def _spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()) -> subprocess.Popen:
-    """Start ``command`` in its own session (killable as a group), stdout+stderr merged into one pipe."""
-    return subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        cwd=cwd,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-        pass_fds=tuple(pass_fds),
-    )
-
-
-def run_captured(
-    command: Sequence[str], *, env: dict[str, str], timeout: float, cwd: Optional[str] = None
-) -> tuple[Optional[int], str]:
-    """Run ``command`` in its own session with stdout+stderr captured.
-
-    Returns (exit code, output); on timeout the whole process group is killed and the exit code is
-    None (the caller says what hung).
-    """
-    proc = _spawn(command, env, cwd)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return None, output
-    return proc.returncode, output
 
 
 def _number(text: str) -> str:
@@ -464,7 +354,7 @@ def run_subprocess(
     marks: dict[str, float] = {}
     log_path = Path(log_path)
     with open(log_path, "w", buffering=1) as log:
-        proc = _spawn(command, env, cwd, pass_fds)
+        proc = spawn(command, env, cwd, pass_fds)
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -522,77 +412,25 @@ def prepare_output_dir(output_dir: str | os.PathLike) -> Path:
     return path.resolve()
 
 
-class OutputDirLock:
-    """One run per output directory: an exclusive ``flock`` on ``output_dir/LOCK_NAME``, which names the PID.
-
-    The kernel drops the lock when its holders exit, so the lock of a dead run is taken over. The
-    training subprocess inherits the locked file (``fd``), so the directory stays held while it lives.
-    """
+class OutputDirLock(ExclusiveLock):
+    """One run per output directory: the :class:`ExclusiveLock` on ``output_dir/LOCK_NAME``; the training
+    subprocess inherits the locked file (``pass_fds``), so the directory stays held while it lives."""
 
     def __init__(self, output_dir: Path):
-        self.path = output_dir / LOCK_NAME
-        self.fd: Optional[int] = None
+        super().__init__(output_dir / LOCK_NAME)
 
     def acquire(self) -> "OutputDirLock":
+        """Take the lock or raise :class:`DemoInputError`: one line naming the directory and why."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise DemoInputError(f"cannot write in the output directory {self.path.parent}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            super().acquire()
+        except LockHeld as exc:
             raise DemoInputError(
-                f"output directory {self.path.parent} is in use by another demo run (PID {holder}, lock {self.path}); "
+                f"output directory {self.path.parent} is in use by another demo run (PID {exc.holder}, lock {self.path}); "
                 "wait for it to end or choose another --output-dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        except OSError as exc:
+            raise DemoInputError(f"cannot write in the output directory {self.path.parent}: {exc.strerror or exc}") from None
         return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # the file stays: the next run takes the unheld lock over
-            self.fd = None
-
-
-class _Interrupt(BaseException):
-    """SIGINT/SIGTERM in the main thread (a BaseException, like KeyboardInterrupt)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-class _InterruptSignals:
-    """Turn the first SIGINT/SIGTERM into :class:`_Interrupt` and ignore repeats while the run cleans up.
-
-    Without it SIGTERM ends the demo at once and leaves ``main_ppo`` (its own session) running. Only
-    in the main thread (elsewhere Python cannot set signal handlers and the caller owns signals).
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.previous: dict[int, Any] = {}
-        self.received: Optional[int] = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
-            raise _Interrupt(signum)
-
-    def __enter__(self) -> "_InterruptSignals":
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                self.previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
 
 
 def run_files_env(output_dir: str | os.PathLike, ray_temp_dir: Optional[str], base: dict[str, str]) -> dict[str, str]:
@@ -669,12 +507,12 @@ def run_demo(
     lock = OutputDirLock(output_dir).acquire()
     log_path = output_dir / LOG_NAME
     try:
-        with _InterruptSignals() as signals:
+        with InterruptSignals() as signals:
             try:
                 return _run_locked(
                     preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock, signals
                 )
-            except _Interrupt as exc:
+            except Interrupt as exc:
                 name = signal.Signals(exc.signum).name
                 raise DemoInterrupted(
                     f"interrupted by {name}: the run's processes were stopped and its Ray temp dir removed; "
@@ -696,7 +534,7 @@ def _run_locked(
     stream: bool,
     plot: bool,
     lock: OutputDirLock,
-    signals: _InterruptSignals,
+    signals: InterruptSignals,
 ) -> DemoResult:
     t0 = time.monotonic()
     inputs = build_inputs(output_dir, seed=seed)

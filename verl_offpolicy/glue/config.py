@@ -29,6 +29,8 @@ WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
 REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
 # The default τ of each consumer (docs/algorithms.md), used while ``tau`` is left unset (null).
 DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01}
+# The losses that read ``policy_loss.tau``.
+TAU_LOSSES = ("opmd", "pmd")
 
 ALGO_PREFIX = "algorithm.offpolicy"
 LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss"
@@ -46,6 +48,19 @@ def _check_number(key: str, value: Any, *, positive: bool = False, non_negative:
         raise ValueError(f"{key} must be > 0, got {value!r}")
     if non_negative and value < 0:
         raise ValueError(f"{key} must be >= 0, got {value!r}")
+
+
+def resolve_tau(tau: float | None, consumer: str) -> float:
+    """τ as ``consumer`` (an estimator or loss name) uses it: ``tau`` if set, else ``DEFAULT_TAU[consumer]``."""
+    return DEFAULT_TAU.get(consumer, 1.0) if tau is None else tau
+
+
+def clip_ratios(actor: Any) -> tuple[float, float]:
+    """(ε_low, ε_high) of an actor config (verl's ``ActorConfig`` or its DictConfig section):
+    ``clip_ratio_low`` / ``clip_ratio_high``, each falling back to ``clip_ratio`` when null."""
+    clip_ratio = getattr(actor, "clip_ratio", None)
+    low, high = getattr(actor, "clip_ratio_low", None), getattr(actor, "clip_ratio_high", None)
+    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
 
 
 @dataclass
@@ -106,12 +121,16 @@ class OffPolicyConfig:
         return Schedule(self.sync_interval, self.sync_offset)
 
     def tau_for(self, consumer: str) -> float:
-        """τ as ``consumer`` (an estimator name) uses it: the set value, else the spec's default."""
-        return DEFAULT_TAU.get(consumer, 1.0) if self.tau is None else self.tau
+        """τ as ``consumer`` (an estimator name) uses it (:func:`resolve_tau`)."""
+        return resolve_tau(self.tau, consumer)
+
+    def estimator_reads_tau(self, adv_estimator: str) -> bool:
+        """True if ``adv_estimator`` reads τ: ``pmd_partition``, and ``opmd`` with the ``logavgexp`` baseline."""
+        return adv_estimator == "pmd_partition" or (adv_estimator == "opmd" and self.baseline == "logavgexp")
 
     def check_for_estimator(self, adv_estimator: str) -> None:
         """Checks that depend on which estimator reads this section."""
-        if adv_estimator == "pmd_partition" or (adv_estimator == "opmd" and self.baseline == "logavgexp"):
+        if self.estimator_reads_tau(adv_estimator):
             _check_number(
                 f"{ALGO_PREFIX}.tau (used by adv_estimator={adv_estimator})", self.tau_for(adv_estimator), positive=True
             )
@@ -189,8 +208,32 @@ class OffPolicyLossConfig(PolicyLossConfig):
 
     @property
     def resolved_tau(self) -> float:
-        """τ as this loss uses it: the set value, else the spec's default for ``loss_mode``."""
-        return DEFAULT_TAU.get(self.loss_mode, 1.0) if self.tau is None else self.tau
+        """τ as this loss uses it (:func:`resolve_tau` for ``loss_mode``)."""
+        return resolve_tau(self.tau, self.loss_mode)
+
+
+def check_tau_coupling(offpolicy: OffPolicyConfig, adv_estimator: str, loss_config: OffPolicyLossConfig) -> None:
+    """τ is one hyperparameter: a loss that reads τ must use ``algorithm.offpolicy.tau``'s value.
+
+    The presets interpolate ``policy_loss.tau: ${algorithm.offpolicy.tau}``; overriding the loss's key
+    alone would split them silently. Compared: the loss's resolved τ with the estimator's resolved τ
+    when the estimator reads τ too, else with ``algorithm.offpolicy.tau`` when it is set.
+    """
+    if loss_config.loss_mode not in TAU_LOSSES:
+        return
+    if offpolicy.estimator_reads_tau(adv_estimator):
+        expected, reader = offpolicy.tau_for(adv_estimator), f", also read by adv_estimator={adv_estimator}"
+    elif offpolicy.tau is not None:
+        expected, reader = offpolicy.tau, ""
+    else:
+        return
+    if loss_config.resolved_tau != expected:
+        raise ValueError(
+            f"{LOSS_PREFIX}.tau={loss_config.tau} (loss_mode={loss_config.loss_mode}) and {ALGO_PREFIX}.tau="
+            f"{offpolicy.tau}{reader} differ (τ {loss_config.resolved_tau} vs {expected}): τ is one hyperparameter, "
+            f"the presets interpolate the loss's from {ALGO_PREFIX}.tau; set {ALGO_PREFIX}.tau only and remove "
+            f"the override of {LOSS_PREFIX}.tau"
+        )
 
 
 AGRO_KL_PENALTIES = ("kl", "k1")

@@ -18,7 +18,7 @@ from torch import Tensor
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from verl_offpolicy.core import losses as core
-from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyLossConfig, check_clip_ratios
+from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyLossConfig, check_clip_ratios, clip_ratios
 
 # pmd is a mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens.
 PMD_AGG_MODE = "seq-mean-token-sum"
@@ -44,13 +44,6 @@ def _check_dtype(loss_mode: str, log_prob: Tensor) -> None:
             "loss's ratios and squares (up to e^20 ≈ 4.9e8), so the loss could be inf. Compute the log-probs "
             "in float32 (verl's default), bfloat16 or float64."
         )
-
-
-def _clip_ratios(config: Any) -> tuple[float, float]:
-    """(ε_low, ε_high): the actor's clip_ratio_low/high, falling back to clip_ratio."""
-    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    return low, high
 
 
 def _aggregate(
@@ -128,7 +121,7 @@ def compute_policy_loss_rec(
     """ℓ_t = −M_t·w_t·A·log π_t + reg_t (``policy_loss.clip_mode``, ``weight``, ``regularizer``)."""
     loss_config = _loss_config("rec", config)
     _check_dtype("rec", log_prob)
-    clip_low, clip_high = _clip_ratios(config)
+    clip_low, clip_high = clip_ratios(config)
     check_clip_ratios(clip_low, clip_high, loss_config)
     mask = response_mask.bool()
     terms = core.rec_loss(

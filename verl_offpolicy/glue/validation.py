@@ -20,6 +20,8 @@ from verl_offpolicy.glue.config import (
     OffPolicyLossConfig,
     check_agro_reward,
     check_clip_ratios,
+    check_tau_coupling,
+    clip_ratios,
     offpolicy_section,
 )
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAINERS, require_registration
@@ -71,10 +73,8 @@ def validate_offpolicy_config(cfg: DictConfig) -> None:
     actor = "actor_rollout_ref.actor"
     loss = _loss_config(cfg)
     if loss is not None:
-        clip_ratio = _select(cfg, f"{actor}.clip_ratio")
-        low = _select(cfg, f"{actor}.clip_ratio_low")
-        high = _select(cfg, f"{actor}.clip_ratio_high")
-        check_clip_ratios(clip_ratio if low is None else low, clip_ratio if high is None else high, loss)
+        check_clip_ratios(*clip_ratios(_select(cfg, actor)), loss)
+        check_tau_coupling(offpolicy, adv_estimator, loss)
         agg = _select(cfg, f"{actor}.loss_agg_mode")
         gspo = loss.clip_mode == "gspo-one-side" or loss.weight == "gspo_importance_sampling"
         if loss.loss_mode == "rec" and gspo and agg not in SEQUENCE_LEVEL_AGG_MODES:

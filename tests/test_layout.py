@@ -1,0 +1,69 @@
+"""The package's layering, read from the source (every import statement, function-local ones too):
+no import cycles between verl_offpolicy's modules, and the process-management module stays free of
+verl, torch and the rest of the package (the demo, doctor and the tests import it)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "verl_offpolicy"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module named by an import statement of ``path`` (``from a import b`` gives a and a.b)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: (_imports(path) & set(modules)) - {name} for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every back edge of a depth-first search, as the cycle it closes."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def test_the_import_graph_is_acyclic():
+    graph = _graph()
+    assert len(graph) >= 25 and "verl_offpolicy.cpu.process" in graph["verl_offpolicy.cpu.demo"]  # the scan sees imports
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_process_management_imports_no_verl_torch_or_other_package_module():
+    imported = _imports(PACKAGE / "cpu" / "process.py")
+    top = {name.split(".")[0] for name in imported}
+    assert not top & {"verl", "torch", "verl_offpolicy"}, sorted(imported)

@@ -1,0 +1,225 @@
+"""Process management of the CPU path: spawn a command in its own session (a killable process
+group), run it with a timeout, end it with its Ray session, find what it listens on, one holder per
+lock, and SIGINT/SIGTERM turned into an exception the caller can clean up after.
+
+Used by the demo (``cpu/demo.py``), ``verl-offpolicy doctor``'s Ray probe and the tests. Standard
+library and psutil only (psutil imported where used); nothing of verl.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8, ``::1`` and IPv4-mapped ``::ffff:127.x.x.x``."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def session_processes(marker: str) -> list:
+    """Processes whose command line mentions ``marker`` (our unique Ray temp dir)."""
+    import psutil
+
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.info["pid"] != me and marker in cmdline:
+            found.append(proc)
+    return found
+
+
+def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> list[str]:
+    """``ip:port (process name)`` of every TCP socket the run listens on: its process group and Ray session."""
+    import psutil
+
+    procs = []
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        pass
+    if ray_marker:
+        procs += session_processes(ray_marker)
+    found = set()
+    for p in {p.pid: p for p in procs}.values():
+        try:
+            name = p.name()
+            conns = p.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found |= {f"{c.laddr.ip}:{c.laddr.port} ({name})" for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(found)
+
+
+def is_loopback(address: str) -> bool:
+    """True if ``ip:port`` (as :func:`listening_addresses` writes it, suffix allowed) is a loopback address."""
+    return is_loopback_host(address.split(" ")[0].rpartition(":")[0])
+
+
+def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:
+    """End the run: its process group (SIGTERM, then SIGKILL) and every process of its Ray session.
+
+    Ray's GCS/raylet/workers are found by the run's own temp dir in their command line, so other Ray
+    clusters on the machine are untouched. Returns the pids that had to be killed.
+    """
+    import psutil
+
+    killed: list[int] = []
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=grace_s)
+        killed.append(proc.pid)
+    if ray_marker:
+        leftovers = session_processes(ray_marker)
+        for p in leftovers:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(leftovers, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        killed += [p.pid for p in leftovers]
+    return killed
+
+
+def spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+    """Start ``command`` in its own session (killable as a group), stdout+stderr merged into one pipe."""
+    return subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
+def run_captured(
+    command: Sequence[str], *, env: dict[str, str], timeout: float, cwd: Optional[str] = None
+) -> tuple[Optional[int], str]:
+    """Run ``command`` in its own session with stdout+stderr captured.
+
+    Returns (exit code, output); on timeout the whole process group is killed and the exit code is
+    None (the caller says what hung).
+    """
+    proc = spawn(command, env, cwd)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+    return proc.returncode, output
+
+
+class LockHeld(RuntimeError):
+    """The lock is held by a live process (``holder``: the PID its file names)."""
+
+    def __init__(self, path: Path, holder: str):
+        super().__init__(f"{path} is held by PID {holder}")
+        self.path = path
+        self.holder = holder
+
+
+class ExclusiveLock:
+    """An exclusive ``flock`` on ``path``, whose file names the holder's PID.
+
+    The kernel drops the lock when its holders exit, so the lock of a dead process is taken over. A
+    subprocess that inherits the locked file (``fd``, in ``pass_fds``) keeps it held while it lives.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> "ExclusiveLock":
+        """Take the lock or raise :class:`LockHeld` (a live holder) or ``OSError`` (the file cannot be opened)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise LockHeld(self.path, holder) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the file stays: the next run takes the unheld lock over
+            self.fd = None
+
+
+class Interrupt(BaseException):
+    """SIGINT/SIGTERM in the main thread (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class InterruptSignals:
+    """Turn the first SIGINT/SIGTERM into :class:`Interrupt` and ignore repeats while the run cleans up.
+
+    Without it SIGTERM ends the caller at once and leaves its subprocess (in its own session) running. Only
+    in the main thread (elsewhere Python cannot set signal handlers and the caller owns signals).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.received: Optional[int] = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+            raise Interrupt(signum)
+
+    def __enter__(self) -> "InterruptSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
