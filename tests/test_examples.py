@@ -8,7 +8,6 @@ runs them. One fresh-process ``DRY_RUN=1`` run (marked slow) checks the script â
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import re
@@ -17,13 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import open_dict
 
-from tests.hydra_utils import compose_main_ppo
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import omega_conf_to_dataclass, validate_config
+from tests.hydra_utils import compose_and_check, compose_main_ppo
 from verl_offpolicy.cli import run_startup_callbacks
-from verl_offpolicy.glue.validation import validate_offpolicy_config
 from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,18 +148,9 @@ def _argv(script: str, **env: str) -> tuple[str, ...]:
 
 @functools.cache
 def _checked(script: str, **env: str):
-    """The config main_ppo would run, after every startup check ``verl-offpolicy check`` runs in-process:
-    the config's Hydra callbacks (our validation), our validation, verl's validate_config and actor config."""
+    """The config main_ppo would run, after every startup check (in-process), once per session."""
     argv = _argv(script, **env)
-    full = compose_main_ppo(argv[1], list(argv[2:]), return_hydra_config=True)
-    run_startup_callbacks(full)
-    cfg = copy.deepcopy(full)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    validate_offpolicy_config(cfg)
-    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    return cfg
+    return compose_and_check(argv[1], list(argv[2:]))
 
 
 CHECKED_PRESETS = ("rec_ring_nois", "agro", "pmd_partition")

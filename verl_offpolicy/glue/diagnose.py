@@ -21,6 +21,7 @@ from typing import Any
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "verl_offpolicy"
 PLUGIN_MODULE = "verl_offpolicy.glue.plugin"
+REGISTER_MODULE = "verl_offpolicy.register"  # the same registration through VERL_USE_EXTERNAL_MODULES
 PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
 MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 REPORT_PREFIX = "VERL_OFFPOLICY_STATE "
@@ -35,7 +36,7 @@ def _entry_point():
 def _why_not_loaded() -> str:
     """Why ``import verl`` did not import our plugin module in this process, with the fix."""
     policy = os.environ.get(PLUGINS_ENV, "auto").strip().lower()
-    alternative = f"or set {MODULES_ENV}={PLUGIN_MODULE}"
+    alternative = f"or set {MODULES_ENV}={REGISTER_MODULE}"
     if policy == "none":
         return (
             f"{PLUGINS_ENV}=none disables verl's plugins, so `import verl` registers nothing of verl-offpolicy; "
