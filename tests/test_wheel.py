@@ -34,7 +34,7 @@ VERSION = verl_offpolicy.__version__
 SOURCES = ("pyproject.toml", "README.md", "verl_offpolicy", "hydra_plugins")
 TIMEOUT = 900
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]  # doctor starts a Ray worker
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a build, a venv, fresh `import verl` processes
 
 
 def _run(cmd, timeout=TIMEOUT, **kw) -> subprocess.CompletedProcess:
@@ -139,6 +139,7 @@ def test_fresh_venv_registers_through_the_register_module_alone(venv):
     assert state["problem"] is None and all(ok for _, _, ok in state["names"])
 
 
+@pytest.mark.e2e  # doctor starts a Ray worker
 def test_fresh_venv_passes_doctor(venv):
     env_dir, env, work = venv
     proc = _run([str(env_dir / "bin" / "verl-offpolicy"), "doctor", "--timeout", "600"], cwd=work, env=env, timeout=1500)

@@ -55,14 +55,14 @@ def _why_not_loaded() -> str:
     if entry_point is None:
         return (
             f"no '{ENTRY_POINT_NAME}' entry point in the '{ENTRY_POINT_GROUP}' group of the installed packages "
-            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . or pip install verl-offpolicy)"
+            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . from a checkout, or its built wheel)"
         )
     try:
         entry_point.load()  # what verl did, but verl logged the error at DEBUG level only
     except Exception as exc:  # noqa: BLE001 - the cause is the finding
         return (
             f"verl's entry point {ENTRY_POINT_NAME} = {entry_point.value} failed to load: {type(exc).__name__}: {exc}; "
-            "reinstall verl-offpolicy (pip install -e . or pip install verl-offpolicy)"
+            "reinstall verl-offpolicy (pip install -e . from a checkout, or its built wheel)"
         )
     return f"`import verl` did not load the entry point {ENTRY_POINT_NAME} = {entry_point.value}; reinstall verl-offpolicy"
 
