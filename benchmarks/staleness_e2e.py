@@ -33,6 +33,8 @@ from pathlib import Path
 
 from _results import replace_block  # benchmarks/_results.py (this script's folder is on sys.path)
 
+from verl_offpolicy.glue.metrics import staleness_key
+
 RESULTS = Path(__file__).parent / "results"
 RUNS_DIR = RESULTS / "staleness_e2e"
 TABLES = RESULTS / "staleness_e2e.md"
@@ -47,10 +49,15 @@ STEPS = 40
 LAST = 5  # final reward = mean train reward of the last LAST steps
 TIMEOUT = 900.0
 CONFIG_NAME = "offpolicy_trainer"
+# verl's name of the staleness (verl logs it); runs recorded before this package used verl's name
+# logged a copy as offpolicy/staleness/mean (the stored results in benchmarks/results/staleness_e2e/).
+STALENESS = staleness_key("mean")
+LEGACY_STALENESS = "offpolicy/staleness/mean"
 # Metrics kept per step in each run's JSON (verl names; missing ones are skipped).
 KEPT_METRICS = (
     "critic/score/mean",
-    "offpolicy/staleness/mean",
+    STALENESS,
+    LEGACY_STALENESS,
     "offpolicy/version",
     "offpolicy/queue_len",
     "offpolicy/anchor_log_ratio/mean",
@@ -128,7 +135,7 @@ def run_one(preset: str, setting: tuple[int, int], seed: int, steps: int, timeou
     per_step = {key: [m.get(key) for m in result.metrics] for key in KEPT_METRICS}
     per_step = {k: v for k, v in per_step.items() if any(x is not None for x in v)}
     rewards = [m[TRAIN_SCORE] for m in result.metrics]
-    observed = per_step.get("offpolicy/staleness/mean")
+    observed = per_step.get(STALENESS)
     record = {
         "preset": preset,
         "sync_interval": s,
@@ -297,7 +304,11 @@ def report(presets, settings, seeds, steps, command: str) -> str:
             first = statistics.fmean(r["rewards"][0] for r in runs)
             mid = statistics.fmean(r["rewards"][steps // 2 - 1] for r in runs)
             final = statistics.fmean(r["final_reward"] for r in runs)
-            stale = [statistics.fmean(r["metrics"]["offpolicy/staleness/mean"]) for r in runs if "offpolicy/staleness/mean" in r["metrics"]]
+            stale = [
+                statistics.fmean(r["metrics"].get(STALENESS) or r["metrics"][LEGACY_STALENESS])
+                for r in runs
+                if STALENESS in r["metrics"] or LEGACY_STALENESS in r["metrics"]
+            ]
             match = [r["staleness_matches_schedule"] for r in runs]
             match_txt = "yes" if all(m is True for m in match) else ("n/a" if all(m is None for m in match) else "NO")
             wall = statistics.fmean(r["wall_s"] for r in runs)

@@ -95,7 +95,7 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(
     check_completed(result)
     for m in result.metrics:
         # our trainer (offpolicy/*) and our rec loss (its metrics, which verl's vanilla loss does not log)
-        assert m["offpolicy/version"] == m["step"] - 1 and m["offpolicy/staleness/mean"] == 0
+        assert m["offpolicy/version"] == m["step"] - 1 and m["training/off_policy/trajectory_staleness/mean"] == 0
         assert {"actor/pg_clipfrac_upper", "actor/ratio_mean", "actor/ratio_max"} <= set(m)
         assert m["actor/grad_norm"] > 0
         # our trainer generates under verl's own "gen" timer: a real share of the step, not ~0.01 s

@@ -1,4 +1,4 @@
-"""The recipes' math-verify reward, called the way verl calls it: from a worker thread, and through
+"""The examples' math-verify reward, called the way verl calls it: from a worker thread, and through
 verl's real reward loop (``RewardLoopWorker`` -> ``load_reward_manager`` -> the ``naive`` reward
 manager, which runs ``compute_score`` in the event loop's thread pool). No mocks: the tokenizer is a
 real byte-level Hugging Face tokenizer built locally (no downloads)."""
@@ -79,7 +79,7 @@ def _byte_tokenizer(path):
 
 def test_scores_through_verls_reward_loop(tmp_path):
     """verl's RewardLoopWorker loads the function from ``reward.custom_reward_function.path`` (as the
-    recipes set it) and scores a batch with the naive reward manager, concurrently in its thread pool."""
+    examples set it) and scores a batch with the naive reward manager, concurrently in its thread pool."""
     from verl import DataProto
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 

@@ -21,6 +21,9 @@ from verl_offpolicy.cpu.demo import build_inputs, cpu_env, demo_command, read_me
 from verl_offpolicy.cpu.process import kill_process_tree, spawn
 
 STEPS = 6
+# verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
+VERL_OFF_POLICY = "training/off_policy"
+STALENESS = f"{VERL_OFF_POLICY}/trajectory_staleness/mean"
 TIMEOUT = 420
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 # 4 prompts x 4 samples per step (the demo's default is 8 x 16)
@@ -99,8 +102,13 @@ def test_logged_versions_and_staleness_follow_the_spec(runs, s, d):
     steps = [m["step"] for m in result.metrics]
     assert steps == list(range(1, STEPS + 1))
     assert [int(m["offpolicy/version"]) for m in result.metrics] == spec["versions"]
+    # staleness under verl's own names (verl measures it from the rollout's version tags); one batch,
+    # generated at one version, per step: every trajectory has the same staleness and spans one version
     for key in ("mean", "max", "min"):
-        assert [int(m[f"offpolicy/staleness/{key}"]) for m in result.metrics] == spec["staleness"]
+        assert [int(m[f"{VERL_OFF_POLICY}/trajectory_staleness/{key}"]) for m in result.metrics] == spec["staleness"]
+        assert [int(m[f"{VERL_OFF_POLICY}/trajectory_staleness_worst/{key}"]) for m in result.metrics] == spec["staleness"]
+        assert [int(m[f"{VERL_OFF_POLICY}/trajectory_spans/{key}"]) for m in result.metrics] == [1] * STEPS
+    assert not any(key.startswith("offpolicy/staleness") for m in result.metrics for key in m)  # no second copy
     assert max(m["offpolicy/queue_len"] for m in result.metrics) <= s + d
     # one rollout call (one weight sync) per version that has batches to generate
     assert [m["step"] for m in result.metrics if m["offpolicy/rollout_calls"] == 1] == spec["calls"]
@@ -113,10 +121,10 @@ def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(runs):
     would give ρ ≡ 1 with one mini-batch, pg_clipfrac = 0: see the proximal REC run below)."""
     for setting in ((1, 1), (2, 0)):
         metrics = runs(setting).metrics
-        stale = [m for m in metrics if m["offpolicy/staleness/mean"] > 0]
+        stale = [m for m in metrics if m[STALENESS] > 0]
         assert stale and all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale), setting
         assert any(m["actor/pg_clipfrac"] > 0 for m in stale), (setting, [m["actor/pg_clipfrac"] for m in stale])
-        assert all(m["actor/pg_clipfrac"] == 0 for m in metrics if m["offpolicy/staleness/mean"] == 0), setting
+        assert all(m["actor/pg_clipfrac"] == 0 for m in metrics if m[STALENESS] == 0), setting
 
 
 def test_sync_interval_1_is_the_stock_sync_trainer(runs):
@@ -141,13 +149,13 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
     """s = 4: the REC one-side mask acts against the behaviour policy on stale steps (ratio ≠ 1), and
     is inert with verl's proximal anchor (one mini-batch: ρ ≡ 1 on the first mini-batch)."""
     behaviour, proximal = runs((4, 1)), runs("proximal")
-    stale = [m for m in behaviour.metrics if m["offpolicy/staleness/mean"] > 0]
+    stale = [m for m in behaviour.metrics if m[STALENESS] > 0]
     assert len(stale) == STEPS - 1
     assert all(m["actor/pg_clipfrac"] > 0 for m in stale), [m["actor/pg_clipfrac"] for m in stale]
     assert all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale)
-    fresh = [m for m in behaviour.metrics if m["offpolicy/staleness/mean"] == 0]
+    fresh = [m for m in behaviour.metrics if m[STALENESS] == 0]
     assert all(m["actor/pg_clipfrac"] == 0 for m in fresh)
-    assert [m["offpolicy/staleness/mean"] for m in proximal.metrics] == [m["offpolicy/staleness/mean"] for m in behaviour.metrics]
+    assert [m[STALENESS] for m in proximal.metrics] == [m[STALENESS] for m in behaviour.metrics]
     assert all(m["actor/pg_clipfrac"] == 0 and m["actor/ratio_max"] == pytest.approx(1.0) for m in proximal.metrics)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "verl_offpolicy"
 PLUGIN_MODULE = "verl_offpolicy.glue.plugin"
+REGISTER_MODULE = "verl_offpolicy.register"  # the same registration through VERL_USE_EXTERNAL_MODULES
 PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
 MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 REPORT_PREFIX = "VERL_OFFPOLICY_STATE "
@@ -35,7 +36,7 @@ def _entry_point():
 def _why_not_loaded() -> str:
     """Why ``import verl`` did not import our plugin module in this process, with the fix."""
     policy = os.environ.get(PLUGINS_ENV, "auto").strip().lower()
-    alternative = f"or set {MODULES_ENV}={PLUGIN_MODULE}"
+    alternative = f"or set {MODULES_ENV}={REGISTER_MODULE}"
     if policy == "none":
         return (
             f"{PLUGINS_ENV}=none disables verl's plugins, so `import verl` registers nothing of verl-offpolicy; "
@@ -54,14 +55,14 @@ def _why_not_loaded() -> str:
     if entry_point is None:
         return (
             f"no '{ENTRY_POINT_NAME}' entry point in the '{ENTRY_POINT_GROUP}' group of the installed packages "
-            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . or pip install verl-offpolicy)"
+            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . from a checkout, or its built wheel)"
         )
     try:
         entry_point.load()  # what verl did, but verl logged the error at DEBUG level only
     except Exception as exc:  # noqa: BLE001 - the cause is the finding
         return (
             f"verl's entry point {ENTRY_POINT_NAME} = {entry_point.value} failed to load: {type(exc).__name__}: {exc}; "
-            "reinstall verl-offpolicy (pip install -e . or pip install verl-offpolicy)"
+            "reinstall verl-offpolicy (pip install -e . from a checkout, or its built wheel)"
         )
     return f"`import verl` did not load the entry point {ENTRY_POINT_NAME} = {entry_point.value}; reinstall verl-offpolicy"
 

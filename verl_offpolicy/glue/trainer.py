@@ -51,6 +51,7 @@ from verl.workers.utils.padding import response_from_nested
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
+from verl_offpolicy.glue.metrics import ANCHOR_LOG_RATIO, check_measured_staleness, queue_metrics, rollout_call_metrics
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
 logger = logging.getLogger(__name__)
@@ -138,15 +139,7 @@ class StalenessQueue(ReplayBuffer):
         self.current = entry
         staleness = self.schedule.staleness(global_steps)
         assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
-        metrics = {
-            "offpolicy/staleness/mean": float(staleness),
-            "offpolicy/staleness/max": float(staleness),
-            "offpolicy/staleness/min": float(staleness),
-            "offpolicy/version": float(entry.version),
-            "offpolicy/queue_len": float(len(self.batches) + 1),
-            "offpolicy/rollout_batches_per_sync": float(self.last_generation_size),
-        }
-        return batch, metrics
+        return batch, queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size)
 
 
 @register_trainer("offpolicy")
@@ -237,7 +230,7 @@ class OffPolicyTrainer(PPOTrainer):
             self._rollout_sleep()
         if self.replay_buffer.head(step) is None:
             raise RuntimeError(f"offpolicy scheduler: no batch is scheduled for step {step}")
-        return {"offpolicy/rollout_calls": float(bool(steps)), "offpolicy/generated_batches": float(len(steps))}
+        return rollout_call_metrics(len(steps))
 
     def _generate(self, version: int, steps: list[int]) -> None:
         """One rollout call at ``version`` for the batches of ``steps``; then behaviour log-probs."""
@@ -314,6 +307,11 @@ class OffPolicyTrainer(PPOTrainer):
         if padding:
             tq.kv_clear(keys=padding, partition_id=TRAIN)
 
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        scheduled = staleness_of_step(global_steps, self.offpolicy.sync_interval, self.offpolicy.sync_offset)
+        check_measured_staleness(metrics, global_steps, scheduled)
+
     # ------------------------------------------------------------------ ratio anchor
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -332,7 +330,7 @@ class OffPolicyTrainer(PPOTrainer):
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[source, "old_log_probs", "response_mask"])
         proximal = data.pop("old_log_probs")
         anchored = data.pop(source)
-        metrics["offpolicy/anchor_log_ratio/mean"] = _masked_mean_gap(proximal, anchored, data["response_mask"])
+        metrics[ANCHOR_LOG_RATIO] = _masked_mean_gap(proximal, anchored, data["response_mask"])
         data["old_log_probs"] = anchored
         tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=data.select("old_log_probs"))
         return batch

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Prepare a dataset in verl's RLHF parquet format with verl's own preprocessing scripts.
-#   recipes/prepare_data.sh gsm8k|math|guru_math [DATA_DIR]      (default DATA_DIR: ~/data)
+#   examples/data_preprocess/prepare_data.sh gsm8k|math|guru_math [DATA_DIR]      (default DATA_DIR: ~/data)
 # gsm8k and math run verl's examples/data_preprocess/{gsm8k,math_dataset}.py (from $VERL_REPO if set,
 # otherwise fetched from verl's repository at $VERL_REF, default v0.9.1). guru_math converts
-# LLM360/guru-RL-92k's math subset (recipes/prepare_guru_math.py).
+# LLM360/guru-RL-92k's math subset (examples/data_preprocess/prepare_guru_math.py).
 set -euo pipefail
-DATASET=${1:?usage: recipes/prepare_data.sh gsm8k|math|guru_math [DATA_DIR]}
+DATASET=${1:?usage: examples/data_preprocess/prepare_data.sh gsm8k|math|guru_math [DATA_DIR]}
 DATA_DIR=${2:-$HOME/data}
 VERL_REF=${VERL_REF:-v0.9.1}
 

@@ -1,7 +1,7 @@
 """Convert the math subset of Guru (LLM360/guru-RL-92k, train/math__combined_54.4k.parquet) to verl's
 RLHF parquet format: data_source, prompt (chat messages), ability, reward_model.ground_truth, extra_info.
 
-    python recipes/prepare_guru_math.py --local_save_dir ~/data/guru_math [--test_size 500]
+    python examples/data_preprocess/prepare_guru_math.py --local_save_dir ~/data/guru_math [--test_size 500]
 """
 
 import argparse
