@@ -157,6 +157,8 @@ class OffPolicyLossConfig(PolicyLossConfig):
         regularizer_coef: c ≥ 0.
         ring_clip_ratio_low: ε′_low of ``ring`` (≥ the actor's clip_ratio_low).
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).
+        m2po_threshold: ``m2po`` budget τ_M2 > 0 of the second moment mean (log ρ_t)² over the mini-batch
+            (default 0.04, the M2PO authors' setting).
     """
 
     tau: float | None = None
@@ -166,6 +168,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
     regularizer_coef: float = 0.0
     ring_clip_ratio_low: float = 0.6
     ring_clip_ratio_high: float = 2.0
+    m2po_threshold: float = 0.04
 
     def __post_init__(self):
         if self.loss_mode in POLICY_LOSSES:
@@ -180,6 +183,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
         _check_number(f"{LOSS_PREFIX}.regularizer_coef", self.regularizer_coef, non_negative=True)
         _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
         _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
+        _check_number(f"{LOSS_PREFIX}.m2po_threshold", self.m2po_threshold, positive=True)
 
 
     @property

@@ -26,6 +26,8 @@ from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAI
 from verl_offpolicy.glue.resolvers import MINI_BATCH_RESOLVER
 
 SCHEDULER_TRAINER = "offpolicy"
+# Engines whose forward_backward_batch carries m2po's whole-mini-batch pre-pass (glue/m2po.py).
+M2PO_STRATEGIES = ("fsdp", "fsdp2")
 SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
@@ -82,6 +84,14 @@ def validate_offpolicy_config(cfg: DictConfig) -> None:
                 f"{LOSS_PREFIX}.clip_mode={loss.clip_mode}, weight={loss.weight} uses the sequence ratio ρ̄_i, so "
                 f"{actor}.loss_agg_mode must be sequence-level ({', '.join(SEQUENCE_LEVEL_AGG_MODES)}), got {agg}; "
                 f"set {actor}.loss_agg_mode=seq-mean-token-mean"
+            )
+
+        strategy = _select(cfg, f"{actor}.strategy", "fsdp")
+        if loss.loss_mode == "m2po" and strategy not in M2PO_STRATEGIES:
+            raise OffPolicyConfigError(
+                f"{LOSS_PREFIX}.loss_mode=m2po chooses its mask over the whole mini-batch with a pre-pass of verl's "
+                f"FSDP engine, which {actor}.strategy={strategy} does not run: set {actor}.strategy to one of "
+                f"{', '.join(M2PO_STRATEGIES)} or choose another loss"
             )
 
     if adv_estimator == "agro":
