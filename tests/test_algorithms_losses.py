@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -372,3 +373,68 @@ def test_m2po_micro_batch_without_the_pre_pass_is_an_error():
             call(config, old, old + 0.5, torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool))
     finally:
         config.global_batch_info.clear()
+
+
+# ---------------------------------------------------------------- pairwise_opmd (OPMD report, section 2)
+
+
+def _pairwise_batch():
+    """Groups of 3, 2 and 1 ragged responses: rewards, token log-probs (π_θ and π_ref), mask, uids."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([3, 1, 2, 4, 2, 3])
+    mask = torch.arange(4) < lengths.unsqueeze(-1)
+    log_prob = torch.where(mask, -torch.rand(6, 4, generator=g, dtype=F64) * 2, 0.0)
+    ref = torch.where(mask, -torch.rand(6, 4, generator=g, dtype=F64) * 2, 0.0)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, -0.5, 2.0], dtype=F64)
+    uids = np.array(["a", "a", "a", "b", "b", "c"], dtype=object)
+    return rewards, log_prob, ref, mask, uids, lengths
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_pairwise_opmd_gradient_is_the_literal_pairwise_sum(tau):
+    # J = Σ_groups Σ_{i<j}(a_i − a_j)²/(1+τ)², a_i = r_i − τ·Σ_t(log π_t − log π_ref,t), by autograd;
+    # registered: verl's KL-in-reward (kl_penalty "kl", coefficient τ, the reward on the last token) →
+    # pairwise_opmd estimator → pairwise_opmd loss (mean over the N = 6 sequences): N·∇loss = ∇J
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, kl_penalty
+
+    from verl_offpolicy.tabular import pairwise_opmd_config
+
+    rewards, log_prob, ref, mask, uids, lengths = _pairwise_batch()
+    lp = log_prob.clone().requires_grad_(True)
+    a = rewards - tau * ((lp - ref) * mask).sum(-1)
+    literal = sum(
+        (a[i] - a[j]) ** 2 for i in range(6) for j in range(i + 1, 6) if uids[i] == uids[j]
+    ) / (1 + tau) ** 2
+    (expected,) = torch.autograd.grad(literal, lp)
+
+    token_rewards = torch.zeros(6, 4, dtype=F64)
+    token_rewards[torch.arange(6), lengths - 1] = rewards
+    token_rewards = token_rewards - tau * kl_penalty(log_prob, ref, "kl") * mask
+    advantages, _ = get_adv_estimator_fn("pairwise_opmd")(
+        token_level_rewards=token_rewards, response_mask=mask.to(F64), index=uids, config=pairwise_opmd_config(tau)
+    )
+    config = actor("pairwise_opmd")
+    config.global_batch_info.update({"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": 6})
+    try:
+        _, grad, _ = call(config, log_prob, log_prob, advantages, mask, "token-mean")
+    finally:
+        config.global_batch_info.clear()
+    torch.testing.assert_close(6 * grad, expected)
+    assert expected[5].abs().sum() == 0 and grad[5].abs().sum() == 0  # the singleton has no pair
+
+
+def test_pairwise_opmd_advantage_golden_values():
+    # τ = 1, one group of K = 3 with a = [1, 0, 0.5] (no KL term: log π = log π_ref): ā = 0.5,
+    # A = 2·K·τ·(a − ā)/(1+τ)² = 6·[0.5, −0.5, 0]/4 = [0.75, −0.75, 0]; a singleton gets 0
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from verl_offpolicy.tabular import pairwise_opmd_config
+
+    scores = torch.tensor([[1.0], [0.0], [0.5], [3.0]], dtype=F64)
+    advantages, _ = get_adv_estimator_fn("pairwise_opmd")(
+        token_level_rewards=scores,
+        response_mask=torch.ones_like(scores),
+        index=np.array(["g", "g", "g", "s"], dtype=object),
+        config=pairwise_opmd_config(1.0),
+    )
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.75, -0.75, 0.0, 0.0], dtype=F64))

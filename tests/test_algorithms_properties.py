@@ -248,3 +248,12 @@ def test_m2po_drops_exactly_the_extreme_tokens_and_fits_the_second_moment():
     torch.testing.assert_close(grad[0, ~dropped], -torch.exp(log_ratio[0, ~dropped]))
     assert float(log_ratio[0, ~dropped].square().mean()) <= config.policy_loss.m2po_threshold
     assert float(log_ratio.square().mean()) > config.policy_loss.m2po_threshold
+
+
+@pytest.mark.parametrize("tau, lr", [(0.1, 20.0), (1.0, 0.1)])  # the curvature grows like 2Kτ²/(1+τ)²
+def test_pairwise_opmd_from_fixed_reference_data_converges_to_the_regularised_optimum(tau, lr):
+    # data from π_ref only (exact counts), KL-in-reward a_i = r_i − τ·log(π/π_ref) at the current weights,
+    # registered pairwise_opmd estimator and loss: the stationary point has a_i equal on every arm, i.e.
+    # π* ∝ π_ref·exp(r/τ) (verl_offpolicy.tabular.regularised_run)
+    theta, _ = regularised_run("pairwise_opmd", tau, steps=3000, lr=lr)
+    assert _kl(torch.softmax(theta, 0), regularised_optimum(tau)) < 1e-8

@@ -45,9 +45,14 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]
     return log_ratio.sum(-1), mask.sum(-1).to(log_ratio.dtype).clamp_min(1)
 
 
+def reinforce_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """ℓ_t = −A·log π_t on response tokens (0 on padding)."""
+    return -torch.where(mask, advantages, 0.0) * log_prob
+
+
 def opmd_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
     """``opmd``: ℓ_t = −A·log π_t/(1 + τ), τ ≥ 0 (REINFORCE scaled by 1/(1+τ))."""
-    return torch.where(mask, advantages, 0.0) * log_prob * (-1.0 / (1.0 + tau))
+    return reinforce_loss(log_prob, advantages, mask) / (1.0 + tau)
 
 
 def sequence_delta(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -20,8 +20,10 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyLossConfig, check_clip_ratios
 
-# pmd is a mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens.
+# pmd is a mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens; pairwise_opmd
+# is a mean over sequences of −A_i·log π(y_i) = −A_i·Σ_t log π_t.
 PMD_AGG_MODE = "seq-mean-token-sum"
+PAIRWISE_OPMD_AGG_MODE = "seq-mean-token-sum"
 
 
 def _loss_config(loss_mode: str, config: Any) -> OffPolicyLossConfig:
@@ -219,3 +221,27 @@ def compute_policy_loss_m2po(
     loss_mat, keep, log_ratio, ratio = core.m2po_loss(log_prob, old_log_prob, advantages, mask, threshold)
     loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
     return loss, _metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio))
+
+
+@register_policy_loss("pairwise_opmd")
+def compute_policy_loss_pairwise_opmd(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Mean over sequences of −A_i·log π(y_i), A_i = 2Kτ(a_i − ā)/(1+τ)² from the ``pairwise_opmd`` estimator.
+
+    Its gradient is (1/N)·Σ_groups ∇[Σ_{i<j}(a_i − a_j)²]/(1+τ)² at the weights that computed a_i (the
+    proximal ones). The sequence sum is the identity's log π(y_i), so the aggregation is fixed
+    (``seq-mean-token-sum``, global sequence count from ``global_batch_info``), whatever ``loss_agg_mode``.
+    """
+    _loss_config("pairwise_opmd", config)
+    _check_dtype("pairwise_opmd", log_prob)
+    mask = response_mask.bool()
+    loss_mat = core.reinforce_loss(log_prob, advantages, mask)
+    loss = _aggregate(loss_mat, mask, PAIRWISE_OPMD_AGG_MODE, config, rollout_is_weights)
+    return loss, _unclipped_metrics(log_prob, old_log_prob, mask)

@@ -97,8 +97,8 @@ def _in_trainer_registry(name: str) -> bool:
     return name in TRAINER_REGISTRY
 
 
-ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro")
-POLICY_LOSSES = ("opmd", "pmd", "rec", "topr", "m2po")
+ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro", "pairwise_opmd")
+POLICY_LOSSES = ("opmd", "pmd", "rec", "topr", "m2po", "pairwise_opmd")
 TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
