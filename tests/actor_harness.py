@@ -231,14 +231,22 @@ class ActorHarness:
         output = self.worker.infer_batch(td)
         return no_padding_2_padding(tu.get(output, "log_probs"), td).float() * batch["response_mask"]
 
-    def update(self, batch, mini_batch_size: Optional[int] = None, epochs: int = 1) -> dict[str, Any]:
-        """One real ``train_mini_batch`` (one optimizer step per mini-batch) with the configured loss."""
+    def update(
+        self, batch, mini_batch_size: Optional[int] = None, epochs: int = 1, micro_batch_size: Optional[int] = None
+    ) -> dict[str, Any]:
+        """One real ``train_mini_batch`` (one optimizer step per mini-batch) with the configured loss.
+
+        ``micro_batch_size`` (default: the whole batch) splits each mini-batch into micro-batches of that
+        many sequences (the engine's gradient accumulation).
+        """
         from verl.utils import tensordict_utils as tu
 
         if "old_log_probs" not in batch.keys():
             batch = batch.clone()
             batch["old_log_probs"] = self.log_probs(batch)
         td = self._no_padding(batch)
+        if micro_batch_size is not None:
+            tu.assign_non_tensor(td, micro_batch_size_per_gpu=micro_batch_size)
         size = mini_batch_size or batch.batch_size[0]
         tu.assign_non_tensor(
             td,

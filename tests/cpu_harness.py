@@ -356,6 +356,50 @@ def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float 
     return report
 
 
+# Extra shifts log π − log π_old of the m2po batch (8 responses × 3 tokens, micro-batches of 2 responses):
+# every token 0.05 ((log ρ)² = 0.0025) except, all in the first micro-batch, a moderate token 0.5 (0.25) and
+# three extreme ones 1, 1.5, −2 (1, 2.25, 4). Over the mini-batch: 20 × 0.0025 + 0.25 → mean 0.0143 ≤ 0.04,
+# adding the 1 → 0.0591 > 0.04, so exactly the three extremes go. Within the first micro-batch alone
+# (2 × 0.0025 + 0.25 → mean 0.085 > 0.04) the moderate token would go too.
+M2PO_SHIFTS = [[0.05, 0.05, 0.5], [1.0, 1.5, -2.0]] + [[0.05, 0.05, 0.05]] * 6
+M2PO_EXTREME_TOKENS = 3
+
+
+def m2po_micro_batch_updates(workdir: str, micro_batch_sizes: list[int], lr: float = 1e-2) -> dict[str, Any]:
+    """One real FSDP2 update with ``m2po`` per micro-batch size, from identical weights and data.
+
+    Returns, per size, the metrics of the update and the updated weights' max distance from those of the
+    first size, and how far the first update moved the weights.
+    """
+    import torch
+
+    from tests.actor_harness import ActorHarness
+
+    report: dict[str, Any] = {}
+    first_after = None
+    for size in micro_batch_sizes:
+        harness = ActorHarness.create(Path(workdir) / f"micro{size}", loss_mode="m2po", lr=lr, overrides=[LOSS_TARGET])
+        tok = harness.tokenizer
+        prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+        if hasattr(prompt, "keys"):
+            prompt = prompt["input_ids"]
+        good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
+        bad = tok.convert_tokens_to_ids(["d", "d", "</s>"])
+        batch = harness.make_batch([prompt] * 8, [good, bad] * 4, [1.0, -1.0] * 4)
+        shifts = torch.tensor(M2PO_SHIFTS)
+        batch["old_log_probs"] = (harness.log_probs(batch) - shifts) * batch["response_mask"]
+        before = harness.state_dict()
+        metrics = harness.update(batch, micro_batch_size=size)
+        after = harness.state_dict()
+        entry = {"metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}}
+        if first_after is None:
+            first_after = after
+            entry["max_abs_change"] = max(float((after[k] - before[k]).abs().max()) for k in before)
+        entry["max_abs_diff_from_first"] = max(float((after[k] - first_after[k]).abs().max()) for k in after)
+        report[str(size)] = entry
+    return report
+
+
 # ----------------------------------------------------------------------------------------------
 # One real actor update with verl's vanilla loss (run in a fresh CPU process)
 # ----------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ Expected values in the comments are derived by hand from the formulas and the ±
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
@@ -26,7 +27,9 @@ from omegaconf import OmegaConf
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.workers.utils.losses import ppo_loss
+from verl_offpolicy.core.losses import m2po_threshold, token_log_ratio
 from verl_offpolicy.glue.config import CLIP_MODES, REGULARIZERS, WEIGHTS
+from verl_offpolicy.glue.m2po import mini_batch_scope
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
 from verl_offpolicy.tabular import actor
 
@@ -164,8 +167,12 @@ def test_every_loss_is_finite_for_extreme_log_probs(name, dtype):
     for (batch_name, (old, log_prob, adv, mask)), agg in itertools.product(_extreme_batches(dtype).items(), AGG_MODES):
         for global_info in ([{}] if mask.any() else []) + [_global_info(mask)]:
             config.global_batch_info.update(global_info)
+            # m2po inside a larger mini-batch reads the cut of the engine's pre-pass (here: of this batch)
+            values = token_log_ratio(log_prob, old, mask)[mask].square()
+            scope = mini_batch_scope(config, m2po_threshold(values, 0.04)) if global_info else contextlib.nullcontext()
             try:
-                loss, grad, metrics = call(config, old, log_prob, adv, mask, agg)
+                with scope:
+                    loss, grad, metrics = call(config, old, log_prob, adv, mask, agg)
             finally:
                 config.global_batch_info.clear()
             where = f"{name}, {batch_name}, {agg}, global_batch_info={global_info}"
@@ -222,7 +229,8 @@ def _column(values, dtype):
 #   opmd mean: A(sr) = sA(r); logavgexp: sτ·(logsumexp(sr/(sτ)) − log K) = s·b(r; τ)
 #   pmd_partition: −sτ·log mean_{j≠i} exp((sr_j − sr_i)/(sτ)) = s·A(r; τ)
 #   asymre: sr − (s·r̄ + s·shift); red_weight: s·d·exp(min(sd/(sT), 20)) = s·A(r; T)
-#   red_drop: r ≥ r̄ ⇔ sr ≥ s·r̄, the same drop, kept means scale; agro: sD − (s²D² − s²c)/(2sβ) = s·A
+#   red_drop: r ≥ r̄ ⇔ sr ≥ s·r̄, the same drop, kept means scale; agro: sD − (s²D² − s²c)/(2sβ) = s·A;
+#   pairwise_opmd: linear in the (already regularised) rewards at fixed τ
 ESTIMATOR_CASES = {
     "opmd mean": ("opmd", {"baseline": "mean"}, ()),
     "opmd logavgexp": ("opmd", {"baseline": "logavgexp", "tau": 1.0}, ("tau",)),
@@ -232,6 +240,8 @@ ESTIMATOR_CASES = {
     "red_weight": ("red_weight", {"temperature": 1.0}, ("temperature",)),
     "agro off-policy": ("agro", {"beta": 0.5}, ("beta",)),
     "agro on-policy": ("agro", {"beta": 0.5, "on_policy": True}, ("beta",)),
+    # pairwise_opmd: 2Kτ(sa − s·ā)/(1+τ)² = s·A(a; τ), τ fixed (the KL term is already inside the reward)
+    "pairwise_opmd": ("pairwise_opmd", {"tau": 1.0}, ()),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -282,3 +283,158 @@ def test_rec_sequence_level_k2_value_and_gradient():
     token_loss, token_grad, _ = call(actor("rec", regularizer="k2", regularizer_coef=0.1), old, log_prob, adv, mask, "token-sum")
     torch.testing.assert_close(token_loss, torch.tensor(0.1 * math.log(2) ** 2 + 0.125, dtype=F64))
     torch.testing.assert_close(token_grad, torch.tensor([[0.2 * math.log(2), 0.0, 0.0], [0.1, -0.2, 0.0]], dtype=F64))
+
+
+# ---------------------------------------------------------------- topr (Le Roux et al., arXiv 2503.14286)
+
+
+def test_topr_weights_negative_samples_by_the_truncated_sequence_ratio():
+    # seq 0: A = +1, Δ = 0.5 + 0.5 = 1 (ρ_seq = e > 1): w = 1 (no IS on A ≥ 0)
+    # seq 1: A = −1, Δ = −0.4 − 0.6 = −1: w = min(1, e^−1) = e^−1
+    # seq 2: A = −1, Δ = +0.3 (one token, second padded): w = min(1, e^0.3) = 1
+    # token-sum: ℓ = −Σ w·A·log π; ∂ℓ/∂log π_t = −w_i·A_i on response tokens
+    old = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-2.0, 0.0]], dtype=F64)
+    log_prob = old + torch.tensor([[0.5, 0.5], [-0.4, -0.6], [0.3, 9.0]], dtype=F64)
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    adv = torch.tensor([[1.0], [-1.0], [-1.0]], dtype=F64).expand(3, 2) * mask
+    loss, grad, metrics = call(actor("topr"), old, log_prob, adv, mask, "token-sum")
+    w1 = math.exp(-1.0)
+    expected_grad = torch.tensor([[-1.0, -1.0], [w1, w1], [1.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(grad, expected_grad)
+    expected_loss = -(-0.5 - 0.5) + w1 * (-1.4 - 1.6) + (-1.7)  # Σ −w·A·log π
+    torch.testing.assert_close(loss, torch.tensor(expected_loss, dtype=F64))
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 5)  # seq 1's two tokens are tapered
+
+
+def test_topr_sequence_ratio_is_the_unnormalised_product():
+    # Δ = 3 tokens × (−0.5) = −1.5 (not the per-token mean −0.5): w = e^−1.5
+    old = torch.zeros(1, 3, dtype=F64)
+    log_prob = torch.full((1, 3), -0.5, dtype=F64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    _, grad, _ = call(actor("topr"), old, log_prob, torch.full((1, 3), -2.0, dtype=F64), mask, "token-sum")
+    torch.testing.assert_close(grad, torch.full((1, 3), 2.0 * math.exp(-1.5), dtype=F64))
+
+
+# ---------------------------------------------------------------- m2po (Zheng, Zhao, Chen, arXiv 2510.01161)
+
+
+def test_m2po_masks_the_largest_squared_log_ratios_until_the_mean_fits():
+    # log ρ = [0.1, −0.1, 0.05, 1, −2] → (log ρ)² = [0.01, 0.01, 0.0025, 1, 4], mean 1.0045 > 0.04.
+    # ascending 0.0025, 0.01, 0.01, 1, 4: prefix means 0.0025, 0.00625, 0.0075, 0.2556, 1.0045 → keep 3,
+    # drop the 1 and the 4. Kept: ∂ℓ/∂log π_t = −ρ_t·A (token-sum, A = 1), ρ = e^{log ρ}; dropped: 0.
+    old = torch.zeros(1, 5, dtype=F64)
+    log_ratio = torch.tensor([[0.1, -0.1, 0.05, 1.0, -2.0]], dtype=F64)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    adv = torch.ones(1, 5, dtype=F64)
+    loss, grad, metrics = call(actor("m2po"), old, old + log_ratio, adv, mask, "token-sum")
+    expected = torch.tensor([[-math.exp(0.1), -math.exp(-0.1), -math.exp(0.05), 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(grad, expected)
+    torch.testing.assert_close(loss, torch.tensor(-(math.exp(0.1) * 0.1 - math.exp(-0.1) * 0.1 + math.exp(0.05) * 0.05), dtype=F64))
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(0.4)
+    assert metrics["actor/pg_clipfrac_upper"] == pytest.approx(0.2)  # ρ = e dropped above, e^−2 below
+
+
+def test_m2po_keeps_everything_within_the_budget_and_drops_ties_together():
+    # mean (log ρ)² = (0.01 + 0.04 + 0.0225)/3 = 0.0242 ≤ 0.04: nothing masked, plain IS-weighted REINFORCE
+    old = torch.zeros(1, 3, dtype=F64)
+    within = torch.tensor([[0.1, -0.2, 0.15]], dtype=F64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    _, grad, metrics = call(actor("m2po"), old, old + within, -torch.ones(1, 3, dtype=F64), mask, "token-sum")
+    torch.testing.assert_close(grad, torch.exp(within))
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    # (log ρ)² = [0.01, 0.09, 0.09]: prefix means 0.01, 0.05 → the first 0.09 goes, and its tie with it
+    # (kept mean 0.01 ≤ 0.04); with a budget of 0.3 nothing goes (mean 0.0633)
+    ties = torch.tensor([[0.1, 0.3, -0.3]], dtype=F64)
+    _, grad, _ = call(actor("m2po"), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum")
+    torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.1), 0.0, 0.0]], dtype=F64))
+    _, grad, _ = call(actor("m2po", m2po_threshold=0.3), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum")
+    torch.testing.assert_close(grad, -torch.exp(ties))
+
+
+def test_m2po_cut_is_the_midpoint_between_the_last_kept_and_the_first_dropped_value():
+    from verl_offpolicy.core.losses import m2po_threshold
+
+    # values 0.0025, 0.01, 0.01, 1, 4 → last kept 0.01, first dropped 1: θ* = 0.505
+    assert m2po_threshold(torch.tensor([1.0, 0.01, 4.0, 0.0025, 0.01]), 0.04) == pytest.approx(0.505)
+    assert m2po_threshold(torch.tensor([0.01, 0.02]), 0.04) == math.inf
+    assert m2po_threshold(torch.zeros(0), 0.04) == math.inf
+    # every value above the budget: everything is dropped (θ* = half the smallest value)
+    assert m2po_threshold(torch.tensor([0.5, 0.7]), 0.04) == pytest.approx(0.25)
+
+
+def test_m2po_micro_batch_without_the_pre_pass_is_an_error():
+    # inside verl's engine (global_batch_info says the mini-batch has 4 sequences) a call holding 1 of them
+    # without the engine's pre-pass must not choose a per-micro-batch mask silently
+    config = actor("m2po")
+    old = torch.zeros(1, 2, dtype=F64)
+    config.global_batch_info.update({"dp_size": 1, "batch_num_tokens": 8, "global_batch_size": 4})
+    try:
+        with pytest.raises(RuntimeError, match="whole-mini-batch pre-pass"):
+            call(config, old, old + 0.5, torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool))
+    finally:
+        config.global_batch_info.clear()
+
+
+# ---------------------------------------------------------------- pairwise_opmd (OPMD report, section 2)
+
+
+def _pairwise_batch():
+    """Groups of 3, 2 and 1 ragged responses: rewards, token log-probs (π_θ and π_ref), mask, uids."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([3, 1, 2, 4, 2, 3])
+    mask = torch.arange(4) < lengths.unsqueeze(-1)
+    log_prob = torch.where(mask, -torch.rand(6, 4, generator=g, dtype=F64) * 2, 0.0)
+    ref = torch.where(mask, -torch.rand(6, 4, generator=g, dtype=F64) * 2, 0.0)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, -0.5, 2.0], dtype=F64)
+    uids = np.array(["a", "a", "a", "b", "b", "c"], dtype=object)
+    return rewards, log_prob, ref, mask, uids, lengths
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_pairwise_opmd_gradient_is_the_literal_pairwise_sum(tau):
+    # J = Σ_groups Σ_{i<j}(a_i − a_j)²/(1+τ)², a_i = r_i − τ·Σ_t(log π_t − log π_ref,t), by autograd;
+    # registered: verl's KL-in-reward (kl_penalty "kl", coefficient τ, the reward on the last token) →
+    # pairwise_opmd estimator → pairwise_opmd loss (mean over the N = 6 sequences): N·∇loss = ∇J
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, kl_penalty
+
+    from verl_offpolicy.tabular import pairwise_opmd_config
+
+    rewards, log_prob, ref, mask, uids, lengths = _pairwise_batch()
+    lp = log_prob.clone().requires_grad_(True)
+    a = rewards - tau * ((lp - ref) * mask).sum(-1)
+    literal = sum(
+        (a[i] - a[j]) ** 2 for i in range(6) for j in range(i + 1, 6) if uids[i] == uids[j]
+    ) / (1 + tau) ** 2
+    (expected,) = torch.autograd.grad(literal, lp)
+
+    token_rewards = torch.zeros(6, 4, dtype=F64)
+    token_rewards[torch.arange(6), lengths - 1] = rewards
+    token_rewards = token_rewards - tau * kl_penalty(log_prob, ref, "kl") * mask
+    advantages, _ = get_adv_estimator_fn("pairwise_opmd")(
+        token_level_rewards=token_rewards, response_mask=mask.to(F64), index=uids, config=pairwise_opmd_config(tau)
+    )
+    config = actor("pairwise_opmd")
+    config.global_batch_info.update({"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": 6})
+    try:
+        _, grad, _ = call(config, log_prob, log_prob, advantages, mask, "token-mean")
+    finally:
+        config.global_batch_info.clear()
+    torch.testing.assert_close(6 * grad, expected)
+    assert expected[5].abs().sum() == 0 and grad[5].abs().sum() == 0  # the singleton has no pair
+
+
+def test_pairwise_opmd_advantage_golden_values():
+    # τ = 1, one group of K = 3 with a = [1, 0, 0.5] (no KL term: log π = log π_ref): ā = 0.5,
+    # A = 2·K·τ·(a − ā)/(1+τ)² = 6·[0.5, −0.5, 0]/4 = [0.75, −0.75, 0]; a singleton gets 0
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from verl_offpolicy.tabular import pairwise_opmd_config
+
+    scores = torch.tensor([[1.0], [0.0], [0.5], [3.0]], dtype=F64)
+    advantages, _ = get_adv_estimator_fn("pairwise_opmd")(
+        token_level_rewards=scores,
+        response_mask=torch.ones_like(scores),
+        index=np.array(["g", "g", "g", "s"], dtype=object),
+        config=pairwise_opmd_config(1.0),
+    )
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.75, -0.75, 0.0, 0.0], dtype=F64))

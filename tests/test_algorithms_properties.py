@@ -199,3 +199,61 @@ def test_8_opmd_pairwise_identity(tau):
     (rhs,) = torch.autograd.grad((centred * torch.log_softmax(theta, 0)[arms]).sum(), theta)
     torch.testing.assert_close(lhs, -(2 * tau * k / (1 + tau) ** 2) * rhs)
     assert not math.isclose(float(lhs.abs().sum()), 0.0)
+
+
+# ---------------------------------------------------------------- second round: topr, m2po
+
+# A stale batch in TOPR's ±1-reward setting (no baseline: A = r): behaviour μ = [0.5, 0.4, 0.1, 0] sampled
+# arms 0-2 exactly (counts 5, 4, 1); arm 3 (reward −1) is absent from the data, but the current policy
+# π(0) = [0.3, 0.3, 0.1, 0.3] has drifted onto it since the batch was generated.
+STALE_REWARD = torch.tensor([-1.0, -1.0, 1.0, -1.0], dtype=F64)
+STALE_MU = torch.tensor([0.5, 0.4, 0.1, 0.0], dtype=F64)
+STALE_ARMS = torch.repeat_interleave(torch.arange(4), torch.tensor([5, 4, 1, 0]))
+STALE_PI0 = torch.tensor([0.3, 0.3, 0.1, 0.3], dtype=F64)
+
+
+@pytest.mark.parametrize("loss_mode", ["rec", "topr"])
+def test_topr_on_fixed_stale_data_does_not_collapse_to_a_deterministic_wrong_arm(loss_mode):
+    # Ascent direction on logit k: g_k = Σ_i μ_i·w_i·A_i·([i = k] − π_k) = μ_k·w_k·A_k − π_k·S, S = Σ_i μ_i·w_i·A_i.
+    # REINFORCE (w = 1): S = −0.5 − 0.4 + 0.1 = −0.8, so g_3 − g_2 = 0.8·(π_3 − π_2) − 0.1 = +0.06 at π(0) and
+    # growing: the unseen wrong arm 3 takes all the mass. TOPR tapers the negatives to w_i = π_i/μ_i once
+    # π_i < μ_i, so S = 0.1 − π_0 − π_1 → 0.1 and the positive arm 2 (g_2 − g_3 = 0.1·(1 − π_2 + π_3) > 0) wins.
+    adv = STALE_REWARD[STALE_ARMS].unsqueeze(-1)
+    theta, _ = train(actor(loss_mode), adv, steps=2000, lr=1.0, behaviour=STALE_MU, theta=STALE_PI0.log(), arms=STALE_ARMS)
+    pi = torch.softmax(theta, 0)
+    if loss_mode == "rec":
+        assert pi[3] > 0.99, pi  # plain REINFORCE collapses onto the unseen −1 arm
+    else:
+        assert pi[2] > 0.99 and pi[3] < 0.01, pi
+
+
+def test_m2po_drops_exactly_the_extreme_tokens_and_fits_the_second_moment():
+    # 40 tokens with |log ρ| ≤ 0.1 ((log ρ)² ≤ 0.01) and 3 extremes log ρ = 2, −3, 2.5 ((log ρ)² = 4, 9, 6.25):
+    # mean over all = (≤ 0.4 + 19.25)/43 > 0.04; the 40 small ones have mean ≤ 0.01, and adding the smallest
+    # extreme gives ≥ 4/41 > 0.04, so exactly the 3 extremes are masked (zero gradient), every other token keeps
+    # −ρ_t·A (non-zero), and the kept tokens' second moment is ≤ 0.04 (through the registered loss).
+    g = torch.Generator().manual_seed(0)
+    log_ratio = (torch.rand(1, 43, generator=g, dtype=F64) * 0.2 - 0.1)
+    extreme = torch.tensor([5, 17, 38])
+    log_ratio[0, extreme] = torch.tensor([2.0, -3.0, 2.5], dtype=F64)
+    old = -torch.rand(1, 43, generator=g, dtype=F64) - 1.0
+    mask = torch.ones(1, 43, dtype=torch.bool)
+    adv = torch.ones(1, 43, dtype=F64)
+    config = actor("m2po")
+    log_prob = (old + log_ratio).requires_grad_(True)
+    loss, _ = get_policy_loss_fn("m2po")(old, log_prob, adv, mask, "token-sum", config)
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    dropped = grad[0] == 0
+    assert dropped.nonzero().flatten().tolist() == extreme.tolist()
+    torch.testing.assert_close(grad[0, ~dropped], -torch.exp(log_ratio[0, ~dropped]))
+    assert float(log_ratio[0, ~dropped].square().mean()) <= config.policy_loss.m2po_threshold
+    assert float(log_ratio.square().mean()) > config.policy_loss.m2po_threshold
+
+
+@pytest.mark.parametrize("tau, lr", [(0.1, 20.0), (1.0, 0.1)])  # the curvature grows like 2Kτ²/(1+τ)²
+def test_pairwise_opmd_from_fixed_reference_data_converges_to_the_regularised_optimum(tau, lr):
+    # data from π_ref only (exact counts), KL-in-reward a_i = r_i − τ·log(π/π_ref) at the current weights,
+    # registered pairwise_opmd estimator and loss: the stationary point has a_i equal on every arm, i.e.
+    # π* ∝ π_ref·exp(r/τ) (verl_offpolicy.tabular.regularised_run)
+    theta, _ = regularised_run("pairwise_opmd", tau, steps=3000, lr=lr)
+    assert _kl(torch.softmax(theta, 0), regularised_optimum(tau)) < 1e-8

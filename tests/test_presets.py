@@ -40,6 +40,12 @@ SPEC = {
     "asymre": dict(adv="asymre", shift=-0.1, loss="rec", clip="none", weight="none", reg="none"),
     "agro": dict(adv="agro", beta=0.1, on_policy=False, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
     "agro_onpolicy": dict(adv="agro", beta=0.1, on_policy=True, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
+    "m2po": dict(adv="grpo", norm=False, loss="m2po", m2=0.04, agg="token-mean", anchor="behaviour", fsdp_only=True),
+    "topr": dict(adv="grpo", norm=False, loss="topr", agg="token-mean", anchor="behaviour"),
+    "pairwise_opmd": dict(adv="pairwise_opmd", loss="pairwise_opmd", tau_kl=1.0, agg="seq-mean-token-sum", kl=True),
+    "reinforce": dict(adv="grpo", norm=False, loss="rec", clip="none", weight="none", reg="none", agg="token-mean"),
+    "rec_ring_is": dict(REC, clip="ring", weight="importance_sampling", eps=(0.2, 0.2), ring=(0.6, 2.0)),
+    "rec_oneside_is_wide": dict(REC, clip="one-side", weight="importance_sampling", eps=(0.6, 2.0)),
 }
 
 
@@ -114,13 +120,14 @@ def _check_against_spec(cfg, spec):
         "on_policy": off.on_policy,
         "eps": (actor.clip_ratio_low, actor.clip_ratio_high),
         "ring": (loss.ring_clip_ratio_low, loss.ring_clip_ratio_high),
+        "m2": loss.m2po_threshold,
     }
     for key, value in spec.items():
         if key in checks:
             assert checks[key] == pytest.approx(value) if isinstance(value, float | tuple) else checks[key] == value, key
     if spec.get("kl"):
         assert algo.use_kl_in_reward and algo.kl_penalty == "kl" and algo.kl_ctrl.type == "fixed"
-        assert algo.kl_ctrl.kl_coef == spec["beta"]
+        assert algo.kl_ctrl.kl_coef == spec["beta"] if "beta" in spec else algo.kl_ctrl.kl_coef == off.tau == spec["tau_kl"]
     else:
         assert not algo.use_kl_in_reward
     assert not actor.use_kl_loss
@@ -144,7 +151,12 @@ def test_preset_composes_converts_and_validates(config_name, preset):
     assert isinstance(actor.policy_loss, OffPolicyLossConfig)
     assert isinstance(omega_conf_to_dataclass(cfg.algorithm), OffPolicyAlgoConfig)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    validate_offpolicy_config(cfg)
+    if SPEC[preset].get("fsdp_only") and "megatron" in config_name:
+        # m2po's whole-mini-batch pre-pass exists for the FSDP engine only: startup says so
+        with pytest.raises(ValueError, match="actor_rollout_ref.actor.strategy=megatron does not run"):
+            validate_offpolicy_config(cfg)
+    else:
+        validate_offpolicy_config(cfg)
     assert need_reference_policy(cfg) == bool(SPEC[preset].get("kl"))
     assert not need_critic(cfg)
     expected_strategy = "megatron" if "megatron" in config_name else "fsdp"
@@ -274,6 +286,11 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
         ("grpo", ["trainer.v1.sampler.custom_sampler.path=my.py"], "remove trainer.v1.sampler.custom_sampler"),
         ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.hybrid_engine=true"),
         ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
+        ("pairwise_opmd", ["actor_rollout_ref.actor.policy_loss.loss_mode=rec"], "both set to pairwise_opmd"),
+        ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd"], "algorithm.adv_estimator=grpo and"),
+        ("pairwise_opmd", ["algorithm.kl_ctrl.kl_coef=0.5"], "to equal algorithm.offpolicy.tau"),
+        ("pairwise_opmd", ["actor_rollout_ref.actor.ppo_epochs=2"], "actor_rollout_ref.actor.ppo_epochs=1 (got 2)"),
+        ("pairwise_opmd", ["algorithm.rollout_correction.bypass_mode=true"], "adv_estimator=pairwise_opmd computes its reward"),
     ],
 )
 def test_invalid_combination_fails_with_what_to_change(preset, overrides, message):
@@ -281,3 +298,10 @@ def test_invalid_combination_fails_with_what_to_change(preset, overrides, messag
     with pytest.raises(ValueError) as info:
         validate_offpolicy_config(cfg)
     assert message in str(info.value)
+
+
+def test_pairwise_opmd_rejects_several_updates_per_batch():
+    # its group coefficients are exact at the first optimizer update of a batch only
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pairwise_opmd", *VALID_SIZES, "data.train_batch_size=32"])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16\)"):
+        validate_offpolicy_config(cfg)

@@ -43,6 +43,7 @@ __all__ = [
     "REF_ARMS",
     "actor",
     "agro_config",
+    "pairwise_opmd_config",
     "estimate",
     "loss_gradient",
     "train",
@@ -83,6 +84,17 @@ def agro_config(beta: float, on_policy: bool) -> OffPolicyAlgoConfig:
         kl_penalty="kl",
         kl_ctrl={"type": "fixed", "kl_coef": beta},
         offpolicy=OffPolicyConfig(beta=beta, on_policy=on_policy),
+    )
+
+
+def pairwise_opmd_config(tau: float) -> OffPolicyAlgoConfig:
+    """The algorithm config of the ``pairwise_opmd`` preset: KL-in-reward (kl, fixed coefficient τ) and τ."""
+    return OffPolicyAlgoConfig(
+        adv_estimator="pairwise_opmd",
+        use_kl_in_reward=True,
+        kl_penalty="kl",
+        kl_ctrl={"type": "fixed", "kl_coef": tau},
+        offpolicy=OffPolicyConfig(tau=tau),
     )
 
 
@@ -256,6 +268,8 @@ def regularised_run(
     - ``agro``: verl's KL-in-reward at the current (proximal) weights, R = r − β·kl_penalty(log π,
       log π_ref, "kl"), the registered ``agro`` estimator (off-policy, config with kl_ctrl fixed β)
       and the ``rec`` loss (no mask, no weight) with seq-mean-token-sum, as in the ``agro`` preset.
+    - ``pairwise_opmd``: the same KL-in-reward with coefficient τ = ``beta``, the registered ``pairwise_opmd``
+      estimator (A_i = 2Kτ(a_i − ā)/(1+τ)²) and loss, as in the ``pairwise_opmd`` preset.
     - ``k2``: the GRPO-style alternative: mean baseline on the raw reward (``grpo`` without std) and
       the ``rec`` loss plus β·k2 KL loss (verl's kl_penalty "k2", token-mean), as verl's use_kl_loss.
 
@@ -264,13 +278,15 @@ def regularised_run(
     arms = torch.repeat_interleave(torch.arange(len(rewards)), ref_counts)
     pi_ref = ref_counts.to(F64) / ref_counts.sum()
     ref_log_prob = torch.log(pi_ref)[arms].unsqueeze(-1)
-    config = actor("rec")
+    config = actor("pairwise_opmd" if method == "pairwise_opmd" else "rec")
     theta = torch.log(pi_ref)
     if history is not None:
         history.append(torch.softmax(theta, 0))
     extra: Optional[Callable] = None
     if method == "agro":
         algo = agro_config(beta, on_policy=False)
+    elif method == "pairwise_opmd":
+        algo = pairwise_opmd_config(beta)
     elif method == "k2":
         advantages = estimate("grpo", arms, rewards=rewards)
 
@@ -280,13 +296,13 @@ def regularised_run(
         extra = k2_kl_loss
 
     else:
-        raise ValueError(f"method must be 'agro' or 'k2', got {method!r}")
+        raise ValueError(f"method must be 'agro', 'pairwise_opmd' or 'k2', got {method!r}")
     grad = torch.zeros_like(theta)
     for _ in range(steps):
-        if method == "agro":
+        if method in ("agro", "pairwise_opmd"):
             log_prob = torch.log_softmax(theta, 0)[arms].unsqueeze(-1)
             token_rewards = rewards[arms].unsqueeze(-1) - beta * kl_penalty(log_prob, ref_log_prob, "kl")
-            advantages = estimate("agro", arms, config=algo, sample_rewards=token_rewards[:, 0])
+            advantages = estimate(method, arms, config=algo, sample_rewards=token_rewards[:, 0])
             grad = loss_gradient(config, theta, arms, pi_ref, advantages, agg="seq-mean-token-sum")
         else:
             grad = loss_gradient(config, theta, arms, pi_ref, advantages, extra=extra)
@@ -320,7 +336,7 @@ def agro_onpolicy_run(
     arms = groups.flatten()
     uids = np.repeat(np.arange(len(groups)), k)
     ref_log_prob = torch.log(pi_ref)[arms].unsqueeze(-1)
-    config = actor("rec")
+    config = actor("pairwise_opmd" if method == "pairwise_opmd" else "rec")
     theta = torch.log(pi_ref)
     if history is not None:
         history.append(torch.softmax(theta, 0))

@@ -191,6 +191,19 @@ def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bo
     return diff - (square - agro_onpolicy_offset(centred, square, groups)) / (2.0 * beta)
 
 
+def pairwise_opmd_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Tensor:
+    """``pairwise_opmd``: A_i = 2·K·τ·(a_i − ā)/(1+τ)², a_i the regularised return (KL in the reward).
+
+    ``scores`` are a_i = r_i − τ·(log π(y_i) − log π_ref(y_i)) (verl's KL-in-reward, coefficient τ). Since
+    Σ_{i<j}(a_i − a_j)² = K·Σ_i(a_i − ā)², the gradient of J/(1+τ)² is −Σ_i A_i·∇log π(y_i) with this A
+    at the weights that computed a (OPMD report, section 2). A singleton group has no pair: A = 0.
+    """
+    groups = make_groups(group_ids, scores.dtype)
+    _, centred = centre_on_max(scores, groups)
+    deviation = centred - gather(segment_sum(centred, groups) / groups.count, groups)
+    return gather(groups.count, groups) * deviation * (2.0 * tau / (1.0 + tau) ** 2)
+
+
 def agro_onpolicy_offset(centred: Tensor, square: Tensor, groups: Groups) -> Tensor:
     """c_i = K/(K−1)·s²_{−i}, s²_{−i} = (Q − K·e_i²/(K−1))/(K−2) for K ≥ 3; c_i = 0 at K = 2; D_i² at K = 1.
 

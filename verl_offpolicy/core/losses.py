@@ -19,6 +19,7 @@ exceeds float16's range, so float16 is rejected by the glue).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -44,9 +45,14 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]
     return log_ratio.sum(-1), mask.sum(-1).to(log_ratio.dtype).clamp_min(1)
 
 
+def reinforce_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """ℓ_t = −A·log π_t on response tokens (0 on padding)."""
+    return -torch.where(mask, advantages, 0.0) * log_prob
+
+
 def opmd_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
     """``opmd``: ℓ_t = −A·log π_t/(1 + τ), τ ≥ 0 (REINFORCE scaled by 1/(1+τ))."""
-    return torch.where(mask, advantages, 0.0) * log_prob * (-1.0 / (1.0 + tau))
+    return reinforce_loss(log_prob, advantages, mask) / (1.0 + tau)
 
 
 def sequence_delta(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -181,6 +187,62 @@ def rec_loss(
     elif regularizer != "none":
         raise ValueError(f"unknown rec regularizer {regularizer!r}")
     return RecTerms(loss, keep, band_ratio, clamped_log_ratio, ratio)
+
+
+def topr_weight(log_ratio: Tensor, mask: Tensor, advantages: Tensor) -> Tensor:
+    """``topr`` weight w_i = 1 if A_i ≥ 0, else min(1, exp(Δ_i)) = exp(clamp(Δ_i, −20, 0)), broadcast [B, T].
+
+    Δ_i = Σ_t m·log ρ_t is the detached sequence log-ratio log π(y_i)/μ(y_i) (Le Roux et al., arXiv
+    2503.14286, eq. TOPR: the sequence ratio truncated to [0, 1] on negative rewards only). A_i is the
+    sequence advantage (the first response token's value; advantages are per sequence).
+    """
+    delta, _ = sequence_log_ratio(log_ratio, mask)
+    truncated = torch.exp(clamp_log_ratio(delta).clamp_max(0.0))
+    seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / mask.sum(-1).clamp_min(1)
+    weight = torch.where(seq_advantage >= 0, torch.ones_like(truncated), truncated)
+    return weight.unsqueeze(-1).expand_as(log_ratio)
+
+
+def topr_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``topr``: ℓ_t = −w_i·A·log π_t (w_i of :func:`topr_weight`, detached); returns (ℓ, w)."""
+    weight = topr_weight(token_log_ratio(log_prob, old_log_prob, mask), mask, advantages)
+    return -torch.where(mask, weight * advantages, 0.0) * log_prob, weight
+
+
+def m2po_threshold(log_ratio_sq: Tensor, budget: float) -> float:
+    """Cut θ* of M2PO's second-moment trust region over the values (log ρ_t)² of a whole mini-batch (1-D).
+
+    Keep the largest prefix of the ascending values whose mean is ≤ the budget τ_M2 and drop every token
+    whose value is ≥ the first dropped value v_(k+1) (ties are dropped together, so the result does not
+    depend on the order of the tokens). Prefix means of sorted values never decrease, so k = #{prefix means
+    ≤ τ_M2}. θ* is the midpoint between the largest kept value and v_(k+1) (robust to the last-bit
+    differences between two forward passes of the same weights); a token is kept iff (log ρ_t)² < θ*.
+    Nothing is dropped (θ* = inf) when the mean of all values is ≤ τ_M2 or there are none.
+    """
+    values = torch.sort(log_ratio_sq.detach().double().flatten()).values
+    n = values.numel()
+    if n == 0 or float(values.mean()) <= budget:
+        return math.inf
+    prefix_mean = values.cumsum(0) / torch.arange(1, n + 1, dtype=values.dtype)
+    first_dropped = values[int((prefix_mean <= budget).sum())]
+    kept = values[values < first_dropped]
+    largest_kept = float(kept[-1]) if kept.numel() else 0.0
+    return 0.5 * (largest_kept + float(first_dropped))
+
+
+def m2po_loss(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, threshold: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``m2po``: ℓ_t = −M_t·ρ_t·A·log π_t with M_t = [(log ρ_t)² < θ*] (θ* of :func:`m2po_threshold`).
+
+    The importance-weighted objective without PPO clipping on the kept tokens (gradient −M_t·ρ_t·A·∇log π_t,
+    ρ_t = exp(clamp(log ρ_t, ±20)) detached). Returns (ℓ, M, clamped log ρ, ρ).
+    """
+    log_ratio = token_log_ratio(log_prob, old_log_prob, mask)
+    keep = log_ratio.square() < threshold
+    clamped = clamp_log_ratio(log_ratio)
+    ratio = torch.exp(clamped)
+    return -torch.where(mask & keep, ratio * advantages, 0.0) * log_prob, keep, clamped, ratio
 
 
 METRIC_NAMES = (

@@ -28,7 +28,7 @@ CLIP_MODES = ("none", "one-side", "two-side", "ring", "gspo-one-side")
 WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
 REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
 # The default τ of each consumer (docs/algorithms.md), used while ``tau`` is left unset (null).
-DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01}
+DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01, "pairwise_opmd": 1.0}
 # The losses that read ``policy_loss.tau``.
 TAU_LOSSES = ("opmd", "pmd")
 
@@ -68,8 +68,9 @@ class OffPolicyConfig:
     """``algorithm.offpolicy``: estimator hyperparameters and the staleness scheduler.
 
     Args:
-        tau: temperature τ of ``opmd`` (logavgexp baseline), ``pmd_partition`` and the ``opmd``/``pmd`` losses;
-            null = each one's default (opmd 1.0, pmd_partition 0.01, pmd 0.01).
+        tau: temperature τ of ``opmd`` (logavgexp baseline), ``pmd_partition``, ``pairwise_opmd`` (also its KL
+            coefficient) and the ``opmd``/``pmd`` losses; null = each one's default (opmd 1.0, pmd_partition
+            0.01, pmd 0.01, pairwise_opmd 1.0).
         baseline: ``opmd`` estimator baseline, ``mean`` (r̄) or ``logavgexp`` (τ·(logsumexp(r/τ) − log K)).
         shift: ``asymre`` baseline shift (A = r − (r̄ + shift)).
         seed: ``red_drop`` seed; the drop is reproducible from (seed, uid).
@@ -125,8 +126,11 @@ class OffPolicyConfig:
         return resolve_tau(self.tau, consumer)
 
     def estimator_reads_tau(self, adv_estimator: str) -> bool:
-        """True if ``adv_estimator`` reads τ: ``pmd_partition``, and ``opmd`` with the ``logavgexp`` baseline."""
-        return adv_estimator == "pmd_partition" or (adv_estimator == "opmd" and self.baseline == "logavgexp")
+        """True if ``adv_estimator`` reads τ: ``pmd_partition``, ``pairwise_opmd``, and ``opmd`` with the
+        ``logavgexp`` baseline."""
+        return adv_estimator in ("pmd_partition", "pairwise_opmd") or (
+            adv_estimator == "opmd" and self.baseline == "logavgexp"
+        )
 
     def check_for_estimator(self, adv_estimator: str) -> None:
         """Checks that depend on which estimator reads this section."""
@@ -181,6 +185,8 @@ class OffPolicyLossConfig(PolicyLossConfig):
         regularizer_coef: c ≥ 0.
         ring_clip_ratio_low: ε′_low of ``ring`` (≥ the actor's clip_ratio_low).
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).
+        m2po_threshold: ``m2po`` budget τ_M2 > 0 of the second moment mean (log ρ_t)² over the mini-batch
+            (default 0.04, the M2PO authors' setting).
     """
 
     tau: float | None = None
@@ -190,6 +196,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
     regularizer_coef: float = 0.0
     ring_clip_ratio_low: float = 0.6
     ring_clip_ratio_high: float = 2.0
+    m2po_threshold: float = 0.04
 
     def __post_init__(self):
         if self.loss_mode in POLICY_LOSSES:
@@ -204,6 +211,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
         _check_number(f"{LOSS_PREFIX}.regularizer_coef", self.regularizer_coef, non_negative=True)
         _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
         _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
+        _check_number(f"{LOSS_PREFIX}.m2po_threshold", self.m2po_threshold, positive=True)
 
 
     @property
@@ -239,29 +247,36 @@ def check_tau_coupling(offpolicy: OffPolicyConfig, adv_estimator: str, loss_conf
 AGRO_KL_PENALTIES = ("kl", "k1")
 
 
-def check_agro_reward(algorithm: Any, beta: float) -> None:
-    """AGRO's R = r − β·log(π/π_ref) must be verl's KL-in-reward: kl_penalty=kl, fixed coefficient β.
+def check_kl_in_reward(algorithm: Any, coef: float, estimator: str, coef_key: str) -> None:
+    """``estimator``'s R = r − coef·log(π/π_ref) must be verl's KL-in-reward: kl_penalty=kl, fixed kl_coef = coef.
 
     ``algorithm`` is verl's algorithm section (DictConfig, dataclass or dict); only the keys it has
     are checked (the composed config has them all). Raises ``ValueError`` listing what to set.
     """
     fixes = []
     if algorithm.get("use_kl_in_reward", True) is False:
-        fixes.append("algorithm.use_kl_in_reward=true (AGRO needs a reference policy and R = r − β·log(π/π_ref))")
+        fixes.append(
+            f"algorithm.use_kl_in_reward=true ({estimator} needs a reference policy and R = r − {coef_key}·log(π/π_ref))"
+        )
     kl_penalty = algorithm.get("kl_penalty", "kl")
     if kl_penalty not in AGRO_KL_PENALTIES:
         fixes.append(f"algorithm.kl_penalty=kl (got {kl_penalty})")
     kl_ctrl = algorithm.get("kl_ctrl", None) or {}
     if kl_ctrl.get("type", "fixed") != "fixed":
         fixes.append(f"algorithm.kl_ctrl.type=fixed (got {kl_ctrl.get('type')})")
-    kl_coef = kl_ctrl.get("kl_coef", beta)
-    if kl_coef != beta:
+    kl_coef = kl_ctrl.get("kl_coef", coef)
+    if kl_coef != coef:
         fixes.append(
-            f"algorithm.kl_ctrl.kl_coef={beta} to equal {ALGO_PREFIX}.beta (got kl_coef={kl_coef}); "
-            "the presets interpolate kl_coef from beta"
+            f"algorithm.kl_ctrl.kl_coef={coef} to equal {ALGO_PREFIX}.{coef_key} (got kl_coef={kl_coef}); "
+            f"the presets interpolate kl_coef from {coef_key}"
         )
     if fixes:
-        raise ValueError("adv_estimator=agro is inconsistent; set " + "; ".join(fixes))
+        raise ValueError(f"adv_estimator={estimator} is inconsistent; set " + "; ".join(fixes))
+
+
+def check_agro_reward(algorithm: Any, beta: float) -> None:
+    """AGRO's R = r − β·log(π/π_ref): :func:`check_kl_in_reward` with β = ``algorithm.offpolicy.beta``."""
+    check_kl_in_reward(algorithm, beta, "agro", "beta")
 
 
 def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config: OffPolicyLossConfig) -> None:

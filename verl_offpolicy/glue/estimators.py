@@ -30,7 +30,7 @@ from torch import Tensor
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from verl_offpolicy.core import advantages as core
-from verl_offpolicy.glue.config import OffPolicyConfig, check_agro_reward, offpolicy_section
+from verl_offpolicy.glue.config import OffPolicyConfig, check_agro_reward, check_kl_in_reward, offpolicy_section
 
 _MAX_REPORTED = 5
 COMPUTE_DTYPE = torch.float64
@@ -197,3 +197,19 @@ def compute_agro_advantage(token_level_rewards, response_mask, index=None, confi
         check_agro_reward(config, section.beta)
     advantage = core.agro_advantage(scores, group_ids, section.beta, section.on_policy)
     return _broadcast("agro", advantage, response_mask, token_level_rewards, index)
+
+
+@register_adv_est("pairwise_opmd")
+@torch.no_grad()
+def compute_pairwise_opmd_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_i = 2·K·τ·(a_i − ā)/(1+τ)², τ = ``algorithm.offpolicy.tau``, a_i = Σ_t token_level_rewards.
+
+    a_i = r_i − τ·log(π(y_i)/π_ref(y_i)): verl's KL-in-reward (kl_penalty=kl, fixed kl_coef = τ) at the
+    proximal weights, so −Σ_i A_i·∇log π(y_i) is the exact gradient of Σ_{i<j}(a_i − a_j)²/(1+τ)² there.
+    """
+    section, scores, group_ids = _prepare("pairwise_opmd", token_level_rewards, index, config)
+    tau = section.tau_for("pairwise_opmd")
+    if config is not None:
+        check_kl_in_reward(config, tau, "pairwise_opmd", "tau")
+    advantage = core.pairwise_opmd_advantage(scores, group_ids, tau)
+    return _broadcast("pairwise_opmd", advantage, response_mask, token_level_rewards, index)

@@ -20,8 +20,10 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyLossConfig, check_clip_ratios, clip_ratios
 
-# pmd is a mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens.
+# pmd is a mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens; pairwise_opmd
+# is a mean over sequences of −A_i·log π(y_i) = −A_i·Σ_t log π_t.
 PMD_AGG_MODE = "seq-mean-token-sum"
+PAIRWISE_OPMD_AGG_MODE = "seq-mean-token-sum"
 
 
 def _loss_config(loss_mode: str, config: Any) -> OffPolicyLossConfig:
@@ -141,3 +143,98 @@ def compute_policy_loss_rec(
     loss = _aggregate(terms.loss, mask, loss_agg_mode, config, rollout_is_weights)
     metrics = core.ratio_metrics(terms.log_ratio, terms.ratio, mask, terms.keep, terms.band_ratio)
     return loss, _metrics(metrics)
+
+
+@register_policy_loss("topr")
+def compute_policy_loss_topr(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """ℓ_t = −w_i·A·log π_t, w_i = 1 if A_i ≥ 0 else min(1, π(y_i)/π_old(y_i)) (TOPR, arXiv 2503.14286).
+
+    ``actor/pg_clipfrac`` is the fraction of response tokens whose weight was truncated below 1.
+    """
+    _loss_config("topr", config)
+    _check_dtype("topr", log_prob)
+    mask = response_mask.bool()
+    loss_mat, weight = core.topr_loss(log_prob, old_log_prob, advantages, mask)
+    loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
+    log_ratio = core.clamp_log_ratio(core.token_log_ratio(log_prob, old_log_prob, mask))
+    ratio = torch.exp(log_ratio)
+    truncated = weight >= 1.0  # kept at full weight; tapered tokens count as "clipped" (below the band)
+    return loss, _metrics(core.ratio_metrics(log_ratio, ratio, mask, truncated, torch.zeros_like(ratio)))
+
+
+def _whole_mini_batch(log_prob: Tensor, config: Any) -> bool:
+    """True if this call holds every sequence of the optimizer mini-batch (or is not inside verl's engine)."""
+    info = getattr(config, "global_batch_info", None) or {}
+    global_size = info.get("global_batch_size")
+    if global_size is None:
+        return True
+    return info.get("dp_size", 1) == 1 and log_prob.shape[0] == global_size
+
+
+@register_policy_loss("m2po")
+def compute_policy_loss_m2po(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """ℓ_t = −M_t·ρ_t·A·log π_t, M_t = [(log ρ_t)² < θ*], θ* from the whole mini-batch's second moment.
+
+    θ* comes from the engine's pre-pass over the mini-batch (:mod:`verl_offpolicy.glue.m2po`); a call that
+    holds the whole mini-batch (one micro-batch on one rank, or a direct call) computes it from its own
+    tokens. A micro-batch without the pre-pass is an error, never a silently per-micro-batch mask.
+    """
+    from verl_offpolicy.glue.m2po import mini_batch_threshold
+
+    loss_config = _loss_config("m2po", config)
+    _check_dtype("m2po", log_prob)
+    mask = response_mask.bool()
+    threshold = mini_batch_threshold(config)
+    if threshold is None:
+        if not _whole_mini_batch(log_prob, config):
+            raise RuntimeError(
+                f"{LOSS_PREFIX}.loss_mode=m2po: this call holds {log_prob.shape[0]} of the mini-batch's "
+                f"{config.global_batch_info.get('global_batch_size')} sequences, but the whole-mini-batch pre-pass "
+                "(verl_offpolicy.glue.m2po, installed on verl's FSDP engine) did not run: m2po needs "
+                "actor_rollout_ref.actor.strategy=fsdp or fsdp2"
+            )
+        log_ratio_sq = core.token_log_ratio(log_prob, old_log_prob, mask)[mask].square()
+        threshold = core.m2po_threshold(log_ratio_sq, loss_config.m2po_threshold)
+    loss_mat, keep, log_ratio, ratio = core.m2po_loss(log_prob, old_log_prob, advantages, mask, threshold)
+    loss = _aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
+    return loss, _metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio))
+
+
+@register_policy_loss("pairwise_opmd")
+def compute_policy_loss_pairwise_opmd(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Mean over sequences of −A_i·log π(y_i), A_i = 2Kτ(a_i − ā)/(1+τ)² from the ``pairwise_opmd`` estimator.
+
+    Its gradient is (1/N)·Σ_groups ∇[Σ_{i<j}(a_i − a_j)²]/(1+τ)² at the weights that computed a_i (the
+    proximal ones). The sequence sum is the identity's log π(y_i), so the aggregation is fixed
+    (``seq-mean-token-sum``, global sequence count from ``global_batch_info``), whatever ``loss_agg_mode``.
+    """
+    _loss_config("pairwise_opmd", config)
+    _check_dtype("pairwise_opmd", log_prob)
+    mask = response_mask.bool()
+    loss_mat = core.reinforce_loss(log_prob, advantages, mask)
+    loss = _aggregate(loss_mat, mask, PAIRWISE_OPMD_AGG_MODE, config, rollout_is_weights)
+    return loss, _unclipped_metrics(log_prob, old_log_prob, mask)

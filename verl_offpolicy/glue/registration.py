@@ -37,7 +37,11 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
-    "verl.workers.engine.fsdp.transformer_impl": ("verl_offpolicy.cpu.platform:install_unpinned_offload",),
+    # m2po's whole-mini-batch pre-pass (runs only for loss_mode=m2po): verl_offpolicy.glue.m2po.
+    "verl.workers.engine.fsdp.transformer_impl": (
+        "verl_offpolicy.cpu.platform:install_unpinned_offload",
+        "verl_offpolicy.glue.m2po:install_mini_batch_pre_pass",
+    ),
 }
 
 _failure: str | None = None
@@ -93,8 +97,8 @@ def _in_trainer_registry(name: str) -> bool:
     return name in TRAINER_REGISTRY
 
 
-ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro")
-POLICY_LOSSES = ("opmd", "pmd", "rec")
+ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro", "pairwise_opmd")
+POLICY_LOSSES = ("opmd", "pmd", "rec", "topr", "m2po", "pairwise_opmd")
 TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there

@@ -20,6 +20,7 @@ from verl_offpolicy.glue.config import (
     OffPolicyLossConfig,
     check_agro_reward,
     check_clip_ratios,
+    check_kl_in_reward,
     check_tau_coupling,
     clip_ratios,
     offpolicy_section,
@@ -28,6 +29,8 @@ from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAI
 from verl_offpolicy.glue.resolvers import MINI_BATCH_RESOLVER
 
 SCHEDULER_TRAINER = "offpolicy"
+# Engines whose forward_backward_batch carries m2po's whole-mini-batch pre-pass (glue/m2po.py).
+M2PO_STRATEGIES = ("fsdp", "fsdp2")
 SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
@@ -84,14 +87,59 @@ def validate_offpolicy_config(cfg: DictConfig) -> None:
                 f"set {actor}.loss_agg_mode=seq-mean-token-mean"
             )
 
+        strategy = _select(cfg, f"{actor}.strategy", "fsdp")
+        if loss.loss_mode == "m2po" and strategy not in M2PO_STRATEGIES:
+            raise OffPolicyConfigError(
+                f"{LOSS_PREFIX}.loss_mode=m2po chooses its mask over the whole mini-batch with a pre-pass of verl's "
+                f"FSDP engine, which {actor}.strategy={strategy} does not run: set {actor}.strategy to one of "
+                f"{', '.join(M2PO_STRATEGIES)} or choose another loss"
+            )
+
     if adv_estimator == "agro":
         check_agro_reward(_select(cfg, "algorithm"), offpolicy.beta)
-        _check_agro_anchor(cfg, offpolicy)
+        _check_proximal_kl_reward(cfg, offpolicy, "agro", "β")
         if offpolicy.on_policy:
             _check_agro_onpolicy_data(cfg, offpolicy)
 
+    _check_pairwise_opmd(cfg, offpolicy, adv_estimator, loss)
     _check_preset_mini_batch(cfg)
     _check_scheduler(cfg, offpolicy, trainer_mode)
+
+
+PAIRWISE_OPMD = "pairwise_opmd"
+
+
+def _check_pairwise_opmd(cfg: DictConfig, offpolicy, adv_estimator: str | None, loss: OffPolicyLossConfig | None) -> None:
+    """pairwise_opmd's estimator and loss only make sense together, with exact group coefficients.
+
+    The estimator's A_i = 2Kτ(a_i − ā)/(1+τ)² is the gradient coefficient of Σ_{i<j}(a_i − a_j)² at the
+    proximal weights, where verl's KL-in-reward computes a_i: exact for one optimizer update per batch
+    (one mini-batch, one epoch); later updates of the same batch would use coefficients of older weights.
+    """
+    loss_mode = loss.loss_mode if loss is not None else _select(cfg, f"{LOSS_PREFIX}.loss_mode")
+    if (adv_estimator == PAIRWISE_OPMD) != (loss_mode == PAIRWISE_OPMD):
+        raise OffPolicyConfigError(
+            f"algorithm.adv_estimator={adv_estimator} and {LOSS_PREFIX}.loss_mode={loss_mode}: pairwise OPMD needs "
+            f"both set to {PAIRWISE_OPMD} (the loss's gradient identity uses the estimator's group coefficients)"
+        )
+    if adv_estimator != PAIRWISE_OPMD:
+        return
+    check_kl_in_reward(_select(cfg, "algorithm"), offpolicy.tau_for(PAIRWISE_OPMD), PAIRWISE_OPMD, "tau")
+    _check_proximal_kl_reward(cfg, offpolicy, PAIRWISE_OPMD, "τ")
+    actor = "actor_rollout_ref.actor"
+    fixes = []
+    epochs = _select(cfg, f"{actor}.ppo_epochs", 1)
+    if epochs != 1:
+        fixes.append(f"{actor}.ppo_epochs=1 (got {epochs})")
+    train_batch = _select(cfg, "data.train_batch_size")
+    mini_batch = _select(cfg, f"{actor}.ppo_mini_batch_size")
+    if train_batch is not None and mini_batch is not None and mini_batch < train_batch:
+        fixes.append(f"{actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch})")
+    if fixes:
+        raise OffPolicyConfigError(
+            f"adv_estimator={PAIRWISE_OPMD} computes each group's coefficients once per batch, at the weights of its "
+            "first optimizer update; later updates would follow stale coefficients. Set " + "; ".join(fixes)
+        )
 
 
 def _check_preset_mini_batch(cfg: DictConfig) -> None:
@@ -128,8 +176,8 @@ def _check_preset_mini_batch(cfg: DictConfig) -> None:
     )
 
 
-def _check_agro_anchor(cfg: DictConfig, offpolicy) -> None:
-    """AGRO's R = r − β·log(π/π_ref) needs old_log_prob = the proximal log-prob (log π at the trained weights).
+def _check_proximal_kl_reward(cfg: DictConfig, offpolicy, estimator: str, coef: str) -> None:
+    """R = r − coef·log(π/π_ref) of ``estimator`` needs old_log_prob = the proximal log-prob (log π at the trained weights).
 
     verl's bypass mode (and ``ratio_anchor=rollout``, which needs it) writes the rollout log-probs into
     old_log_probs before the KL penalty, so R would use a stale log π.
@@ -137,8 +185,8 @@ def _check_agro_anchor(cfg: DictConfig, offpolicy) -> None:
     bypass = bool(_select(cfg, "algorithm.rollout_correction.bypass_mode", False))
     if bypass or offpolicy.ratio_anchor == "rollout":
         raise OffPolicyConfigError(
-            "adv_estimator=agro computes its reward R = r − β·log(π/π_ref) from old_log_prob, which must be the "
-            "proximal log-prob (log π at the weights being trained), but algorithm.rollout_correction.bypass_mode="
+            f"adv_estimator={estimator} computes its reward R = r − {coef}·log(π/π_ref) from old_log_prob, which must be "
+            "the proximal log-prob (log π at the weights being trained), but algorithm.rollout_correction.bypass_mode="
             f"{str(bypass).lower()} and algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor} put the rollout "
             "log-probs there: set algorithm.rollout_correction.bypass_mode=false and "
             "algorithm.offpolicy.ratio_anchor=proximal"
