@@ -53,8 +53,26 @@ def check_completed(result: DemoResult, steps: int = STEPS) -> None:
     assert result.timings["mean_step_s"] > 0
 
 
+def check_console(out: str, result: DemoResult) -> None:
+    """What a person saw: every start-up phase once, in order, seconds rising; then the plain summary above the JSON."""
+    from verl_offpolicy.cpu.progress import PHASES
+
+    phases = [line for line in out.splitlines() if re.match(r"\[cpu-demo\] +[\d.]+ s  ", line)]
+    assert len(phases) == len(PHASES), out
+    seconds = [float(line.split()[1]) for line in phases]
+    assert seconds == sorted(seconds) and seconds[0] > 0, phases
+    assert phases[1].endswith("Ray started (127.0.0.1)") and phases[-1].endswith("first training step done"), phases
+    lines = out.splitlines()
+    done = next(i for i, line in enumerate(lines) if line.startswith("[cpu-demo] done: {"))
+    summary = lines[done - 7 : done]
+    assert summary[0] == f"[cpu-demo] finished {STEPS} training steps", summary
+    assert summary[1].endswith(f"{result.reward_start:.3f} -> {result.reward_end:.3f}"), summary
+    assert summary[3].startswith(f"  time: {result.timings['mean_step_s']:.1f} s per step"), summary
+    assert summary[4:6] == [f"  reward curve: {result.plot_path}", f"  log: {result.log_path}"], summary
+
+
 @pytest.mark.parametrize("preset, overrides", CASES)
-def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides, tmp_path):
+def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides, tmp_path, capsys):
     output_dir = str(tmp_path / f"e2e-{preset}")
     result = run_demo(
         preset=preset,
@@ -64,6 +82,7 @@ def test_main_ppo_runs_end_to_end_on_cpu(preset, overrides, tmp_path):
         timeout=TIMEOUT,
         overrides=["trainer.test_freq=-1", *overrides],
     )
+    check_console(capsys.readouterr().out, result)
     print(result.summary())
     check_completed(result)
     # Everything that listens on a port (Ray, TransferQueue, the process groups) binds to loopback.

@@ -103,13 +103,21 @@ def _dequantise(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    if not tokenizer.chat_template:
-        raise ValueError(f"{gguf} carries no chat template")
-    fix_special_tokens(tokenizer, model.config, model.generation_config)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # hundreds of per-tensor progress updates; the caller says what is happening
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        if not tokenizer.chat_template:
+            raise ValueError(f"{gguf} carries no chat template")
+        fix_special_tokens(tokenizer, model.config, model.generation_config)
+        model.save_pretrained(str(out), safe_serialization=True)
+        tokenizer.save_pretrained(str(out))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def prepare_smollm2(cache_dir: Optional[str | os.PathLike] = None) -> Path:
