@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 from typing import Any, Sequence
 
 DATA_SOURCE = "verl_offpolicy/arithmetic"
@@ -114,12 +113,6 @@ def generate(
 
 def build_dataset(out_dir: str | os.PathLike, **kwargs: Any) -> dict[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` (:func:`generate` with ``kwargs``) to ``out_dir``; return their paths."""
-    import pandas as pd
+    from verl_offpolicy.cpu.task import write_splits
 
-    train, val = generate(**kwargs)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"train_files": str(out_dir / "train.parquet"), "val_files": str(out_dir / "val.parquet")}
-    pd.DataFrame(train).to_parquet(paths["train_files"])
-    pd.DataFrame(val).to_parquet(paths["val_files"])
-    return paths
+    return write_splits(out_dir, *generate(**kwargs))
