@@ -47,8 +47,26 @@ def check_completed(result: DemoResult, steps: int = STEPS) -> None:
     assert result.timings["mean_step_s"] > 0
 
 
+def check_console(out: str, result: DemoResult, steps: int) -> None:
+    """What a person saw: every start-up phase once, in order, seconds rising; then the plain summary above the JSON."""
+    from verl_offpolicy.cpu.progress import PHASES
+
+    phases = [line for line in out.splitlines() if re.match(r"\[cpu-demo\] +[\d.]+ s  ", line)]
+    assert len(phases) == len(PHASES), out
+    seconds = [float(line.split()[1]) for line in phases]
+    assert seconds == sorted(seconds) and seconds[0] > 0, phases
+    assert phases[1].endswith("Ray started (127.0.0.1)") and phases[-1].endswith("first training step done"), phases
+    lines = out.splitlines()
+    done = next(i for i, line in enumerate(lines) if line.startswith("[cpu-demo] done: {"))
+    summary = lines[done - 7 : done]
+    assert summary[0] == f"[cpu-demo] finished {steps} training steps", summary
+    assert summary[1].endswith(f"{result.reward_start:.3f} -> {result.reward_end:.3f}"), summary
+    assert summary[3].startswith(f"  time: {result.timings['mean_step_s']:.1f} s per step"), summary
+    assert summary[4:6] == [f"  reward curve: {result.plot_path}", f"  log: {result.log_path}"], summary
+
+
 @pytest.mark.timeout(LEARN_TIMEOUT + 300)
-def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behind(tmp_path):
+def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behind(tmp_path, capsys):
     """Acceptance and the pipeline's end-to-end checks in one run (~3.5 minutes on 2 cores): GRPO
     (vanilla loss) through stock main_ppo, 40 steps of 8 prompts x 16 samples (tiny Llama, repeat task).
 
@@ -58,6 +76,7 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
     """
     output_dir = str(tmp_path / "learn")
     result = run_demo(preset="grpo", steps=LEARN_STEPS, seed=0, output_dir=output_dir, timeout=LEARN_TIMEOUT)
+    check_console(capsys.readouterr().out, result, LEARN_STEPS)
     print(result.summary())
     check_completed(result, LEARN_STEPS)
     # Everything that listens on a port (Ray, TransferQueue, the process groups) binds to loopback.
@@ -95,7 +114,8 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(
     check_completed(result)
     for m in result.metrics:
         # our trainer (offpolicy/*) and our rec loss (its metrics, which verl's vanilla loss does not log)
-        assert m["offpolicy/version"] == m["step"] - 1 and m["training/off_policy/trajectory_staleness/mean"] == 0
+        assert m["offpolicy/version"] == m["step"] - 1
+        assert m["training/off_policy/trajectory_staleness/mean"] == 0  # verl's own name
         assert {"actor/pg_clipfrac_upper", "actor/ratio_mean", "actor/ratio_max"} <= set(m)
         assert m["actor/grad_norm"] > 0
         # our trainer generates under verl's own "gen" timer: a real share of the step, not ~0.01 s

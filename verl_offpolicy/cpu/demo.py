@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from verl_offpolicy.configs import STOCK_CONFIGS, preset_selector
+from verl_offpolicy.cpu.demo_models import DEFAULT_MODEL, get_model
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 from verl_offpolicy.cpu.process import (
     ExclusiveLock,
@@ -50,6 +51,7 @@ from verl_offpolicy.cpu.process import (
     listening_addresses,
     spawn,
 )
+from verl_offpolicy.cpu.progress import StartupPhases, plain_summary
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 CPU_OVERLAY = "+cpu=demo"
@@ -83,26 +85,16 @@ class DemoInterrupted(DemoError):
         self.exit_code = 128 + signum
 
 
-# AGRO's β on the repeat task (the presets' 0.1 suits GSM8K-style 0/1 rewards): the reward is spread
-# over 8 tokens, 1/8 each, so at β = 0.1 the KL-regularised optimum π* ∝ π_ref·exp(r/β) raises a
-# token's odds only e^1.25-fold and stays close to the random start (measured: train reward
-# 0.05 -> 0.05 in 40 steps); at β = 0.01 it is ~1 (measured: 0.07 -> 0.95). Applied before the
-# caller's overrides, which can change it.
-TASK_OVERRIDES = {
-    "agro": ["algorithm.offpolicy.beta=0.01"],
-    "agro_onpolicy": ["algorithm.offpolicy.beta=0.01"],
-}
-
-
-def preset_overrides(preset: str, config_name: str = DEFAULT_CONFIG_NAME) -> list[str]:
-    """Hydra overrides selecting an algorithm (plus its :data:`TASK_OVERRIDES` for the repeat task).
+def preset_overrides(preset: str, config_name: str = DEFAULT_CONFIG_NAME, model: str = DEFAULT_MODEL) -> list[str]:
+    """Hydra overrides selecting an algorithm, plus the model's task settings for it
+    (:attr:`verl_offpolicy.cpu.demo_models.DemoModel.task_overrides`, e.g. AGRO's β on the repeat task).
 
     On verl's stock configs (``ppo_trainer``), ``grpo`` is verl's built-in GRPO with the vanilla
     PPO-clip loss (plain verl keys, no preset file); any other name, and every name on our primary
     configs (``offpolicy_trainer``), selects the preset file ``verl_offpolicy/configs/algorithm/<preset>.yaml``
     (``+algorithm=`` or ``algorithm=``: :func:`verl_offpolicy.configs.preset_selector`).
     """
-    task = TASK_OVERRIDES.get(preset, [])
+    task = list(get_model(model).task_overrides.get(preset, ()))
     if preset == "grpo" and config_name in STOCK_CONFIGS:
         return [
             "algorithm.adv_estimator=grpo",
@@ -110,6 +102,7 @@ def preset_overrides(preset: str, config_name: str = DEFAULT_CONFIG_NAME) -> lis
             "algorithm.use_kl_in_reward=false",
             "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
             "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+            *task,
         ]
     return [preset_selector(preset, config_name), *task]
 
@@ -122,15 +115,9 @@ class DemoInputs:
     val_files: str
 
 
-def build_inputs(output_dir: str | os.PathLike, seed: int = 0, max_response_length: int = 8) -> DemoInputs:
-    """Build (or reuse) the tiny model, tokenizer and repeat-task data under ``output_dir``."""
-    from verl_offpolicy.cpu.task import build_dataset
-    from verl_offpolicy.cpu.tiny import TinyModelSpec, build_tiny
-
-    output_dir = Path(output_dir)
-    tiny = build_tiny(output_dir / "tiny", TinyModelSpec(seed=seed))
-    data = build_dataset(output_dir / "data", seed=seed, max_response_length=max_response_length)
-    return DemoInputs(**tiny, **data)
+def build_inputs(output_dir: str | os.PathLike, seed: int = 0, model: str = DEFAULT_MODEL) -> DemoInputs:
+    """Build (or reuse) the model, tokenizer and task data of ``model`` (:mod:`.demo_models`) under ``output_dir``."""
+    return DemoInputs(**get_model(model).build(Path(output_dir), seed))
 
 
 def demo_command(
@@ -144,8 +131,9 @@ def demo_command(
     config_name: str = DEFAULT_CONFIG_NAME,
     ray_temp_dir: Optional[str] = None,
     python: str = sys.executable,
+    model: str = DEFAULT_MODEL,
 ) -> list[str]:
-    """The ``main_ppo`` command line of a demo run (overlay, inputs, preset, then ``overrides``)."""
+    """The ``main_ppo`` command line of a demo run (overlay, inputs, preset, the model's settings, then ``overrides``)."""
     output_dir = Path(output_dir).resolve()
     command = [
         python,
@@ -165,7 +153,8 @@ def demo_command(
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={output_dir / 'checkpoints'}",
         f"hydra.run.dir={output_dir / 'hydra'}",
-        *preset_overrides(preset, config_name),
+        *preset_overrides(preset, config_name, model),
+        *get_model(model).overrides,
     ]
     if ray_temp_dir:
         command.append(f"+ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
@@ -250,7 +239,9 @@ class DemoResult:
         }
 
 
-def write_plot(result_metrics: list[dict[str, Any]], validation: dict[int, float], path: str | os.PathLike) -> str:
+def write_plot(
+    result_metrics: list[dict[str, Any]], validation: dict[int, float], path: str | os.PathLike, title: str = "tiny Llama, repeat task"
+) -> str:
     """Reward curve (train score per step, greedy validation reward) as a PNG.
 
     matplotlib's config and font cache go next to the PNG (``.cache/matplotlib``) unless
@@ -279,7 +270,7 @@ def write_plot(result_metrics: list[dict[str, Any]], validation: dict[int, float
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title("verl-offpolicy CPU demo (tiny Llama, repeat task)")
+    ax.set_title(f"verl-offpolicy CPU demo ({title})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -477,8 +468,9 @@ def run_demo(
     config_name: str = DEFAULT_CONFIG_NAME,
     stream: bool = True,
     plot: bool = True,
+    model: str = DEFAULT_MODEL,
 ) -> DemoResult:
-    """Train the tiny model on the repeat task through stock ``main_ppo`` on the CPU.
+    """Train a model on its task through stock ``main_ppo`` on the CPU (by default the tiny model on the repeat task).
 
     Args:
         preset: ``grpo`` (verl's GRPO, vanilla loss) or an algorithm preset name
@@ -492,6 +484,7 @@ def run_demo(
         config_name: primary config (``ppo_trainer``; e.g. ``offpolicy_trainer`` with its presets).
         stream: print a progress line per step to stdout.
         plot: write ``reward_curve.png``.
+        model: ``tiny`` or ``smollm2-135m`` (:mod:`verl_offpolicy.cpu.demo_models`).
 
     Returns:
         :class:`DemoResult` with per-step metrics, validation rewards and timings.
@@ -503,6 +496,7 @@ def run_demo(
             and Ray temp dir are gone.
         DemoError: the run failed or timed out.
     """
+    get_model(model)  # an unknown model fails before anything is created
     output_dir = prepare_output_dir(output_dir if output_dir is not None else tempfile.mkdtemp(prefix="vo-cpu-demo-"))
     lock = OutputDirLock(output_dir).acquire()
     log_path = output_dir / LOG_NAME
@@ -510,7 +504,7 @@ def run_demo(
         with InterruptSignals() as signals:
             try:
                 return _run_locked(
-                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock, signals
+                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock, signals, model
                 )
             except Interrupt as exc:
                 name = signal.Signals(exc.signum).name
@@ -535,9 +529,12 @@ def _run_locked(
     plot: bool,
     lock: OutputDirLock,
     signals: InterruptSignals,
+    model: str = DEFAULT_MODEL,
 ) -> DemoResult:
     t0 = time.monotonic()
-    inputs = build_inputs(output_dir, seed=seed)
+    if stream:
+        print(f"[cpu-demo] preparing {get_model(model).preparing} ...", flush=True)
+    inputs = build_inputs(output_dir, seed=seed, model=model)
     metrics_path = output_dir / METRICS_NAME
     if metrics_path.exists():
         metrics_path.unlink()
@@ -552,16 +549,23 @@ def _run_locked(
         overrides=overrides,
         config_name=config_name,
         ray_temp_dir=ray_temp_dir,
+        model=model,
     )
+    phases = StartupPhases()
 
     def on_line(line: str) -> None:
         if stream and signals.received is None:  # once interrupted, the dying run's output goes to the log only
-            shown = _progress_line(line)
-            if shown:
-                print(shown, flush=True)
+            for shown in (phases.feed(line), _progress_line(line)):
+                if shown:
+                    print(shown, flush=True)
 
     if stream:
-        print(f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})")
+        print(
+            f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})\n"
+            "[cpu-demo] start-up takes a minute or two (Ray, TransferQueue, the training worker, the rollout server); "
+            "phases below as they complete, seconds since launch:",
+            flush=True,
+        )
     listening: list[str] = []
     try:
         env = cpu_env(metrics_path)
@@ -609,7 +613,7 @@ def _run_locked(
             "rollout_probs_diff_max": max(diffs),
             "rollout_probs_diff_mean": sum(m["training/rollout_probs_diff_mean"] for m in metrics) / len(metrics),
         }
-    plot_path = write_plot(metrics, validation, output_dir / PLOT_NAME) if plot else None
+    plot_path = write_plot(metrics, validation, output_dir / PLOT_NAME, get_model(model).title) if plot else None
     result = DemoResult(
         output_dir=str(output_dir),
         command=command,
@@ -625,5 +629,6 @@ def _run_locked(
     )
     (output_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2, default=str))
     if stream:
+        print(plain_summary(result.summary(), log_path=result.log_path, metrics_path=result.metrics_path), flush=True)
         print(f"[cpu-demo] done: {json.dumps(result.summary(), default=str)}", flush=True)
     return result

@@ -52,8 +52,6 @@ def build_dataset(
     Train rows cycle through the first ``num_symbols`` symbols in a seeded random order; the
     validation set holds each symbol once.
     """
-    import pandas as pd
-
     if not 1 <= num_symbols <= len(SYMBOLS):
         raise ValueError(f"num_symbols must be in [1, {len(SYMBOLS)}], got {num_symbols}")
     symbols = list(SYMBOLS[:num_symbols])
@@ -62,6 +60,13 @@ def build_dataset(
     rng.shuffle(train_symbols)
     train = [make_row(s, i, "train", max_response_length) for i, s in enumerate(train_symbols)]
     val = [make_row(s, i, "test", max_response_length) for i, s in enumerate(symbols)]
+    return write_splits(out_dir, train, val)
+
+
+def write_splits(out_dir: str | os.PathLike, train: list[dict[str, Any]], val: list[dict[str, Any]]) -> dict[str, str]:
+    """Write the rows as ``out_dir/train.parquet`` and ``out_dir/val.parquet``; return verl's ``data.*_files`` paths."""
+    import pandas as pd
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"train_files": str(out_dir / "train.parquet"), "val_files": str(out_dir / "val.parquet")}

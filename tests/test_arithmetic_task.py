@@ -1,0 +1,98 @@
+"""The arithmetic word-problem task (verl_offpolicy.cpu.arithmetic) and its math-verify reward.
+
+Expected values are hand-derived: pair counts (1-digit sums: 9 x 9 = 81 pairs; 1-digit differences
+with a >= b: 9 + 8 + ... + 1 = 45), the answers read back from each question's own numbers, and
+the texts of hand-written responses.
+"""
+
+import re
+
+import pandas as pd
+import pytest
+
+from verl_offpolicy.cpu import arithmetic
+from verl_offpolicy.rewards.math_verify_reward import compute_score
+
+
+def _numbers(row):
+    return [int(x) for x in re.findall(r"\d+", row["prompt"][0]["content"])]
+
+
+def test_pair_counts_by_hand():
+    assert len(arithmetic.operand_pairs(1, ("add",))) == 81
+    assert len(arithmetic.operand_pairs(1, ("sub",))) == 45
+    assert len(arithmetic.operand_pairs(2, ("add",))) == 99 * 99
+
+
+def test_problem_text_by_hand():
+    text = arithmetic.problem_text("add", 3, 5, "Mia", "She", "apples", 0)
+    assert text == "Mia has 3 apples. She buys 5 more apples. How many apples does Mia have now?"
+    assert arithmetic.answer("add", 3, 5) == 8
+    assert arithmetic.answer("sub", 9, 4) == 5
+
+
+@pytest.mark.parametrize("operations", [("add",), ("sub",), ("add", "sub")])
+def test_rows_are_verl_rlhf_rows_with_the_answer_of_their_own_numbers(operations):
+    train, val = arithmetic.generate(operations=operations, train_size=64, val_size=8, seed=3)
+    assert len(train) == 64 and len(val) == 8
+    for row in train + val:
+        assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+        (message,) = row["prompt"]
+        assert message["role"] == "user"
+        assert message["content"].endswith("Put the final answer in \\boxed{}.")
+        a, b = _numbers(row)  # the question holds exactly the two operands
+        op = row["extra_info"]["operation"]
+        assert op in operations
+        expected = a + b if op == "add" else a - b
+        assert row["reward_model"]["ground_truth"] == str(expected)
+        assert 1 <= a <= 9 and 1 <= b <= 9
+        assert op == "add" or a >= b
+
+
+def test_seeded_and_deterministic():
+    assert arithmetic.generate(seed=0) == arithmetic.generate(seed=0)
+    assert arithmetic.generate(seed=0) != arithmetic.generate(seed=1)
+
+
+def test_validation_pairs_are_never_trained_on():
+    train, val = arithmetic.generate(train_size=2000, val_size=20, seed=0)
+    key = lambda r: (r["extra_info"]["operation"], r["extra_info"]["a"], r["extra_info"]["b"])  # noqa: E731
+    val_pairs = {key(r) for r in val}
+    assert len(val_pairs) == 20  # each held-out pair once
+    assert not val_pairs & {key(r) for r in train}
+    # 2000 draws from the 61 train pairs (81 - round(81 * 0.25)) cover all of them
+    assert len({key(r) for r in train}) == 81 - 20
+
+
+def test_difficulty_knob():
+    train, _ = arithmetic.generate(digits=2, train_size=200, seed=0)
+    operands = [n for r in train for n in _numbers(r)]
+    assert max(operands) <= 99 and any(n >= 10 for n in operands)
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [({"digits": 4}, "digits"), ({"operations": ("mul",)}, "operations"), ({"val_fraction": 1.0}, "val_fraction"), ({"val_size": 100}, "val_size")],
+)
+def test_bad_arguments_name_the_argument(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        arithmetic.generate(**kwargs)
+
+
+def test_parquet_round_trip(tmp_path):
+    paths = arithmetic.build_dataset(tmp_path, train_size=8, val_size=4, seed=0)
+    train = pd.read_parquet(paths["train_files"])
+    val = pd.read_parquet(paths["val_files"])
+    assert len(train) == 8 and len(val) == 4
+    assert list(train.iloc[0]["prompt"][0].keys()) == ["role", "content"]
+    assert train.iloc[0]["data_source"] == arithmetic.DATA_SOURCE
+
+
+def test_reward_is_the_recipes_math_verify_module():
+    """The task's reward function is the GPU recipes' math-verify reward, scoring a row's ground truth."""
+    assert arithmetic.REWARD_FUNCTION_PATH == "pkg://verl_offpolicy.rewards.math_verify_reward"
+    row = arithmetic.make_row("add", 3, 5, __import__("random").Random(0), "test", 0)
+    truth = row["reward_model"]["ground_truth"]
+    assert compute_score(arithmetic.DATA_SOURCE, "3 + 5 = 8, so the answer is \\boxed{8}.", truth) == 1.0
+    assert compute_score(arithmetic.DATA_SOURCE, "The answer is \\boxed{9}.", truth) == 0.0
+    assert compute_score(arithmetic.DATA_SOURCE, "The answer is 8.", truth) == 0.0  # no box

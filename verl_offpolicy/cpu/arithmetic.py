@@ -1,0 +1,118 @@
+"""Grade-school arithmetic word problems for a real instruct model on the CPU, scored by math-verify.
+
+A problem is a sentence pair about a person and objects ("Mia has 3 apples. She buys 5 more apples.
+How many apples does Mia have now?") followed by :data:`INSTRUCTION`, which asks for the answer in
+``\\boxed{}``. The answer is ``a + b`` (``add``) or ``a - b`` with ``a >= b`` (``sub``).
+
+Difficulty knob ``digits``: operands are drawn from ``[1, 10**digits - 1]``. Measured with
+SmolLM2-135M-Instruct: single-digit sums give mixed groups (greedy 12/16 right, 19-25% of samples),
+two-digit sums almost no reward signal (greedy 0-12%).
+
+Train/validation split: the operand pairs ``(operation, a, b)`` are shuffled with ``seed`` and the
+first ``val_fraction`` of them are held out, so no validation pair is ever trained on; each row then
+gets a name, an object and a template from the same seeded generator. Same arguments, same files.
+
+The rows are verl's RLHF parquet format: ``prompt`` is a chat message list, and verl's own data path
+(``RLHFDataset``/the agent loop) applies the tokenizer's chat template. The reward is the GPU
+recipes' math-verify reward (:mod:`verl_offpolicy.rewards.math_verify_reward`: the response's last
+``\\boxed{}`` against ``reward_model.ground_truth``)::
+
+    reward.custom_reward_function.path=pkg://verl_offpolicy.rewards.math_verify_reward
+    reward.custom_reward_function.name=compute_score
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Sequence
+
+DATA_SOURCE = "verl_offpolicy/arithmetic"
+ABILITY = "math"
+REWARD_FUNCTION_PATH = "pkg://verl_offpolicy.rewards.math_verify_reward"
+REWARD_FUNCTION_NAME = "compute_score"
+INSTRUCTION = "Put the final answer in \\boxed{}."
+OPERATIONS = ("add", "sub")
+
+NAMES = (("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Sam", "He"), ("Lily", "She"), ("Ben", "He"))
+OBJECTS = ("apples", "marbles", "stickers", "pencils", "cookies", "books", "shells", "coins")
+TEMPLATES = {
+    "add": (
+        "{name} has {a} {obj}. {pronoun} buys {b} more {obj}. How many {obj} does {name} have now?",
+        "{name} had {a} {obj}. A friend gave {name} {b} {obj}. How many {obj} does {name} have in total?",
+    ),
+    "sub": (
+        "{name} has {a} {obj}. {pronoun} gives away {b} {obj}. How many {obj} does {name} have left?",
+        "{name} had {a} {obj} and lost {b} of them. How many {obj} does {name} have now?",
+    ),
+}
+
+
+def answer(operation: str, a: int, b: int) -> int:
+    """``a + b`` for ``add``, ``a - b`` for ``sub``."""
+    return a + b if operation == "add" else a - b
+
+
+def operand_pairs(digits: int, operations: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Every ``(operation, a, b)`` with ``1 <= a, b <= 10**digits - 1`` (``a >= b`` for ``sub``), in a fixed order."""
+    if not isinstance(digits, int) or not 1 <= digits <= 3:
+        raise ValueError(f"digits must be 1, 2 or 3, got {digits!r}")
+    unknown = [op for op in operations if op not in OPERATIONS]
+    if unknown or not operations:
+        raise ValueError(f"operations must be a non-empty subset of {OPERATIONS}, got {list(operations)}")
+    top = 10**digits - 1
+    return [(op, a, b) for op in operations for a in range(1, top + 1) for b in range(1, top + 1) if op == "add" or a >= b]
+
+
+def problem_text(operation: str, a: int, b: int, name: str, pronoun: str, obj: str, template: int) -> str:
+    return TEMPLATES[operation][template].format(name=name, pronoun=pronoun, a=a, b=b, obj=obj)
+
+
+def make_row(operation: str, a: int, b: int, rng: random.Random, split: str, index: int) -> dict[str, Any]:
+    name, pronoun = rng.choice(NAMES)
+    obj = rng.choice(OBJECTS)
+    template = rng.randrange(len(TEMPLATES[operation]))
+    question = problem_text(operation, a, b, name, pronoun, obj, template)
+    result = answer(operation, a, b)
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": str(result)},
+        "extra_info": {"split": split, "index": index, "operation": operation, "a": a, "b": b, "answer": result},
+    }
+
+
+def generate(
+    *,
+    digits: int = 1,
+    operations: Sequence[str] = ("add",),
+    train_size: int = 256,
+    val_size: int = 16,
+    val_fraction: float = 0.25,
+    seed: int = 0,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, validation rows): see the module docstring for the split and the difficulty knob.
+
+    Train rows draw their operand pairs with replacement from the train pairs; validation rows are
+    the first ``val_size`` held-out pairs (each once).
+    """
+    pairs = operand_pairs(digits, operations)
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    n_val = max(1, round(len(pairs) * val_fraction))
+    held_out, train_pairs = pairs[:n_val], pairs[n_val:]
+    if val_size > len(held_out):
+        raise ValueError(f"val_size={val_size} exceeds the {len(held_out)} held-out pairs (digits={digits}, val_fraction={val_fraction})")
+    train = [make_row(*rng.choice(train_pairs), rng, "train", i) for i in range(train_size)]
+    val = [make_row(*pair, rng, "test", i) for i, pair in enumerate(held_out[:val_size])]
+    return train, val
+
+
+def build_dataset(out_dir: str | os.PathLike, **kwargs: Any) -> dict[str, str]:
+    """Write ``train.parquet`` and ``val.parquet`` (:func:`generate` with ``kwargs``) to ``out_dir``; return their paths."""
+    from verl_offpolicy.cpu.task import write_splits
+
+    return write_splits(out_dir, *generate(**kwargs))

