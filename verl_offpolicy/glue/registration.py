@@ -38,6 +38,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
     "verl.workers.engine.fsdp.transformer_impl": ("verl_offpolicy.cpu.platform:install_unpinned_offload",),
+    # CPU path only (no-op unless VERL_PLATFORM=cpu): the Megatron engine's CUDA shims, installed when one is built.
+    "verl.workers.engine.megatron.transformer_impl": ("verl_offpolicy.cpu.registration:register_megatron_shims",),
 }
 
 _failure: str | None = None
