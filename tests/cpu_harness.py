@@ -454,9 +454,6 @@ def reference_loss_and_grads(model_path: str, tokenizer_path: str, case: dict[st
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from verl.trainer.ppo.core_algos import get_policy_loss_fn
-    from verl.utils.config import omega_conf_to_dataclass
-
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     model = LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
     spec = equivalence_batch(tokenizer)
@@ -468,22 +465,34 @@ def reference_loss_and_grads(model_path: str, tokenizer_path: str, case: dict[st
     mask = batch["response_mask"].bool()
     old = _old_log_probs(log_prob.detach(), mask)
 
+    loss = whole_batch_loss(model_path, tokenizer_path, case, log_prob, old, batch["advantages"], mask)
+    model.zero_grad()
+    loss.backward()
+    return {
+        "loss": float(loss.detach()),
+        "old_log_probs": old.tolist(),
+        "advantages": batch["advantages"].tolist(),
+        "response_mask": batch["response_mask"].tolist(),
+        "grads": {name: p.grad.flatten().tolist() for name, p in model.named_parameters()},
+    }
+
+
+def whole_batch_loss(model_path, tokenizer_path, case, log_prob, old_log_prob, advantages, mask):
+    """``case``'s registered verl loss on the whole batch as one micro-batch of one rank (the value an
+    engine's micro-batch sums must reproduce): ``global_batch_info`` = (1 rank, all tokens, all sequences)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.utils.config import omega_conf_to_dataclass
+
     cfg = compose_preset_actor(model_path, tokenizer_path, case, engine="fsdp")
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     actor.global_batch_info.update(
         {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": mask.shape[0], "loss_scale_factor": None}
     )
     loss, _ = get_policy_loss_fn(actor.policy_loss.loss_mode)(
-        old_log_prob=old, log_prob=log_prob, advantages=batch["advantages"], response_mask=mask,
+        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask.bool(),
         loss_agg_mode=actor.loss_agg_mode, config=actor, rollout_is_weights=None,
     )
-    model.zero_grad()
-    loss.backward()
-    return {
-        "loss": float(loss),
-        "old_log_probs": old.tolist(),
-        "grads": {name: p.grad.flatten().tolist() for name, p in model.named_parameters()},
-    }
+    return loss
 
 
 def _old_log_probs(log_prob, mask):
