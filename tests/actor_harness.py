@@ -34,7 +34,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from tests.hydra_utils import compose_main_ppo
-from verl_offpolicy.cpu.demo import run_captured
+from verl_offpolicy.configs import STOCK_CONFIGS
+from verl_offpolicy.cpu.demo import CPU_ENGINES, run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
 
@@ -55,10 +56,7 @@ def init_single_process_env() -> None:
 
 
 # engine -> (verl's stock config, our CPU overlay, the key of the engine's seed)
-ENGINES = {
-    "fsdp": ("ppo_trainer", "+cpu=demo", "actor_rollout_ref.actor.fsdp_config.seed"),
-    "megatron": ("ppo_megatron_trainer", "+cpu=megatron", "actor_rollout_ref.actor.megatron.seed"),
-}
+ENGINES = {engine: (STOCK_CONFIGS[i], *CPU_ENGINES[engine][1:]) for i, engine in enumerate(("fsdp", "megatron"))}
 
 
 def compose_cpu_config(model_path: str, tokenizer_path: str, overrides: Sequence[str] = (), engine: str = "fsdp"):

@@ -571,3 +571,48 @@ def engine_loss_and_grads(
             "grads": {name: g.flatten().tolist() for name, g in harness.grads().items()},
         }
     return report
+
+
+def megatron_update_without_shim(workdir: str, omit: Optional[str] = None) -> dict[str, Any]:
+    """Build verl's Megatron engine (tiny model, ``+cpu=megatron``) with every CUDA shim except ``omit``
+    and run one forward and one update; return ``{"ok": True}`` or the error and the site-packages
+    file (relative) of the frame that raised it."""
+    import traceback
+
+    import verl_offpolicy.cpu.megatron as shims
+    from tests.actor_harness import ActorHarness
+
+    if omit is not None:
+        del shims.SHIMS[omit]  # this fresh process only
+    try:
+        harness = ActorHarness.create(Path(workdir) / "megatron", loss_mode="vanilla", lr=1e-3, engine="megatron")
+        tok = harness.tokenizer
+        spec = equivalence_batch(tok)
+        batch = harness.make_batch(spec["prompts"], spec["responses"], spec["advantages"])
+        harness.update(batch, micro_batch_size=2)
+    except Exception as exc:  # noqa: BLE001 - the failure is the result
+        frames = traceback.extract_tb(exc.__traceback__)
+        # the last frame of megatron-core, mbridge or verl (torch's own frames only re-raise)
+        site = [f.filename.split("site-packages/")[1] for f in frames if "site-packages/" in f.filename]
+        site = [name for name in site if not name.startswith("torch/")]
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "raised_in": site[-1] if site else None}
+    return {"ok": True}
+
+
+def megatron_shim_isolation() -> dict[str, Any]:
+    """What our registration does to a process that imports verl's engines (every worker does, FSDP
+    runs included) before any Megatron engine is built; run with and without ``VERL_PLATFORM=cpu``."""
+    import sys
+
+    import torch
+
+    import verl.workers.engine  # noqa: F401 - imports verl's Megatron engine module, as every worker does
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    facts = {
+        "megatron_engine_imported": "verl.workers.engine.megatron.transformer_impl" in sys.modules,
+        "shim_module_imported": "verl_offpolicy.cpu.megatron" in sys.modules,
+        "engine_init_wrapped": getattr(MegatronEngine.__init__, "_verl_offpolicy_cpu", False),
+        "tensor_cuda_remapped": getattr(torch.Tensor.cuda, "_verl_offpolicy_cpu", False),
+    }
+    return facts

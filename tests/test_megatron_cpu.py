@@ -95,3 +95,93 @@ def test_fsdp_and_megatron_engines_give_the_reference_loss_and_gradient(runs, ca
     g_meg = _vector(megatron["grads"])
     assert float((g_meg - g_ref).norm() / g_ref.norm()) < MEGATRON_GRAD_TOL
     assert float(torch.nn.functional.cosine_similarity(g_meg, g_ref, dim=0)) > 0.995
+
+
+# Each shim of verl_offpolicy/cpu/megatron.py, removed alone: the error verl's Megatron engine then
+# raises on the CPU, and the last file of megatron-core/mbridge/verl in its traceback (megatron-core
+# 0.16.1, mbridge 0.15.1, verl 0.9.1).
+WITHOUT_SHIM = {
+    "rng_tracker": ("Torch not compiled with CUDA enabled", "megatron/core/tensor_parallel/random.py"),
+    "local_layer_spec": ("name 'TENorm' is not defined", "megatron/core/models/gpt/gpt_layer_specs.py"),
+    "local_spec_weight_names": ("Unsupported parameter name", "mbridge/core/bridge.py"),
+    "cuda_device_remap": ("Torch not compiled with CUDA enabled", "mbridge/core/util.py"),
+    "cuda_type_checks": ("Wrapped parameters must be one of", "megatron/core/optimizer/distrib_optimizer.py"),
+    "bshd_attention_mask": ("must match the size of tensor", "megatron/core/transformer/utils.py"),
+}
+
+
+def test_every_shim_has_its_failure_listed():
+    from verl_offpolicy.cpu.megatron import SHIMS
+
+    assert set(SHIMS) == set(WITHOUT_SHIM)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("shim", sorted(WITHOUT_SHIM))
+def test_the_megatron_engine_fails_on_the_cpu_without_each_shim(tmp_path, shim):
+    message, where = WITHOUT_SHIM[shim]
+    result = isolated("tests.cpu_harness:megatron_update_without_shim", timeout=800, workdir=str(tmp_path), omit=shim)
+    assert result["ok"] is False, f"verl's Megatron engine ran without the {shim} shim: the shim is not needed"
+    assert message in result["error"], result
+    assert result["raised_in"].startswith(where), result
+
+
+def test_the_shims_are_installed_only_when_a_cpu_process_builds_a_megatron_engine():
+    gpu = isolated("tests.cpu_harness:megatron_shim_isolation", timeout=300, cpu=False)
+    assert gpu == {
+        "megatron_engine_imported": True,
+        "shim_module_imported": False,  # never imported outside VERL_PLATFORM=cpu
+        "engine_init_wrapped": False,
+        "tensor_cuda_remapped": False,
+    }
+    cpu = isolated("tests.cpu_harness:megatron_shim_isolation", timeout=300)
+    assert cpu == {
+        "megatron_engine_imported": True,
+        "shim_module_imported": True,
+        "engine_init_wrapped": True,  # the shims come with the first engine ...
+        "tensor_cuda_remapped": False,  # ... not before (an FSDP run imports this module too)
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from verl_offpolicy.cpu.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("megatron_guard") / "tiny")
+
+
+def _megatron_problems(tiny, *overrides):
+    from tests.actor_harness import compose_cpu_config
+    from verl_offpolicy.cpu.guards import check_cpu_config
+
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["+algorithm=opmd", *overrides], engine="megatron")
+    return check_cpu_config(cfg)
+
+
+def test_the_megatron_overlay_is_accepted(tiny):
+    assert _megatron_problems(tiny) == []
+
+
+MCORE = "actor_rollout_ref.actor.megatron"
+
+
+@pytest.mark.parametrize(
+    "override, key, fix",
+    [
+        (f"{MCORE}.vanilla_mbridge=false", f"{MCORE}.vanilla_mbridge=False", "TransformerEngine"),
+        ("actor_rollout_ref.model.use_remove_padding=true", "use_remove_padding=True", "use_remove_padding=false"),
+        (f"{MCORE}.param_offload=true", f"{MCORE}.param_offload=True", "param_offload=false"),
+        (f"{MCORE}.optimizer_offload=true", f"{MCORE}.optimizer_offload=True", "optimizer_offload=false"),
+        (f"{MCORE}.tensor_model_parallel_size=2", "tensor_model_parallel_size=2", "tensor_model_parallel_size=1"),
+        (f"{MCORE}.pipeline_model_parallel_size=2", "pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1"),
+        (f"{MCORE}.override_transformer_config.attention_backend=flash", "attention_backend='flash'", "attention_backend=local"),
+        (f"{MCORE}.override_transformer_config.use_cpu_initialization=false", "use_cpu_initialization=False", "use_cpu_initialization=true"),
+        ("actor_rollout_ref.model.use_fused_kernels=true", "use_fused_kernels=True", "use_fused_kernels=false"),
+    ],
+)
+def test_a_megatron_setting_that_cannot_run_on_the_cpu_is_named_with_its_fix(tiny, override, key, fix):
+    problems = _megatron_problems(tiny, override)
+    matching = [p for p in problems if key in p]
+    assert matching, problems
+    assert fix in matching[0], matching[0]
