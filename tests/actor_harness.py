@@ -33,8 +33,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from verl_offpolicy.glue.compose import compose_main_ppo
+from verl_offpolicy.configs import STOCK_CONFIGS
+from verl_offpolicy.cpu.demo import CPU_ENGINES
 from verl_offpolicy.cpu.process import run_captured
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
 
@@ -54,12 +56,17 @@ def init_single_process_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
-def compose_cpu_config(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
-    """verl's ``ppo_trainer`` config with the ``+cpu=demo`` overlay and ``overrides`` (Hydra compose)."""
+# engine -> (verl's stock config, our CPU overlay, the key of the engine's seed)
+ENGINES = {engine: (STOCK_CONFIGS[i], *CPU_ENGINES[engine][1:]) for i, engine in enumerate(("fsdp", "megatron"))}
+
+
+def compose_cpu_config(model_path: str, tokenizer_path: str, overrides: Sequence[str] = (), engine: str = "fsdp"):
+    """verl's stock config of ``engine`` with our CPU overlay and ``overrides`` (Hydra compose)."""
+    config_name, overlay, _ = ENGINES[engine]
     return compose_main_ppo(
-        "ppo_trainer",
+        config_name,
         [
-            "+cpu=demo",
+            overlay,
             f"actor_rollout_ref.model.path={model_path}",
             f"actor_rollout_ref.model.tokenizer_path={tokenizer_path}",
             *overrides,
@@ -98,12 +105,15 @@ class ActorHarness:
         model_path: Optional[str] = None,
         tokenizer_path: Optional[str] = None,
         seed: int = 0,
+        engine: str = "fsdp",
     ) -> "ActorHarness":
         """Build the tiny model (unless paths are given) and a real FSDP2 ``TrainingWorker`` for it.
 
         ``loss_mode`` selects verl's policy loss (``actor.policy_loss.loss_mode``) and ``overrides``
         are Hydra overrides of the whole config (e.g. ``actor_rollout_ref.actor.clip_ratio=0.1``, or
-        ``actor_rollout_ref.actor.policy_loss._target_=...`` for a typed loss config).
+        ``actor_rollout_ref.actor.policy_loss._target_=...`` for a typed loss config). ``engine``:
+        ``fsdp`` (FSDP2, ``+cpu=demo``) or ``megatron`` (verl's Megatron engine, ``+cpu=megatron``;
+        needs the ``megatron-cpu`` extra).
         """
         activate_cpu_platform()
         init_single_process_env()
@@ -125,10 +135,11 @@ class ActorHarness:
             [
                 f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
                 f"actor_rollout_ref.actor.optim.lr={lr}",
-                f"actor_rollout_ref.actor.fsdp_config.seed={seed}",
+                f"{ENGINES[engine][2]}={seed}",
                 "actor_rollout_ref.actor.optim.total_training_steps=100",
                 *overrides,
             ],
+            engine=engine,
         )
         with open_dict(cfg):
             cfg.actor_rollout_ref.actor.optim.total_training_steps = 100
@@ -210,13 +221,13 @@ class ActorHarness:
             data["old_log_probs"] = old_log_probs.float() * response_mask
         return TensorDict(data, batch_size=[batch])
 
-    def _no_padding(self, batch):
+    def _no_padding(self, batch, micro_batch_size: Optional[int] = None):
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
 
         td = left_right_2_no_padding(batch.clone())
-        # One micro-batch per call (the configured sizes are for the demo's batches).
-        tu.assign_non_tensor(td, temperature=self.temperature, micro_batch_size_per_gpu=batch.batch_size[0])
+        # One micro-batch per call unless asked (the configured sizes are for the demo's batches).
+        tu.assign_non_tensor(td, temperature=self.temperature, micro_batch_size_per_gpu=micro_batch_size or batch.batch_size[0])
         return td
 
     # ------------------------------------------------------------------ engine calls
@@ -244,9 +255,7 @@ class ActorHarness:
         if "old_log_probs" not in batch.keys():
             batch = batch.clone()
             batch["old_log_probs"] = self.log_probs(batch)
-        td = self._no_padding(batch)
-        if micro_batch_size is not None:
-            tu.assign_non_tensor(td, micro_batch_size_per_gpu=micro_batch_size)
+        td = self._no_padding(batch, micro_batch_size)
         size = mini_batch_size or batch.batch_size[0]
         tu.assign_non_tensor(
             td,
@@ -262,6 +271,51 @@ class ActorHarness:
         )
         output = self.worker.train_mini_batch(td)
         return {key: _scalar(value) for key, value in tu.get(output, "metrics").items()}
+
+    def record_grads(self) -> None:
+        """From now on, keep the gradient of each optimizer step (:meth:`grads`).
+
+        verl's engines zero the gradients when a training call ends (``zero_grad_on_exit``), so they are
+        read inside ``engine.optimizer_step``, after the last backward and before clipping and stepping.
+        """
+        engine = self.worker.engine
+        original = engine.optimizer_step
+
+        def optimizer_step():
+            self.last_grads = self._read_grads()
+            return original()
+
+        engine.optimizer_step = optimizer_step
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The gradient of the last optimizer step after :meth:`record_grads`."""
+        if getattr(self, "last_grads", None) is None:
+            raise RuntimeError("no gradient recorded: call record_grads() before update()")
+        return self.last_grads
+
+    def _read_grads(self) -> dict[str, torch.Tensor]:
+        """The current gradient in fp32 under the HF names of :meth:`state_dict`.
+
+        FSDP2: each parameter's ``.grad`` (full tensor). Megatron: each parameter's ``main_grad`` (the
+        fp32 gradient buffer of Megatron's DDP), split into HF tensors by the engine's own mbridge
+        (``_weight_to_hf_format``: fused QKV into q/k/v, ``linear_fc1`` into gate/up).
+        """
+        engine = self.worker.engine
+        out = {}
+        if hasattr(engine, "bridge") and engine.bridge is not None:  # MegatronEngine (vanilla mbridge)
+            from verl.utils.megatron_utils import unwrap_model
+
+            for chunk in engine.module:
+                for name, param in unwrap_model(chunk).named_parameters():
+                    names, tensors = engine.bridge._weight_to_hf_format(name, param.main_grad.detach().float())
+                    out.update({n: t.clone() for n, t in zip(names, tensors, strict=True)})
+            return out
+        for name, param in engine.module.named_parameters():
+            grad = param.grad
+            if hasattr(grad, "full_tensor"):
+                grad = grad.full_tensor()
+            out[name.removeprefix("_fsdp_wrapped_module.")] = grad.detach().float().clone()
+        return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) HF-named weights, as the trainer sends them to the rollout."""

@@ -184,7 +184,7 @@ def schedule(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """The main job: a real verl training run (stock main_ppo, Ray, FSDP2, agent loop) on the CPU."""
-    from verl_offpolicy.cpu.demo import DemoError, run_demo
+    from verl_offpolicy.cpu.demo import CPU_ENGINES, DemoError, run_demo
     from verl_offpolicy.cpu.demo_models import MODELS, model_names
     from verl_offpolicy.cpu.smollm2 import ModelNotInstalled
 
@@ -207,7 +207,7 @@ def demo(args: argparse.Namespace) -> int:
             output_dir=args.output_dir,
             timeout=model.default_timeout_s(steps) if args.timeout is None else args.timeout,
             overrides=args.overrides,
-            config_name="offpolicy_trainer",
+            config_name=CPU_ENGINES[args.engine][0],
             model=args.model,
         )
     except ModelNotInstalled as exc:
@@ -331,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/cpu_demo", help="model, data, log, metrics and the reward-curve PNG")
     p.add_argument("--timeout", type=float, default=None, help="seconds before the run is killed (default: the model's, for its number of steps)")
+    p.add_argument(
+        "--engine", choices=("fsdp", "megatron"), default="fsdp",
+        help="verl's training engine: fsdp (FSDP2, +cpu=demo) or megatron (verl's Megatron engine, +cpu=megatron; "
+        "needs the megatron-cpu extra)",
+    )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     p.set_defaults(func=demo)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from verl_offpolicy.configs import STOCK_CONFIGS, preset_selector
+from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
 from verl_offpolicy.cpu.demo_models import DEFAULT_MODEL, get_model
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 from verl_offpolicy.cpu.process import (
@@ -54,7 +54,18 @@ from verl_offpolicy.cpu.process import (
 from verl_offpolicy.cpu.progress import StartupPhases, plain_summary
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
-CPU_OVERLAY = "+cpu=demo"
+# Training engine -> (our primary config, its CPU overlay, the key of the engine's seed). The primary
+# config decides: verl's/our Megatron config runs with +cpu=megatron (``verl-offpolicy demo --engine``).
+CPU_ENGINES = {
+    "fsdp": (PRIMARY_CONFIGS[0], "+cpu=demo", "actor_rollout_ref.actor.fsdp_config.seed"),
+    "megatron": (PRIMARY_CONFIGS[1], "+cpu=megatron", "actor_rollout_ref.actor.megatron.seed"),
+}
+CPU_OVERLAY = CPU_ENGINES["fsdp"][1]
+
+
+def cpu_engine(config_name: str) -> str:
+    """``megatron`` for verl's and our Megatron primary configs, else ``fsdp``."""
+    return "megatron" if config_name in (STOCK_CONFIGS[1], PRIMARY_CONFIGS[1]) else "fsdp"
 TRAIN_SCORE = "critic/score/mean"
 STEP_TIME = "timing_s/step"
 LOG_NAME = "train.log"
@@ -135,13 +146,14 @@ def demo_command(
 ) -> list[str]:
     """The ``main_ppo`` command line of a demo run (overlay, inputs, preset, the model's settings, then ``overrides``)."""
     output_dir = Path(output_dir).resolve()
+    _, overlay, seed_key = CPU_ENGINES[cpu_engine(config_name)]
     command = [
         python,
         "-m",
         "verl.trainer.main_ppo",
         "--config-name",
         config_name,
-        CPU_OVERLAY,
+        overlay,
         f"actor_rollout_ref.model.path={inputs.model_path}",
         f"actor_rollout_ref.model.tokenizer_path={inputs.tokenizer_path}",
         f"data.train_files={inputs.train_files}",
@@ -149,7 +161,7 @@ def demo_command(
         f"data.seed={seed}",
         f"actor_rollout_ref.rollout.seed={seed}",
         f"actor_rollout_ref.actor.data_loader_seed={seed}",
-        f"actor_rollout_ref.actor.fsdp_config.seed={seed}",
+        f"{seed_key}={seed}",
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={output_dir / 'checkpoints'}",
         f"hydra.run.dir={output_dir / 'hydra'}",

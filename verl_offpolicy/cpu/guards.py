@@ -90,11 +90,16 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     device = _select(cfg, "trainer.device")
     need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")
 
+    megatron = _select(cfg, "actor_rollout_ref.actor.strategy") == MEGATRON_STRATEGY
+    if megatron:
+        problems += check_megatron_cpu_config(cfg)
     for prefix, engine_key in (
         ("actor_rollout_ref.actor", "fsdp_config"),
         ("actor_rollout_ref.ref", "fsdp_config"),
         ("critic", "fsdp"),
     ):
+        if megatron:
+            break  # the FSDP keys do not exist in verl's Megatron configs
         if prefix == "critic" and _select(cfg, "algorithm.adv_estimator") != "gae" and not _select(cfg, "critic.enable"):
             continue
         for key in (f"{prefix}.strategy", f"{prefix}.{engine_key}.strategy"):
@@ -152,6 +157,56 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     return problems
 
 
+MEGATRON_STRATEGY = "megatron"
+# The extra that installs megatron-core and mbridge (pyproject.toml), named in the errors.
+MEGATRON_EXTRA = "megatron-cpu"
+MEGATRON_ATTENTION = "local"
+
+
+def check_megatron_cpu_config(cfg: DictConfig) -> list[str]:
+    """Problems of a Megatron-engine config for the CPU path (``+cpu=megatron`` sets every value named)."""
+    import importlib.util
+
+    problems: list[str] = []
+
+    def need(key: str, ok: bool, got: Any, fix: str) -> None:
+        if not ok:
+            problems.append(f"{key}={got!r}: {fix}")
+
+    missing = [m for m in ("megatron", "mbridge") if importlib.util.find_spec(m) is None]
+    need("actor_rollout_ref.actor.strategy", not missing, MEGATRON_STRATEGY,
+         f"verl's Megatron engine on the CPU needs megatron-core and mbridge ({', '.join(missing)} missing): "
+         f"pip install 'verl-offpolicy[{MEGATRON_EXTRA}]'")
+    mcore = "actor_rollout_ref.actor.megatron"
+    for key, fix in (
+        ("vanilla_mbridge", "Megatron-Bridge (verl's default) needs TransformerEngine; set {k}=true (the pure-Python mbridge)"),
+        ("use_mbridge", "set {k}=true"),
+    ):
+        value = _select(cfg, f"{mcore}.{key}")
+        need(f"{mcore}.{key}", value is True, value, fix.format(k=f"{mcore}.{key}"))
+    remove_padding = _select(cfg, "actor_rollout_ref.model.use_remove_padding", False)
+    need("actor_rollout_ref.model.use_remove_padding", remove_padding is False, remove_padding,
+         "packed sequences need TransformerEngine's attention (megatron-core's local DotProductAttention rejects them); "
+         "set actor_rollout_ref.model.use_remove_padding=false")
+    for key in (f"{mcore}.param_offload", f"{mcore}.optimizer_offload", "actor_rollout_ref.ref.megatron.param_offload"):
+        value = _select(cfg, key, False)
+        need(key, value is False, value,
+             f"verl's Megatron offload pins host memory (verl/utils/megatron_utils.py), which needs an accelerator; set {key}=false")
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                "expert_model_parallel_size"):
+        value = _select(cfg, f"{mcore}.{key}", 1)
+        need(f"{mcore}.{key}", value == 1, value, f"the CPU path trains in one process; set {mcore}.{key}=1")
+    override = f"{mcore}.override_transformer_config"
+    attention = _select(cfg, f"{override}.attention_backend", "flash")
+    need(f"{override}.attention_backend", attention == MEGATRON_ATTENTION, attention,
+         f"flash/fused attention need CUDA; set +{override}.attention_backend={MEGATRON_ATTENTION} "
+         "(megatron-core's DotProductAttention)")
+    cpu_init = _select(cfg, f"{override}.use_cpu_initialization", False)
+    need(f"{override}.use_cpu_initialization", cpu_init is True, cpu_init,
+         f"megatron-core allocates the weights on CUDA otherwise; set +{override}.use_cpu_initialization=true")
+    return problems
+
+
 def validate_cpu_config(cfg: DictConfig) -> None:
     """Raise :class:`CPUConfigError` listing every problem of ``cfg`` for the CPU path."""
     problems = check_cpu_config(cfg)
@@ -199,6 +254,7 @@ __all__ = [
     "CPUStartupGuard",
     "ENV_ENGINE_DEVICE",
     "check_cpu_config",
+    "check_megatron_cpu_config",
     "cpu_path_selected",
     "required_ray_cpus",
     "validate_cpu_config",

@@ -7,6 +7,9 @@ Run by :mod:`verl_offpolicy.glue.registration` (see its ``EAGER_REGISTRATIONS`` 
   needs only torch and verl's platform module, both already imported by ``import verl``) and, in a
   process with ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend (see
   :func:`platform.install_gloo_default`);
+- :func:`register_megatron_shims` right after verl imports its Megatron engine module (every process
+  does, FSDP runs included): in a ``VERL_PLATFORM=cpu`` process only, the engine installs the CUDA
+  shims of :mod:`verl_offpolicy.cpu.megatron` when it is first built; elsewhere nothing is imported;
 - :func:`register_rollout` right after verl itself imports ``verl.workers.rollout``, so that GPU
   users' ``import verl`` does not pay for importing the rollout package. The registry entries only
   name our classes; :mod:`verl_offpolicy.cpu.rollout` is imported when verl looks the backend up.
@@ -14,7 +17,7 @@ Run by :mod:`verl_offpolicy.glue.registration` (see its ``EAGER_REGISTRATIONS`` 
 
 from __future__ import annotations
 
-from verl_offpolicy.cpu.platform import PLATFORM_NAME, install_gloo_default
+from verl_offpolicy.cpu.platform import PLATFORM_NAME, cpu_selected, install_gloo_default
 from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 ADAPTER_FQN = "verl_offpolicy.cpu.rollout.HFServerAdapter"
@@ -55,3 +58,16 @@ def register_platform() -> None:
     """The ``cpu`` platform class (registered by importing :mod:`.platform`) and, in a process with
     ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend."""
     install_gloo_default()
+
+
+def register_megatron_shims() -> bool:
+    """In a CPU process, make verl's Megatron engine install our CUDA shims when built. Returns True if so.
+
+    Outside ``VERL_PLATFORM=cpu`` (every GPU job) this returns at once and imports nothing.
+    """
+    if not cpu_selected():
+        return False
+    from verl_offpolicy.cpu.megatron import install_on_engine_build
+
+    install_on_engine_build()
+    return True

@@ -42,6 +42,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
         "verl_offpolicy.cpu.platform:install_unpinned_offload",
         "verl_offpolicy.glue.m2po:install_mini_batch_pre_pass",
     ),
+    # CPU path only (no-op unless VERL_PLATFORM=cpu): the Megatron engine's CUDA shims, installed when one is built.
+    "verl.workers.engine.megatron.transformer_impl": ("verl_offpolicy.cpu.registration:register_megatron_shims",),
 }
 
 _failure: str | None = None

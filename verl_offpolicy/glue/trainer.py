@@ -309,7 +309,7 @@ class OffPolicyTrainer(PPOTrainer):
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        scheduled = staleness_of_step(global_steps, self.offpolicy.sync_interval, self.offpolicy.sync_offset)
+        scheduled = self.schedule.staleness(global_steps)
         check_measured_staleness(metrics, global_steps, scheduled)
 
     # ------------------------------------------------------------------ ratio anchor
