@@ -64,7 +64,7 @@ def run_main_ppo(
 def _server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
     from verl.workers.rollout.replica import RolloutMode
     from tests.actor_harness import compose_cpu_config
-    from verl_offpolicy.cpu.rollout import HFRolloutServer
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer
 
     cfg = compose_cpu_config(model_path, tokenizer_path, overrides)
     server = HFRolloutServer(
@@ -189,7 +189,8 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
     import torch
 
     from verl.workers.rollout.replica import RolloutMode
-    from verl_offpolicy.cpu.rollout import HFRolloutServer, HFServerAdapter, server_actor_name
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer, server_actor_name
+    from verl_offpolicy.cpu.rollout import HFServerAdapter
 
     harness = ActorHarness.create(
         workdir, lr=5e-2, overrides=[f"actor_rollout_ref.rollout.temperature={temperature}"]

@@ -99,6 +99,10 @@ TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
 ROLLOUTS = (HF_ROLLOUT,)
+# The CPU path's weight transport for a rollout on its own pool (verl_offpolicy.cpu.checkpoint_engine,
+# registered in verl's CheckpointEngineRegistry when verl imports checkpoint_engine.custom_backend_module).
+CPU_CHECKPOINT_BACKEND = "cpu_mailbox"
+CPU_CHECKPOINT_MODULE = "verl_offpolicy.cpu.checkpoint_engine"
 AGENT_LOOPS = ("seeded_single_turn_agent",)
 
 
