@@ -38,6 +38,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
     "verl.workers.engine.fsdp.transformer_impl": ("verl_offpolicy.cpu.platform:install_unpinned_offload",),
+    # CPU path only (no-op unless VERL_PLATFORM=cpu): verl 0.9.1's separate_async logs with flush=True.
+    "verl.trainer.ppo.v1.trainer_separate_async": ("verl_offpolicy.cpu.platform:install_separate_async_log_fix",),
 }
 
 _failure: str | None = None
