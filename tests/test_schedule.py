@@ -2,13 +2,7 @@
 
 import pytest
 
-from verl_offpolicy.core.schedule import (
-    check_schedule,
-    generation_steps,
-    schedule_table,
-    staleness_of_step,
-    version_of_step,
-)
+from verl_offpolicy.core.schedule import Schedule, check_schedule
 
 # The table of docs/scheduler.md ("Vocabulary"), steps 1..12, written out from the spec (not computed).
 SPEC_VERSIONS = {
@@ -29,8 +23,8 @@ SPEC_STALENESS = {
 
 @pytest.mark.parametrize("s,d", sorted(SPEC_VERSIONS))
 def test_versions_and_staleness_match_spec_table(s, d):
-    assert [version_of_step(t, s, d) for t in range(1, 13)] == SPEC_VERSIONS[(s, d)]
-    assert [staleness_of_step(t, s, d) for t in range(1, 13)] == SPEC_STALENESS[(s, d)]
+    assert [Schedule(s, d).version(t) for t in range(1, 13)] == SPEC_VERSIONS[(s, d)]
+    assert [Schedule(s, d).staleness(t) for t in range(1, 13)] == SPEC_STALENESS[(s, d)]
 
 
 @pytest.mark.parametrize("s,d", [(1, 0), (1, 1), (2, 0), (4, 1), (10, 0), (3, 5), (8, 0)])
@@ -38,18 +32,18 @@ def test_each_step_is_generated_exactly_once_at_its_version(s, d):
     steps = 60
     produced = {}
     for version in range(steps):
-        for t in generation_steps(version, s, d):
+        for t in Schedule(s, d).generation_steps(version):
             assert t not in produced, f"step {t} generated twice"
             produced[t] = version
-    assert all(produced[t] == version_of_step(t, s, d) for t in range(1, steps + 1))
+    assert all(produced[t] == Schedule(s, d).version(t) for t in range(1, steps + 1))
     # the batch of step t is generated before step t trains: at version v(t) <= t - 1
     assert all(produced[t] <= t - 1 for t in range(1, steps + 1))
 
 
 @pytest.mark.parametrize("s,d", [(1, 0), (1, 1), (2, 0), (4, 1), (10, 0), (3, 5)])
 def test_fifo_never_exceeds_s_plus_d_and_rollout_calls_every_s_steps(s, d):
-    rows = schedule_table(s, d, 50)
-    assert max(r.queue_len for r in rows) == s + d
+    rows = Schedule(s, d).table(50)
+    assert max(r.queue_len for r in rows) == s + d == Schedule(s, d).capacity
     calls = [r.step for r in rows if r.generates]
     assert calls[0] == 1 and rows[0].generates == s + d
     assert all(b - a == s for a, b in zip(calls, calls[1:]))
@@ -65,6 +59,8 @@ def test_fifo_never_exceeds_s_plus_d_and_rollout_calls_every_s_steps(s, d):
 def test_invalid_schedule_names_the_key(s, d, key):
     with pytest.raises(ValueError, match=f"algorithm.offpolicy.{key} must be an integer"):
         check_schedule(s, d)
+    with pytest.raises(ValueError, match=f"algorithm.offpolicy.{key} must be an integer"):
+        Schedule(s, d)  # validated once, when the value is made
 
 
 @pytest.mark.timeout(60)
@@ -72,9 +68,9 @@ def test_invalid_schedule_names_the_key(s, d, key):
 def test_huge_interval_or_offset_costs_only_the_runs_steps(s, d):
     """s or d far beyond the run's N steps: generation is bounded by N in O(1), never a loop up to s."""
     n = 7
-    assert generation_steps(0, s, d, total_steps=n) == range(1, n + 1)
-    assert len(generation_steps(s, s, d, total_steps=n)) == 0
-    rows = schedule_table(s, d, n)
+    assert Schedule(s, d).generation_steps(0, total_steps=n) == range(1, n + 1)
+    assert len(Schedule(s, d).generation_steps(s, total_steps=n)) == 0
+    rows = Schedule(s, d).table(n)
     assert [r.generates for r in rows] == [n] + [0] * (n - 1)
     assert [r.queue_len for r in rows] == list(range(n, 0, -1))
 
@@ -86,7 +82,7 @@ def test_trainer_generation_is_bounded_by_total_steps():
     from verl_offpolicy.glue.trainer import OffPolicyTrainer
 
     trainer = OffPolicyTrainer.__new__(OffPolicyTrainer)
-    trainer.offpolicy = OffPolicyConfig(sync_interval=10**12, sync_offset=3)
+    trainer.schedule = OffPolicyConfig(sync_interval=10**12, sync_offset=3).schedule
     trainer.total_training_steps = 5
     assert list(trainer._steps_generated_at(0)) == [1, 2, 3, 4, 5]
     assert trainer._generates_after(0) and not trainer._generates_after(10**12)
@@ -95,4 +91,10 @@ def test_trainer_generation_is_bounded_by_total_steps():
 @pytest.mark.parametrize("steps", [0, -3, 2.5, True])
 def test_schedule_table_rejects_a_run_without_steps(steps):
     with pytest.raises(ValueError, match="steps must be an integer >= 1"):
-        schedule_table(2, 0, steps)
+        Schedule(2, 0).table(steps)
+
+
+@pytest.mark.parametrize("step", [0, -1, 1.5, True])
+def test_version_rejects_a_step_that_is_not_one_indexed(step):
+    with pytest.raises(ValueError, match="1-indexed"):
+        Schedule(2, 1).version(step)

@@ -177,11 +177,11 @@ def list_presets(args: argparse.Namespace) -> int:
 
 
 def schedule(args: argparse.Namespace) -> int:
-    from verl_offpolicy.core.schedule import check_steps, format_schedule_table
+    from verl_offpolicy.core.schedule import Schedule, check_steps
 
     try:
         check_steps(args.steps, "--steps (-n)")
-        print(format_schedule_table(args.sync_interval, args.sync_offset, args.steps))
+        print(Schedule(args.sync_interval, args.sync_offset).format_table(args.steps))
     except ValueError as exc:
         print(f"verl-offpolicy schedule: {exc}", file=sys.stderr)
         return 2

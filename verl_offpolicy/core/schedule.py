@@ -26,38 +26,10 @@ def check_schedule(sync_interval, sync_offset) -> None:
             )
 
 
-def version_of_step(step: int, sync_interval: int, sync_offset: int) -> int:
-    """v(t) = s * max(0, floor((t - d - 1) / s)) for the 1-indexed training step t."""
-    check_schedule(sync_interval, sync_offset)
-    if step < 1:
-        raise ValueError(f"training steps are 1-indexed, got {step}")
-    return sync_interval * max(0, (step - sync_offset - 1) // sync_interval)
-
-
-def staleness_of_step(step: int, sync_interval: int, sync_offset: int) -> int:
-    """Staleness of the batch trained at step t: (t - 1) - v(t)."""
-    return (step - 1) - version_of_step(step, sync_interval, sync_offset)
-
-
-def generation_steps(version: int, sync_interval: int, sync_offset: int, total_steps: int | None = None) -> range:
-    """The training steps whose batches are generated at ``version`` (one rollout call).
-
-    Version 0 generates the first s + d batches; version k*s (k >= 1) generates the s batches of
-    steps k*s + d + 1 .. k*s + d + s. Other versions generate nothing. With ``total_steps`` N, steps
-    after N are left out (a run generates nothing it will not train on). O(1) for any s and d: callers
-    iterate the result, so it must stay bounded by N however large s + d is.
-    """
-    check_schedule(sync_interval, sync_offset)
-    if version < 0 or version % sync_interval:
-        return range(0)
-    if version == 0:
-        steps = range(1, sync_interval + sync_offset + 1)
-    else:
-        first = version + sync_offset + 1
-        steps = range(first, first + sync_interval)
-    if total_steps is not None:
-        steps = range(steps.start, max(steps.start, min(steps.stop, total_steps + 1)))
-    return steps
+def check_steps(steps, key: str = "steps") -> None:
+    """Raise ``ValueError`` naming ``key`` unless ``steps`` (a run's number of training steps) is >= 1."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{key} must be an integer >= 1, got {steps!r}")
 
 
 @dataclass(frozen=True)
@@ -69,46 +41,76 @@ class ScheduleRow:
     queue_len: int  # batches in the FIFO right before this step trains (its own batch included)
 
 
-def check_steps(steps, key: str = "steps") -> None:
-    """Raise ``ValueError`` naming ``key`` unless ``steps`` (a run's number of training steps) is >= 1."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"{key} must be an integer >= 1, got {steps!r}")
+@dataclass(frozen=True)
+class Schedule:
+    """The staleness schedule (s, d), validated once; the trainer, its queue and the CLI hold one.
 
+    ``Schedule(sync_interval=s, sync_offset=d)``; every method is O(1) in s and d.
+    """
 
-def schedule_table(sync_interval: int, sync_offset: int, steps: int) -> list[ScheduleRow]:
-    """The whole schedule for steps 1..N, as the scheduler executes it (nothing generated after N)."""
-    check_schedule(sync_interval, sync_offset)
-    check_steps(steps)
-    rows = []
-    queued = 0
-    for step in range(1, steps + 1):
-        generated = len(generation_steps(step - 1, sync_interval, sync_offset, total_steps=steps))
-        queued += generated
-        rows.append(
-            ScheduleRow(
-                step=step,
-                version=version_of_step(step, sync_interval, sync_offset),
-                staleness=staleness_of_step(step, sync_interval, sync_offset),
-                generates=generated,
-                queue_len=queued,
-            )
-        )
-        queued -= 1
-    return rows
+    sync_interval: int = 1
+    sync_offset: int = 0
 
+    def __post_init__(self):
+        check_schedule(self.sync_interval, self.sync_offset)
 
-def format_schedule_table(sync_interval: int, sync_offset: int, steps: int) -> str:
-    """Human-readable table, printed by ``verl-offpolicy schedule``."""
-    rows = schedule_table(sync_interval, sync_offset, steps)
-    lines = [
-        f"sync_interval s={sync_interval}, sync_offset d={sync_offset}: "
-        f"v(t) = s*max(0, floor((t-d-1)/s)), staleness = (t-1) - v(t); FIFO holds at most s+d = "
-        f"{sync_interval + sync_offset} batches",
-        f"{'step':>6} {'version':>8} {'staleness':>10} {'rollout call':>13} {'queue':>6}",
-    ]
-    for r in rows:
-        call = f"+{r.generates} batches" if r.generates else "-"
-        lines.append(f"{r.step:>6} {r.version:>8} {r.staleness:>10} {call:>13} {r.queue_len:>6}")
-    calls = sum(1 for r in rows if r.generates)
-    lines.append(f"{calls} rollout calls (weight syncs) for {steps} steps")
-    return "\n".join(lines)
+    @property
+    def capacity(self) -> int:
+        """The most finished batches ever held: s + d."""
+        return self.sync_interval + self.sync_offset
+
+    def version(self, step: int) -> int:
+        """v(t) = s * max(0, floor((t - d - 1) / s)) for the 1-indexed training step t."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"training steps are 1-indexed integers, got {step!r}")
+        return self.sync_interval * max(0, (step - self.sync_offset - 1) // self.sync_interval)
+
+    def staleness(self, step: int) -> int:
+        """Staleness of the batch trained at step t: (t - 1) - v(t)."""
+        return (step - 1) - self.version(step)
+
+    def generation_steps(self, version: int, total_steps: int | None = None) -> range:
+        """The training steps whose batches are generated at ``version`` (one rollout call).
+
+        Version 0 generates the first s + d batches; version k*s (k >= 1) generates the s batches of
+        steps k*s + d + 1 .. k*s + d + s. Other versions generate nothing. With ``total_steps`` N, steps
+        after N are left out (a run generates nothing it will not train on). O(1) for any s and d:
+        callers iterate the result, so it must stay bounded by N however large s + d is.
+        """
+        s, d = self.sync_interval, self.sync_offset
+        if version < 0 or version % s:
+            return range(0)
+        first = 1 if version == 0 else version + d + 1
+        stop = first + (s + d if version == 0 else s)
+        if total_steps is not None:
+            stop = max(first, min(stop, total_steps + 1))
+        return range(first, stop)
+
+    def table(self, steps: int) -> list[ScheduleRow]:
+        """The whole schedule for steps 1..N, as the scheduler executes it (nothing generated after N)."""
+        check_steps(steps)
+        rows = []
+        queued = 0
+        for step in range(1, steps + 1):
+            generated = len(self.generation_steps(step - 1, total_steps=steps))
+            queued += generated
+            rows.append(ScheduleRow(step, self.version(step), self.staleness(step), generated, queued))
+            queued -= 1
+        return rows
+
+    def format_table(self, steps: int) -> str:
+        """Human-readable table, printed by ``verl-offpolicy schedule``."""
+        s, d = self.sync_interval, self.sync_offset
+        lines = [
+            f"sync_interval s={s}, sync_offset d={d}: "
+            f"v(t) = s*max(0, floor((t-d-1)/s)), staleness = (t-1) - v(t); FIFO holds at most s+d = "
+            f"{self.capacity} batches",
+            f"{'step':>6} {'version':>8} {'staleness':>10} {'rollout call':>13} {'queue':>6}",
+        ]
+        rows = self.table(steps)
+        for r in rows:
+            call = f"+{r.generates} batches" if r.generates else "-"
+            lines.append(f"{r.step:>6} {r.version:>8} {r.staleness:>10} {call:>13} {r.queue_len:>6}")
+        calls = sum(1 for r in rows if r.generates)
+        lines.append(f"{calls} rollout calls (weight syncs) for {steps} steps")
+        return "\n".join(lines)

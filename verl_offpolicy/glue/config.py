@@ -19,7 +19,7 @@ from typing import Any
 from verl.trainer.config import AlgoConfig
 from verl.workers.config import PolicyLossConfig
 
-from verl_offpolicy.core.schedule import check_schedule
+from verl_offpolicy.core.schedule import Schedule, check_schedule
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, require_registration
 
 OPMD_BASELINES = ("mean", "logavgexp")
@@ -99,6 +99,11 @@ class OffPolicyConfig:
                 f"{ALGO_PREFIX}.partition_clamp must be null (exact form) or a number in (0, 1) "
                 f"(OpenKimi: 1e-8), got {clamp!r}"
             )
+
+    @property
+    def schedule(self) -> Schedule:
+        """The (sync_interval, sync_offset) pair as the one :class:`Schedule` value the trainer holds."""
+        return Schedule(self.sync_interval, self.sync_offset)
 
     def tau_for(self, consumer: str) -> float:
         """τ as ``consumer`` (an estimator name) uses it: the set value, else the spec's default."""

@@ -15,7 +15,21 @@ schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
 
 The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
 version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
-With s = 1, d = 0 the sequence of calls is the stock ``sync`` trainer's.
+With s = 1, d = 0 the sequence of calls is the stock ``sync`` trainer's. The trainer and its queue hold
+one :class:`~verl_offpolicy.core.schedule.Schedule` (``self.schedule``).
+
+Rollout life cycle (colocated: the rollout shares the trainer's devices, so it is awake only to generate):
+
+====================  =====================================================================================
+hook (verl PPOTrainer) what happens to the rollout
+====================  =====================================================================================
+``on_init_end``       wake at the current version (0, or the step a checkpoint resumed): weights synced
+``on_validate_begin`` wake at the current version (validation samples with the current weights)
+``prepare_step`` (t)  version t − 1 generates: wake at t − 1 (no-op if ``on_step_end`` already did),
+                      generate every batch of that version in one call, sleep; otherwise: sleep
+``on_step_end`` (t)   version t generates: sync the new weights now (timed as ``update_weights``)
+``_load_checkpoint``  rollout untouched; the FIFO is rebuilt from the TransferQueue tags
+====================  =====================================================================================
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_from_nested
 
-from verl_offpolicy.core.schedule import generation_steps, staleness_of_step, version_of_step
+from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -69,10 +83,9 @@ class StalenessQueue(ReplayBuffer):
     as the stock sync sampler).
     """
 
-    def __init__(self, sync_interval: int, sync_offset: int, **kwargs):
+    def __init__(self, schedule: Schedule, **kwargs):
         super().__init__(poll_interval=GENERATION_POLL_SECONDS, **kwargs)
-        self.sync_interval = sync_interval
-        self.sync_offset = sync_offset
+        self.schedule = schedule
         self.batches: list[QueuedBatch] = []
         self.current: QueuedBatch | None = None  # the batch being trained
         self.last_generation_size = 0
@@ -123,7 +136,7 @@ class StalenessQueue(ReplayBuffer):
         batch = self._materialize_batch(TRAIN, selected, snapshot)
         self.batches.remove(entry)
         self.current = entry
-        staleness = staleness_of_step(global_steps, self.sync_interval, self.sync_offset)
+        staleness = self.schedule.staleness(global_steps)
         assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
         metrics = {
             "offpolicy/staleness/mean": float(staleness),
@@ -143,6 +156,7 @@ class OffPolicyTrainer(PPOTrainer):
     def __init__(self, config):
         validate_offpolicy_config(config)
         self.offpolicy = offpolicy_section(config.algorithm)
+        self.schedule = self.offpolicy.schedule
         self._rollout_version: int | None = None  # weights version the awake rollout holds; None = asleep
         self._generated_this_step = 0
         super().__init__(config)
@@ -152,8 +166,7 @@ class OffPolicyTrainer(PPOTrainer):
     def _build_replay_buffer(self) -> StalenessQueue:
         sampler_config = self.config.trainer.v1.sampler
         return StalenessQueue(
-            sync_interval=self.offpolicy.sync_interval,
-            sync_offset=self.offpolicy.sync_offset,
+            schedule=self.schedule,
             trainer_mode=self.trainer_mode,
             trainer_config=self.config.trainer.v1.get(self.trainer_mode, {}),
             max_off_policy_threshold=None,
@@ -190,9 +203,7 @@ class OffPolicyTrainer(PPOTrainer):
 
     def _steps_generated_at(self, version: int) -> range:
         """The steps of this run generated at ``version`` (bounded by the run's total steps, O(1))."""
-        return generation_steps(
-            version, self.offpolicy.sync_interval, self.offpolicy.sync_offset, total_steps=self.total_training_steps
-        )
+        return self.schedule.generation_steps(version, total_steps=self.total_training_steps)
 
     def _generates_after(self, version: int) -> bool:
         return len(self._steps_generated_at(version)) > 0
@@ -236,9 +247,9 @@ class OffPolicyTrainer(PPOTrainer):
         tags = []
         for step, chunk in zip(steps, chunks, strict=True):
             uids = [str(u) for u in chunk["uid"]]
-            stale = staleness_of_step(step, self.offpolicy.sync_interval, self.offpolicy.sync_offset) > 0
+            stale = self.schedule.staleness(step) > 0
             behaviour = stale and self.offpolicy.ratio_anchor == "behaviour"
-            assert version_of_step(step, self.offpolicy.sync_interval, self.offpolicy.sync_offset) == version
+            assert self.schedule.version(step) == version
             entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour))
             tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]
         all_uids = [uid for entry in entries for uid in entry.uids]
