@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -148,7 +149,8 @@ class HFRolloutServer:
         self._running: list[_Request] = []
         self._sleeping = False
         self._warned_sleeping = False
-        self.stats = {"requests": 0, "batches": 0, "tokens": 0, "weight_updates": 0}
+        # busy_s: seconds spent generating (the trainer's rollout busy fraction in overlapped mode)
+        self.stats = {"requests": 0, "batches": 0, "tokens": 0, "weight_updates": 0, "busy_s": 0.0}
         logger.info(
             "hf rollout server %d ready: model %s (%s), %d threads, max_model_len %d",
             replica_rank,
@@ -299,7 +301,11 @@ class HFRolloutServer:
                     async with self._engine_lock:
                         self._running = group
                         try:
-                            await asyncio.to_thread(self._generate_batch, group)
+                            started = time.perf_counter()
+                            try:
+                                await asyncio.to_thread(self._generate_batch, group)
+                            finally:
+                                self.stats["busy_s"] += time.perf_counter() - started
                         except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
                             logger.exception("hf rollout server %d: generation failed", self.replica_rank)
                             for request in group:

@@ -221,6 +221,29 @@ def _check_verl_async(cfg: DictConfig, offpolicy, trainer_mode: str) -> None:
         )
 
 
+def _check_overlapped(cfg: DictConfig, offpolicy) -> None:
+    """The scheduler's overlapped mode (``hybrid_engine=false``): a rollout pool, a weight transport, an anchor."""
+    rollout = "actor_rollout_ref.rollout"
+    prefix = f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = _select(cfg, f"{rollout}.{key}", 0)
+        if not isinstance(value, int) or value < 1:
+            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
+    backend = _select(cfg, f"{rollout}.checkpoint_engine.backend")
+    if backend == "naive":
+        raise OffPolicyConfigError(
+            f"{prefix} pushes weights to the rollout pool through a checkpoint engine, and naive only serves a "
+            f"colocated rollout: set {rollout}.checkpoint_engine.backend to verl's nccl/nixl/... on GPUs, or "
+            f"cpu_mailbox on the CPU path (+cpu_rollout=standalone)"
+        )
+    if offpolicy.ratio_anchor == "behaviour":
+        raise OffPolicyConfigError(
+            f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: when a batch arrives the trainer "
+            "has already moved past the weights that generated it; set ratio_anchor=rollout (each batch is generated "
+            "entirely at one version here, so the rollout's log-probs are the behaviour policy's) or proximal"
+        )
+
+
 def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> None:
     """Staleness control and non-proximal ratio anchors are provided by the ``offpolicy`` trainer."""
     if bool(_select(cfg, "trainer.use_v1", False)) and trainer_mode in VERL_ASYNC_TRAINERS:
@@ -240,10 +263,7 @@ def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> No
     if not uses_scheduler:
         return
     if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
-        raise OffPolicyConfigError(
-            f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} runs colocated (hybrid engine) only; "
-            "set actor_rollout_ref.hybrid_engine=true"
-        )
+        _check_overlapped(cfg, offpolicy)
     unsupported = {
         "algorithm.filter_groups.enable": "DAPO group filtering refills groups, which would break the per-version batches",
         "skip.rollout_tq.enable": "rollout skipping replays dumped rollouts instead of the scheduled generation",
