@@ -162,3 +162,105 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
     # verl's own staleness metric (from the same tags): (t − 1) − version
     for m in overlapped.metrics:
         assert m["training/off_policy/trajectory_staleness/max"] == (m["step"] - 1) - m["offpolicy/version"]
+
+
+def _command(out: Path, overrides: list[str], ray_dir: str) -> list[str]:
+    from verl_offpolicy.cpu.demo import build_inputs, demo_command
+
+    return demo_command(
+        build_inputs(out, seed=0), output_dir=out, preset="opmd", steps=STEPS, seed=0,
+        overrides=SMALL + _schedule(2, 1) + STANDALONE + [f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
+        ray_temp_dir=ray_dir,
+    )
+
+
+def _interrupted(out: Path, kill_after_step: int) -> Path:
+    """Start the overlapped (2, 1) run with a checkpoint every ``kill_after_step`` steps, kill it (process
+    group and Ray session) once that step's checkpoint and rollout dump exist; return the checkpoint dir."""
+    import shutil
+    import subprocess
+    import tempfile
+    import threading
+    import time
+
+    from verl_offpolicy.cpu.demo import cpu_env, kill_process_tree
+
+    out.mkdir(parents=True, exist_ok=True)
+    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    command = _command(out, [f"trainer.save_freq={kill_after_step}"], ray_dir)
+    proc = subprocess.Popen(
+        command, env=cpu_env(out / "metrics.jsonl"), cwd=str(out), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+    )
+    seen = threading.Event()
+
+    def pump():
+        with open(out / "train.log", "w") as log:
+            for line in proc.stdout:
+                log.write(line)
+                if f"step:{kill_after_step} - " in line:
+                    seen.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    checkpoint = out / "checkpoints"
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            latest = checkpoint / "latest_checkpointed_iteration.txt"
+            dumped = (out / "rollouts" / f"{kill_after_step}.jsonl").exists()
+            if seen.is_set() and dumped and latest.exists() and latest.read_text().strip() == str(kill_after_step):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the run did not reach step {kill_after_step}; see {out / 'train.log'}")
+    finally:
+        kill_process_tree(proc, ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    return checkpoint
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
+    """Interrupt the overlapped (2, 1) run after its step-2 checkpoint (B_3 of version 0 queued, possibly in
+    flight when the save started: the save waits for it), resume: steps 3-5 train the same samples at the
+    same versions as the uninterrupted run, and nothing is regenerated (B_3 comes back from the checkpoint)."""
+    import shutil
+    import tempfile
+
+    from verl_offpolicy.cpu.demo import cpu_env, read_metrics, run_subprocess
+
+    reference = _content(runs("overlapped", 2, 1))
+    checkpoint = _interrupted(tmp_path / "first", 2)
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    command = _command(
+        resumed_dir,
+        [f"trainer.default_local_dir={checkpoint}", "trainer.resume_mode=auto", "trainer.save_freq=-1"],
+        ray_dir,
+    )
+    returncode, _, _ = run_subprocess(
+        command, env=cpu_env(resumed_dir / "metrics.jsonl"), log_path=resumed_dir / "train.log",
+        timeout=TIMEOUT, ray_marker=ray_dir, cwd=str(resumed_dir),
+    )
+    shutil.rmtree(ray_dir, ignore_errors=True)
+    log = (resumed_dir / "train.log").read_text(errors="replace")
+    assert returncode == 0, log[-4000:]
+    assert "offpolicy scheduler: restored 1 queued batches for steps [3]" in log
+    metrics = read_metrics(resumed_dir / "metrics.jsonl")
+    assert sorted(s for s in metrics if s >= 1) == [3, 4, 5]
+    assert [int(metrics[s]["offpolicy/version"]) for s in (3, 4, 5)] == [0, 2, 2]
+    assert [int(metrics[s]["offpolicy/observed_version/max"]) for s in (3, 4, 5)] == [0, 2, 2]
+    first = {s: reference[s] for s in (1, 2)}
+    interrupted = {}
+    for step in (1, 2):
+        rows = [json.loads(x) for x in (tmp_path / "first" / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        interrupted[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    assert interrupted == first
+    resumed = {}
+    for step in (3, 4, 5):
+        rows = [json.loads(x) for x in (resumed_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        resumed[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    assert resumed == {s: reference[s] for s in (3, 4, 5)}
