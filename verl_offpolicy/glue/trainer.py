@@ -85,6 +85,8 @@ BEHAVIOUR_TAG = "offpolicy_behaviour"
 BEHAVIOUR_FIELD = "behaviour_log_probs"
 GENERATION_POLL_SECONDS = 0.05
 PROGRESS_LOG_SECONDS = 60.0
+# A batch not generated within this many seconds fails the run (a dead or stuck rollout never hangs it).
+GENERATION_TIMEOUT_S = float(os.environ.get("VERL_OFFPOLICY_GENERATION_TIMEOUT", "3600"))
 
 
 @dataclass
@@ -420,6 +422,12 @@ class OffPolicyTrainer(PPOTrainer):
                 if status["failure"]:
                     logger.warning("offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version)
                 return
+            if time.time() - started > GENERATION_TIMEOUT_S:
+                raise RuntimeError(
+                    f"offpolicy scheduler: {len(uids) - status['finished'] - status['failure']} of {len(uids)} prompt "
+                    f"groups of version {version} not generated after {GENERATION_TIMEOUT_S:.0f}s ({dict(status)}); "
+                    "see the rollout and agent-loop worker logs, or raise VERL_OFFPOLICY_GENERATION_TIMEOUT"
+                )
             if time.time() - last_report > PROGRESS_LOG_SECONDS:
                 last_report = time.time()
                 logger.info(
