@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpu_harness import SMALL_DEMO, run_until_checkpoint
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -80,17 +81,7 @@ def test_overlapped_mode_validation():
 STEPS = 5
 TIMEOUT = 600
 STANDALONE = ["+cpu_rollout=standalone"]
-# 4 prompts x 4 samples per step, no validation (the scheduler tests' small setting)
-SMALL = [
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-    "data.train_batch_size=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-]
+SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step, no validation
 # v(t) for t = 1..5 written out by hand from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋))
 SPEC_VERSIONS = {(1, 0): [0, 1, 2, 3, 4], (1, 1): [0, 0, 1, 2, 3], (2, 1): [0, 0, 0, 2, 2]}
 # Weight pushes of an overlapped run of 5 steps: one per version that has batches to generate, the
@@ -175,48 +166,14 @@ def _command(out: Path, overrides: list[str], ray_dir: str) -> list[str]:
 
 
 def _interrupted(out: Path, kill_after_step: int) -> Path:
-    """Start the overlapped (2, 1) run with a checkpoint every ``kill_after_step`` steps, kill it (process
-    group and Ray session) once that step's checkpoint and rollout dump exist; return the checkpoint dir."""
-    import shutil
-    import subprocess
+    """The overlapped (2, 1) run with a checkpoint every ``kill_after_step`` steps, killed after that step's
+    checkpoint (process group and Ray session); returns the checkpoint dir."""
     import tempfile
-    import threading
-    import time
-
-    from verl_offpolicy.cpu.demo import cpu_env, kill_process_tree
 
     out.mkdir(parents=True, exist_ok=True)
     ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
     command = _command(out, [f"trainer.save_freq={kill_after_step}"], ray_dir)
-    proc = subprocess.Popen(
-        command, env=cpu_env(out / "metrics.jsonl"), cwd=str(out), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-    )
-    seen = threading.Event()
-
-    def pump():
-        with open(out / "train.log", "w") as log:
-            for line in proc.stdout:
-                log.write(line)
-                if f"step:{kill_after_step} - " in line:
-                    seen.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    checkpoint = out / "checkpoints"
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            latest = checkpoint / "latest_checkpointed_iteration.txt"
-            dumped = (out / "rollouts" / f"{kill_after_step}.jsonl").exists()
-            if seen.is_set() and dumped and latest.exists() and latest.read_text().strip() == str(kill_after_step):
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"the run did not reach step {kill_after_step}; see {out / 'train.log'}")
-    finally:
-        kill_process_tree(proc, ray_dir)
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    return checkpoint
+    return run_until_checkpoint(command, out, out / "rollouts", kill_after_step, TIMEOUT, ray_dir)
 
 
 @pytest.mark.e2e

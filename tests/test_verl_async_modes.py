@@ -9,10 +9,9 @@ under both modes on the CPU path (``verl-offpolicy demo``), the rollout on its o
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from tests.cpu_harness import SMALL_DEMO
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.configs import preset_names
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -86,16 +85,7 @@ def test_behaviour_presets_run_with_the_rollout_or_proximal_anchor(mode):
 
 STEPS = 3
 TIMEOUT = 600
-SMALL = [
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-    "data.train_batch_size=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-]
+SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step, no validation
 DEMO_MODE = {
     "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
     "separate_async": ["trainer.v1.trainer_mode=separate_async", "+cpu_rollout=standalone"],
