@@ -23,6 +23,58 @@ from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Demo overrides of the end-to-end tests: no validation, 4 prompts x 4 samples per step (the demo's default is 8 x 16).
+NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+SMALL_DEMO = NO_VALIDATION + [
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+]
+
+
+def run_until_checkpoint(
+    command: Sequence[str], out: Path, rollouts: Path, kill_after_step: int, timeout: float, ray_dir: str
+) -> Path:
+    """Start a demo ``command`` (its Ray session in ``ray_dir``; log ``out/train.log``, metrics
+    ``out/metrics.jsonl``), kill it (process group and Ray session, ``ray_dir`` removed) once step
+    ``kill_after_step`` is logged and its checkpoint and rollout dump exist, as an interruption would;
+    return the checkpoint dir (``out/checkpoints``)."""
+    import shutil
+    import threading
+
+    from verl_offpolicy.cpu.demo import cpu_env
+    from verl_offpolicy.cpu.process import kill_process_tree, spawn
+
+    proc = spawn(command, cpu_env(out / "metrics.jsonl"), str(out))
+    seen = threading.Event()
+
+    def pump():
+        with open(out / "train.log", "w") as log:
+            for line in proc.stdout:
+                log.write(line)
+                if f"step:{kill_after_step} - " in line:
+                    seen.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    checkpoint = out / "checkpoints"
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            dumped = (rollouts / f"{kill_after_step}.jsonl").exists()
+            latest = checkpoint / "latest_checkpointed_iteration.txt"
+            if seen.is_set() and dumped and latest.exists() and latest.read_text().strip() == str(kill_after_step):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the run did not reach step {kill_after_step}; see {out / 'train.log'}")
+    finally:
+        kill_process_tree(proc, ray_dir)  # the interruption (also the cleanup on failure)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    return checkpoint
+
 
 def isolated(target: str, timeout: float = 300.0, cpu: bool = True, **kwargs: Any) -> Any:
     """:func:`run_isolated` for functions of this module (``tests.cpu_harness:<fn>``), from the repo root."""
@@ -64,7 +116,7 @@ def run_main_ppo(
 def _server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
     from verl.workers.rollout.replica import RolloutMode
     from tests.actor_harness import compose_cpu_config
-    from verl_offpolicy.cpu.rollout import HFRolloutServer
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer
 
     cfg = compose_cpu_config(model_path, tokenizer_path, overrides)
     server = HFRolloutServer(
@@ -189,7 +241,8 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
     import torch
 
     from verl.workers.rollout.replica import RolloutMode
-    from verl_offpolicy.cpu.rollout import HFRolloutServer, HFServerAdapter, server_actor_name
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer, server_actor_name
+    from verl_offpolicy.cpu.rollout import HFServerAdapter
 
     harness = ActorHarness.create(
         workdir, lr=5e-2, overrides=[f"actor_rollout_ref.rollout.temperature={temperature}"]

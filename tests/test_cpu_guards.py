@@ -43,7 +43,9 @@ def test_overlay_is_accepted(tiny):
         ("~ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE", "env_vars.VERL_ENGINE_DEVICE=None", "VERL_ENGINE_DEVICE=cuda"),
         ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path='/nonexistent/model'", "local directory"),
         ("trainer.device=cuda", "trainer.device='cuda'", "trainer.device=cpu"),
-        ("actor_rollout_ref.hybrid_engine=false", "hybrid_engine=False", "hybrid_engine=true"),
+        # a rollout on its own pool: verl's naive transport only serves a colocated rollout, and the pool needs a size
+        ("actor_rollout_ref.hybrid_engine=false", "checkpoint_engine.backend='naive'", "backend=cpu_mailbox"),
+        ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=0", "rollout.nnodes=1"),
     ],
 )
 def test_bad_setting_is_named_with_its_fix(tiny, override, key, fix):
@@ -58,6 +60,18 @@ def test_required_cpus_counts_transfer_queue_and_placement_groups(tiny):
     assert required_ray_cpus(cfg) == 1 + 1 + 3  # controller + 1 storage unit + one training bundle
     with pytest.raises(CPUConfigError, match="cannot run on verl's CPU path"):
         validate_cpu_config(compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["ray_kwargs.ray_init.num_cpus=3"]))
+
+
+def test_standalone_rollout_overlay_is_complete_and_counted(tiny):
+    """``+cpu_rollout=standalone`` sets everything a rollout on its own pool needs; its bundle reserves 2 CPUs
+    and it takes one more fake Ray GPU (literal counts from verl's replica.py: max_colocate_count=2)."""
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["+cpu_rollout=standalone"])
+    assert check_cpu_config(cfg) == []
+    assert required_ray_cpus(cfg) == 1 + 1 + 3 + 2  # controller + 1 storage unit + training bundle + rollout bundle
+    problems = check_cpu_config(
+        compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["+cpu_rollout=standalone", "ray_kwargs.ray_init.num_gpus=1"])
+    )
+    assert any("num_gpus=1" in p and "num_gpus=2" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -59,21 +59,33 @@ def test_cpu_platform_registered_and_expected_names_resolve():
 
 @pytest.mark.slow  # a fresh process imports verl
 def test_gpu_processes_are_untouched():
-    """Without VERL_PLATFORM=cpu: no CPU platform, verl's own process-group default, no rollout import."""
+    """Without VERL_PLATFORM=cpu: no CPU platform, verl's own process-group default, no rollout import,
+    verl's checkpoint engines only (our CPU transport is imported only through custom_backend_module) and
+    verl's separate_async logger untouched."""
     report = _python(
         """
 import json, sys, verl
 from verl.plugin.platform import get_platform
 import verl.utils.distributed as d
+import verl.trainer.ppo.v1.trainer_separate_async as separate_async
+from verl.checkpoint_engine import CheckpointEngineRegistry
 print(json.dumps({
     "platform": get_platform().device_name,
     "gloo_wrapper": getattr(d.initialize_global_process_group_ray, "_verl_offpolicy_gloo", False),
-    "hf_rollout_imported": "verl_offpolicy.cpu.rollout" in sys.modules,
+    "hf_rollout_imported": any(m in sys.modules for m in ("verl_offpolicy.cpu.rollout", "verl_offpolicy.cpu.hf_server")),
+    "cpu_transport": "verl_offpolicy.cpu.checkpoint_engine" in sys.modules or "cpu_mailbox" in CheckpointEngineRegistry._registry,
+    "separate_async_logger": type(separate_async.logger).__name__,
 }))
 """,
         cpu=False,
     )
-    assert report == {"platform": "cuda", "gloo_wrapper": False, "hf_rollout_imported": False}
+    assert report == {
+        "platform": "cuda",
+        "gloo_wrapper": False,
+        "hf_rollout_imported": False,
+        "cpu_transport": False,
+        "separate_async_logger": "Logger",
+    }
 
 
 @pytest.mark.slow  # a fresh process imports verl
@@ -138,3 +150,26 @@ def test_the_rollout_name_is_written_once_in_the_package():
     ]
     assert written == ["glue/registration.py"]
     assert ROLLOUTS == (HF_ROLLOUT,)
+
+
+def test_cpu_process_can_start_verls_separate_async():
+    """verl 0.9.1's separate_async logs with ``flush=True`` (a TypeError in ``logging``) when
+    hybrid_engine=false; in a CPU process the module's logger accepts and drops the keyword."""
+    report = _python(
+        """
+import json, logging, verl
+import verl.trainer.ppo.v1.trainer_separate_async as separate_async
+plain_logger = logging.getLogger("plain")
+plain_logger.setLevel(logging.INFO)  # as verl's module loggers are (VERL_LOGGING_LEVEL defaults to INFO)
+separate_async.logger.setLevel(logging.INFO)
+try:
+    plain_logger.info("x", flush=True)
+    plain = "accepted"
+except TypeError:
+    plain = "TypeError"
+separate_async.logger.info("[V1SepAsync] hybrid replicas disabled", flush=True)
+print(json.dumps({"plain_logger": plain, "separate_async_logger": type(separate_async.logger).__name__}))
+""",
+        cpu=True,
+    )
+    assert report == {"plain_logger": "TypeError", "separate_async_logger": "_FlushTolerantLogger"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.cpu_harness import isolated
-from verl_offpolicy.cpu.rollout import SamplingKey, sample_next
+from verl_offpolicy.cpu.sampling import SamplingKey, sample_next
 
 TIMEOUT = 300
 
@@ -83,7 +83,7 @@ def test_rollout_logprobs_match_trainer_after_weight_sync(tmp_path):
 def test_parallelism_other_than_one_is_refused(bad):
     from types import SimpleNamespace
 
-    from verl_offpolicy.cpu.rollout import HFRolloutError, check_rollout_parallelism
+    from verl_offpolicy.cpu.hf_server import HFRolloutError, check_rollout_parallelism
 
     cfg = SimpleNamespace(tensor_model_parallel_size=1, data_parallel_size=1, pipeline_model_parallel_size=1)
     setattr(cfg, bad, 2)
@@ -107,7 +107,7 @@ def test_sampling_of_a_request_does_not_depend_on_its_batch():
 def test_request_seeds_are_reproducible_and_distinct_per_occurrence():
     from types import SimpleNamespace
 
-    from verl_offpolicy.cpu.rollout import HFRolloutServer
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer
 
     def server(global_steps):
         return SimpleNamespace(_occurrences={}, config=SimpleNamespace(seed=7), replica_rank=0, global_steps=global_steps)

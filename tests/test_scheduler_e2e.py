@@ -11,30 +11,19 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.cpu_harness import NO_VALIDATION, SMALL_DEMO, run_until_checkpoint
 from verl_offpolicy.cpu.demo import build_inputs, cpu_env, demo_command, read_metrics, run_demo, run_subprocess
-from verl_offpolicy.cpu.process import kill_process_tree, spawn
 
 STEPS = 6
 # verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
 VERL_OFF_POLICY = "training/off_policy"
 STALENESS = f"{VERL_OFF_POLICY}/trajectory_staleness/mean"
 TIMEOUT = 420
-NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
-# 4 prompts x 4 samples per step (the demo's default is 8 x 16)
-SMALL = NO_VALIDATION + [
-    "data.train_batch_size=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-]
+SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step (the demo's default is 8 x 16)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -181,7 +170,7 @@ def _interrupted_run(out: Path, kill_after_step: int, overrides: list[str]) -> t
     is logged and its checkpoint and rollout dump exist; return (checkpoint dir, rollout dir)."""
     inputs = build_inputs(out, seed=0)
     ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
-    rollouts, metrics = out / "rollouts", out / "metrics.jsonl"
+    rollouts = out / "rollouts"
     command = demo_command(
         inputs,
         output_dir=out,
@@ -192,31 +181,7 @@ def _interrupted_run(out: Path, kill_after_step: int, overrides: list[str]) -> t
         config_name="offpolicy_trainer",
         ray_temp_dir=ray_dir,
     )
-    proc = spawn(command, cpu_env(metrics), str(out))
-    seen = threading.Event()
-
-    def pump():
-        with open(out / "train.log", "w") as log:
-            for line in proc.stdout:
-                log.write(line)
-                if f"step:{kill_after_step} - " in line:
-                    seen.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    checkpoint = out / "checkpoints"
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            dumped = (rollouts / f"{kill_after_step}.jsonl").exists()
-            latest = checkpoint / "latest_checkpointed_iteration.txt"
-            if seen.is_set() and dumped and latest.exists() and latest.read_text().strip() == str(kill_after_step):
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"the run did not reach step {kill_after_step}; see {out / 'train.log'}")
-    finally:
-        kill_process_tree(proc, ray_dir)  # the interruption (also the cleanup on failure)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    checkpoint = run_until_checkpoint(command, out, rollouts, kill_after_step, TIMEOUT, ray_dir)
     return checkpoint, rollouts
 
 

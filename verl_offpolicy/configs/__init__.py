@@ -5,6 +5,7 @@
   on verl's stock configs). Every file of this folder is a preset, and only presets may be selected.
 - ``offpolicy_shared/``: the parts the presets include (never selected directly).
 - ``cpu/demo.yaml``: the CPU overlay (``+cpu=demo``).
+- ``cpu_rollout/standalone.yaml``: with it, the CPU rollout on a pool of its own (``+cpu_rollout=standalone``).
 
 Only the standard library is imported here: the startup callback reads the preset list even when the
 rest of the package cannot import.

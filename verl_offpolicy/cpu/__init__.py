@@ -1,7 +1,8 @@
 """Opt-in CPU path of verl-offpolicy: verl's real pipeline on a CPU-only machine, without patching verl.
 
 - :mod:`.platform`: verl platform ``cpu`` (selected with ``VERL_PLATFORM=cpu``).
-- :mod:`.rollout`: rollout backend ``hf`` (transformers generation; replica, server, adapter).
+- :mod:`.hf_server`, :mod:`.rollout`, :mod:`.sampling`: rollout backend ``hf`` (transformers generation: server; replica + adapter; sampling and seeding).
+- :mod:`.checkpoint_engine`: weight transport ``cpu_mailbox`` for a rollout on its own pool (imported by verl via ``custom_backend_module``).
 - :mod:`.registration`: registers both into verl's registries at ``import verl`` (cheap).
 - :mod:`.guards`: startup checks of a CPU config (Hydra callback of the ``+cpu=demo`` overlay).
 - :mod:`.tiny`, :mod:`.task`: a tiny local Llama + tokenizer and a synthetic task with its reward.

@@ -23,12 +23,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, LOOPBACK_ENV, PLATFORM_NAME
-from verl_offpolicy.glue.registration import HF_ROLLOUT
+from verl_offpolicy.glue.registration import CPU_CHECKPOINT_BACKEND, CPU_CHECKPOINT_MODULE, HF_ROLLOUT
 
 logger = logging.getLogger("verl_offpolicy")
 
 # Each training process's placement-group bundle reserves this many CPUs (verl's ResourcePoolManager).
 CPUS_PER_TRAINING_BUNDLE = 3
+# Each standalone rollout rank's bundle reserves this many (RolloutReplica.init_standalone: max_colocate_count=2).
+CPUS_PER_ROLLOUT_BUNDLE = 2
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars"
 
@@ -63,7 +65,35 @@ def required_ray_cpus(cfg: DictConfig) -> int:
     """
     units = int(_select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8) or 0)
     gpus = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
-    return 1 + units + CPUS_PER_TRAINING_BUNDLE * gpus
+    return 1 + units + CPUS_PER_TRAINING_BUNDLE * gpus + CPUS_PER_ROLLOUT_BUNDLE * standalone_rollout_gpus(cfg)
+
+
+def standalone_rollout_gpus(cfg: DictConfig) -> int:
+    """Fake Ray GPUs of the rollout's own pool (``hybrid_engine=false``): rollout.nnodes x n_gpus_per_node."""
+    if _select(cfg, "actor_rollout_ref.hybrid_engine", True):
+        return 0
+    rollout = "actor_rollout_ref.rollout"
+    return int(_select(cfg, f"{rollout}.nnodes", 0) or 0) * int(_select(cfg, f"{rollout}.n_gpus_per_node", 0) or 0)
+
+
+def check_standalone_rollout(cfg: DictConfig, need) -> None:
+    """A rollout on its own pool (``hybrid_engine=false``): a size for the pool and the CPU weight transport."""
+    rollout = "actor_rollout_ref.rollout"
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = _select(cfg, f"{rollout}.{key}", 0)
+        need(f"{rollout}.{key}", value == 1, value,
+             f"with actor_rollout_ref.hybrid_engine=false the {HF_ROLLOUT} rollout runs on a pool of its own, one "
+             f"process on this machine; set {rollout}.{key}=1")
+    ce = f"{rollout}.checkpoint_engine"
+    backend = _select(cfg, f"{ce}.backend")
+    need(f"{ce}.backend", backend == CPU_CHECKPOINT_BACKEND, backend,
+         f"weights reach a rollout on its own pool through a checkpoint engine; verl's (nccl, nixl, ...) need CUDA: "
+         f"set {ce}.backend={CPU_CHECKPOINT_BACKEND} and {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}")
+    module = _select(cfg, f"{ce}.custom_backend_module")
+    if backend == CPU_CHECKPOINT_BACKEND:
+        need(f"{ce}.custom_backend_module", module == CPU_CHECKPOINT_MODULE, module,
+             f"verl registers backend {CPU_CHECKPOINT_BACKEND} by importing it in every worker; "
+             f"set {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}")
 
 
 def check_cpu_config(cfg: DictConfig) -> list[str]:
@@ -83,9 +113,8 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
         need(f"{rollout}.{key}", value == 1, value, f"the {HF_ROLLOUT} rollout runs one process; set {rollout}.{key}=1")
     mode = _select(cfg, f"{rollout}.mode", "async")
     need(f"{rollout}.mode", mode == "async", mode, f"set {rollout}.mode=async")
-    hybrid = _select(cfg, "actor_rollout_ref.hybrid_engine", True)
-    need("actor_rollout_ref.hybrid_engine", bool(hybrid), hybrid,
-         f"the {HF_ROLLOUT} rollout is colocated with the actor; set actor_rollout_ref.hybrid_engine=true")
+    if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
+        check_standalone_rollout(cfg, need)
 
     device = _select(cfg, "trainer.device")
     need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")
@@ -136,16 +165,18 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
 
     ray_init = "ray_kwargs.ray_init"
     gpus_needed = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
+    rollout_gpus = standalone_rollout_gpus(cfg)
     num_gpus = _select(cfg, f"{ray_init}.num_gpus")
-    need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed, num_gpus,
-         f"verl places each training process on a Ray 'GPU'; on the CPU these are fake: set "
-         f"+{ray_init}.num_gpus={gpus_needed} (= trainer.n_gpus_per_node x trainer.nnodes)")
+    need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
+         f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
+         f"CPU these are fake: set +{ray_init}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
+         f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
     num_cpus = _select(cfg, f"{ray_init}.num_cpus")
     have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
     required = required_ray_cpus(cfg)
     units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
     need(f"{ray_init}.num_cpus", have >= required, num_cpus,
-         f"TransferQueue (1 controller + {units} storage units) and the training placement group need {required} "
+         f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
          f"logical Ray CPUs, Ray would have {have} and wait forever; set {ray_init}.num_cpus=16 and "
          "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
 

@@ -364,3 +364,30 @@ def require_cpu_platform(where: str) -> None:
             "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu and "
             "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE=cuda"
         )
+
+
+class _FlushTolerantLogger(logging.LoggerAdapter):
+    """A module logger that drops the ``print``-style ``flush=`` keyword ``logging`` does not accept."""
+
+    def process(self, msg, kwargs):
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
+def install_separate_async_log_fix() -> bool:
+    """On the CPU, let verl 0.9.1's ``separate_async`` trainer start with ``hybrid_engine=false``.
+
+    verl 0.9.1, ``verl/trainer/ppo/v1/trainer_separate_async.py:181`` (``_setup``, branch
+    ``hybrid_engine=false``) calls ``logger.info(..., flush=True)``; ``logging.Logger`` rejects the
+    keyword (``TypeError: Logger._log() got an unexpected keyword argument 'flush'``) and the trainer dies
+    at start-up. Only when ``VERL_PLATFORM=cpu``, this wraps that module's ``logger`` in an adapter that
+    drops the keyword (same logger, same level and handlers). Run right after verl imports the module
+    (``verl_offpolicy.glue.registration.DEFERRED_REGISTRATIONS``). Returns True if installed.
+    """
+    if not cpu_selected():
+        return False
+    import verl.trainer.ppo.v1.trainer_separate_async as separate_async
+
+    if not isinstance(separate_async.logger, _FlushTolerantLogger):
+        separate_async.logger = _FlushTolerantLogger(separate_async.logger, {})
+    return True

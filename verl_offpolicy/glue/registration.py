@@ -44,6 +44,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     ),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the Megatron engine's CUDA shims, installed when one is built.
     "verl.workers.engine.megatron.transformer_impl": ("verl_offpolicy.cpu.registration:register_megatron_shims",),
+    # CPU path only (no-op unless VERL_PLATFORM=cpu): verl 0.9.1's separate_async logs with flush=True.
+    "verl.trainer.ppo.v1.trainer_separate_async": ("verl_offpolicy.cpu.platform:install_separate_async_log_fix",),
 }
 
 _failure: str | None = None
@@ -105,6 +107,10 @@ TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
 ROLLOUTS = (HF_ROLLOUT,)
+# The CPU path's weight transport for a rollout on its own pool (verl_offpolicy.cpu.checkpoint_engine,
+# registered in verl's CheckpointEngineRegistry when verl imports checkpoint_engine.custom_backend_module).
+CPU_CHECKPOINT_BACKEND = "cpu_mailbox"
+CPU_CHECKPOINT_MODULE = "verl_offpolicy.cpu.checkpoint_engine"
 AGENT_LOOPS = ("seeded_single_turn_agent",)
 
 

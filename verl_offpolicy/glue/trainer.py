@@ -30,6 +30,27 @@ hook (verl PPOTrainer) what happens to the rollout
 ``on_step_end`` (t)   version t generates: sync the new weights now (timed as ``update_weights``)
 ``_load_checkpoint``  rollout untouched; the FIFO is rebuilt from the TransferQueue tags
 ====================  =====================================================================================
+
+Overlapped mode (``actor_rollout_ref.hybrid_engine=false``): the same schedule, batches and versions, but
+the rollout runs on a resource pool of its own (:class:`~verl_offpolicy.glue.overlap.StandaloneRollout`)
+and generates while the trainer trains; weights reach it through verl's checkpoint-engine API
+(``actor_rollout_ref.rollout.checkpoint_engine.backend``), once per version:
+
+====================  =====================================================================================
+hook (verl PPOTrainer) what happens to the rollout
+====================  =====================================================================================
+``on_init_end``       push the current version (0, or the step a checkpoint resumed)
+``on_train_begin``    submit the batches of that version not already queued, one agent-loop call per batch,
+                      in schedule order (the FIFO never holds more than s + d batches, finished or not)
+``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports
+``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
+                      request is aborted or resumed under new weights), push version t, submit its batches
+``_save_checkpoint``  wait until nothing is in flight, then save (the FIFO is checkpointed finished)
+====================  =====================================================================================
+
+``ratio_anchor=behaviour`` is rejected in this mode at startup (the trainer has moved past the generating
+weights when a batch arrives); ``rollout`` is the behaviour policy's own log-probs here, since every
+batch is generated entirely at one version (checked: ``offpolicy/observed_version``).
 """
 
 from __future__ import annotations
@@ -52,6 +73,7 @@ from verl.workers.utils.padding import response_from_nested
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.metrics import ANCHOR_LOG_RATIO, check_measured_staleness, queue_metrics, rollout_call_metrics
+from verl_offpolicy.glue.overlap import StandaloneRollout, check_observed_version
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
 logger = logging.getLogger(__name__)
@@ -64,6 +86,8 @@ BEHAVIOUR_TAG = "offpolicy_behaviour"
 BEHAVIOUR_FIELD = "behaviour_log_probs"
 GENERATION_POLL_SECONDS = 0.05
 PROGRESS_LOG_SECONDS = 60.0
+# A batch not generated within this many seconds fails the run (a dead or stuck rollout never hangs it).
+GENERATION_TIMEOUT_S = float(os.environ.get("VERL_OFFPOLICY_GENERATION_TIMEOUT", "3600"))
 
 
 @dataclass
@@ -152,7 +176,78 @@ class OffPolicyTrainer(PPOTrainer):
         self.schedule = self.offpolicy.schedule
         self._rollout_version: int | None = None  # weights version the awake rollout holds; None = asleep
         self._generated_this_step = 0
+        self.overlapped = not bool(config.actor_rollout_ref.get("hybrid_engine", True))
+        # verl's PPOTrainer._setup builds no colocated replicas (and a pure Actor worker) when this is False.
+        self._enable_hybrid_replicas = not self.overlapped
+        self.standalone: StandaloneRollout | None = None
+        self._last_submission: tuple[int, int] | None = None  # (version, batches) of the last submission
         super().__init__(config)
+
+    # ------------------------------------------------------------------ overlapped mode: the standalone rollout
+
+    def _setup(self):
+        super()._setup()
+        if self.overlapped:
+            self.standalone = StandaloneRollout(self.config, self.actor_rollout_wg)
+
+    def get_llm_client(self):
+        return self.standalone.client() if self.overlapped else super().get_llm_client()
+
+    def _rollout_server_managers(self) -> list:
+        managers = super()._rollout_server_managers()
+        if self.standalone is not None:
+            managers.append(self.standalone.server_manager)
+        return managers
+
+    def _submit(self, version: int) -> None:
+        """Overlapped mode: submit every batch of ``version`` not yet queued, in schedule order."""
+        queued = {b.step for b in self.replay_buffer.batches}
+        steps = [t for t in self._steps_generated_at(version) if t not in queued]
+        if not steps:
+            return
+        if len(self.replay_buffer.batches) + len(steps) > self.schedule.capacity:
+            raise RuntimeError(
+                f"offpolicy scheduler: submitting {len(steps)} batches of version {version} would hold "
+                f"{len(self.replay_buffer.batches) + len(steps)} > s + d = {self.schedule.capacity} batches"
+            )
+        for step in steps:
+            assert self.schedule.version(step) == version
+            chunk = self._next_train_batch()
+            uids = [str(u) for u in chunk["uid"]]
+            tq.kv_batch_put(
+                keys=uids, partition_id=TRAIN, tags=[{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids)
+            )
+            self._submit_batch_to_rollout(chunk)
+            self.replay_buffer.push(QueuedBatch(step=step, version=version, uids=uids, behaviour=False))
+        self.replay_buffer.last_generation_size = len(steps)
+        self._last_submission = (version, len(steps))
+
+    def _wait_in_flight(self) -> float:
+        """Overlapped mode: block until every submitted batch finished; returns the seconds waited."""
+        start = time.perf_counter()
+        uids = {uid for entry in self.replay_buffer.batches for uid in entry.uids}
+        if uids:
+            self._wait_for_generation(uids, self.standalone.version)
+        return time.perf_counter() - start
+
+    def on_train_begin(self):
+        if self.overlapped:
+            self._submit(self.global_steps - 1)  # fit() has advanced global_steps to the first step to train
+
+    def _save_checkpoint(self):
+        if self.overlapped:
+            # Nothing in flight at a checkpoint: the saved FIFO holds finished batches only, so a resumed run
+            # never regenerates a batch under other weights (verl would re-issue in-flight prompts).
+            self._wait_in_flight()
+        super()._save_checkpoint()
+
+    def _observed_version_metrics(self, entry: QueuedBatch) -> dict:
+        """The version the rollout reports for the head batch's trajectories, checked against the schedule."""
+        items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+        uids = set(entry.uids)
+        tags = [t for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids]
+        low, high = check_observed_version(entry.step, entry.version, tags)
+        return {"offpolicy/observed_version/min": float(low), "offpolicy/observed_version/max": float(high)}
 
     # ------------------------------------------------------------------ sampler and checkpoint
 
@@ -202,35 +297,79 @@ class OffPolicyTrainer(PPOTrainer):
         return len(self._steps_generated_at(version)) > 0
 
     def on_init_end(self):
+        if self.overlapped:
+            self.standalone.push(self.global_steps)
+            return
         self._rollout_at(self.global_steps)
 
     def on_validate_begin(self):
-        self._rollout_at(self.global_steps)
+        if not self.overlapped:  # the standalone rollout always holds the current version
+            self._rollout_at(self.global_steps)
 
     def on_sample_end(self):
         if self.curr_step_profile:
             self._stop_rollout_profiling()
 
     def on_step_end(self):
-        if self._generates_after(self.global_steps):
+        if not self._generates_after(self.global_steps):
+            return
+        if self.overlapped:
             with marked_timer("update_weights", self.timing_raw, color="red"):
-                self._rollout_at(self.global_steps)
+                sync_wait = self._wait_in_flight()  # nothing of the previous version in flight: nothing aborted
+                metrics = self.standalone.push(self.global_steps)
+            self._submit(self.global_steps)
+            self._pending_sync_metrics = {**metrics, "offpolicy/sync_wait_s": sync_wait}
+            return
+        with marked_timer("update_weights", self.timing_raw, color="red"):
+            self._rollout_at(self.global_steps)
 
     # ------------------------------------------------------------------ generation
 
     def prepare_step(self) -> dict:
+        metrics = self._prepare_overlapped() if self.overlapped else self._prepare_colocated()
+        metrics.update(self._observed_version_metrics(self.replay_buffer.head(self.global_steps)))
+        return metrics
+
+    def _prepare_overlapped(self) -> dict:
+        """Wait for B_t only (generated since version v(t) was pushed)."""
+        step = self.global_steps
+        entry = self.replay_buffer.head(step)
+        if entry is None:
+            raise RuntimeError(
+                f"offpolicy scheduler: no batch was submitted for step {step} "
+                f"(queued steps: {[b.step for b in self.replay_buffer.batches]})"
+            )
+        start = time.perf_counter()
+        with marked_timer("gen", self.timing_raw, color="red"):
+            self._wait_for_generation(set(entry.uids), entry.version)
+        version, batches = self._last_submission if self._last_submission else (None, 0)
+        submitted = version == step - 1
+        metrics = {
+            "offpolicy/wait_s": time.perf_counter() - start,
+            "offpolicy/rollout_calls": float(submitted),
+            "offpolicy/generated_batches": float(batches if submitted else 0),
+            "offpolicy/weight_pushes": float(self.standalone.pushes),
+        }
+        busy = self.standalone.busy_fraction()
+        if busy is not None:
+            metrics["offpolicy/rollout_busy_fraction"] = busy
+        return metrics
+
+    def _prepare_colocated(self) -> dict:
         step = self.global_steps
         version = step - 1
         queued = {b.step for b in self.replay_buffer.batches}
         steps = [t for t in self._steps_generated_at(version) if t not in queued]
         self._generated_this_step = len(steps)
+        start = time.perf_counter()
         if steps:
             self._generate(version, steps)
         else:
             self._rollout_sleep()
         if self.replay_buffer.head(step) is None:
             raise RuntimeError(f"offpolicy scheduler: no batch is scheduled for step {step}")
-        return rollout_call_metrics(len(steps))
+        # colocated: the trainer waits for every generation
+        return {**rollout_call_metrics(len(steps)), "offpolicy/wait_s": time.perf_counter() - start}
 
     def _generate(self, version: int, steps: list[int]) -> None:
         """One rollout call at ``version`` for the batches of ``steps``; then behaviour log-probs."""
@@ -273,6 +412,12 @@ class OffPolicyTrainer(PPOTrainer):
                 if status["failure"]:
                     logger.warning("offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version)
                 return
+            if time.time() - started > GENERATION_TIMEOUT_S:
+                raise RuntimeError(
+                    f"offpolicy scheduler: {len(uids) - status['finished'] - status['failure']} of {len(uids)} prompt "
+                    f"groups of version {version} not generated after {GENERATION_TIMEOUT_S:.0f}s ({dict(status)}); "
+                    "see the rollout and agent-loop worker logs, or raise VERL_OFFPOLICY_GENERATION_TIMEOUT"
+                )
             if time.time() - last_report > PROGRESS_LOG_SECONDS:
                 last_report = time.time()
                 logger.info(

@@ -31,6 +31,8 @@ from verl_offpolicy.glue.resolvers import MINI_BATCH_RESOLVER
 SCHEDULER_TRAINER = "offpolicy"
 # Engines whose forward_backward_batch carries m2po's whole-mini-batch pre-pass (glue/m2po.py).
 M2PO_STRATEGIES = ("fsdp", "fsdp2")
+# verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): see _check_verl_async.
+VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
 SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
@@ -230,8 +232,71 @@ def _check_agro_onpolicy_data(cfg: DictConfig, offpolicy) -> None:
         )
 
 
+def _check_verl_async(cfg: DictConfig, offpolicy, trainer_mode: str) -> None:
+    """What a preset can keep under verl's ``colocate_async``/``separate_async`` trainers.
+
+    Their staleness is bounded by a threshold, not scheduled, and a sync aborts in-flight requests and
+    resumes them under the new weights, so one response can span two versions: no single set of
+    generating weights exists to compute a ``behaviour`` anchor at. The token-level behaviour log-probs
+    are the rollout's own (``ratio_anchor=rollout``, which verl provides as ``rollout_correction.bypass_mode``).
+    """
+    prefix = f"trainer.v1.trainer_mode={trainer_mode} (verl's asynchronous trainer)"
+    if offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0:
+        raise OffPolicyConfigError(
+            f"{prefix} bounds staleness by trainer.v1.sampler.max_off_policy_threshold and cannot follow "
+            f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}: set "
+            f"sync_interval=1 sync_offset=0, or trainer.v1.trainer_mode={SCHEDULER_TRAINER} for a scheduled staleness"
+        )
+    if offpolicy.ratio_anchor == "behaviour":
+        raise OffPolicyConfigError(
+            f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: partial rollouts are resumed under "
+            "new weights, so a response has no single generating version to recompute log-probs at; set "
+            "ratio_anchor=rollout with algorithm.rollout_correction.bypass_mode=true (the rollout's own log-probs, "
+            "token by token) or ratio_anchor=proximal"
+        )
+    bypass = bool(_select(cfg, "algorithm.rollout_correction.bypass_mode", False))
+    if (offpolicy.ratio_anchor == "rollout") != bypass:
+        raise OffPolicyConfigError(
+            f"{prefix} puts the rollout log-probs into old_log_prob exactly when "
+            f"algorithm.rollout_correction.bypass_mode=true: set ratio_anchor=rollout together with bypass_mode=true, "
+            f"or proximal with bypass_mode=false (got ratio_anchor={offpolicy.ratio_anchor}, bypass_mode={bypass})"
+        )
+    if offpolicy.on_policy:
+        raise OffPolicyConfigError(
+            f"{prefix} trains on responses of earlier weights (and partial rollouts), but "
+            "algorithm.offpolicy.on_policy=true (on-policy AGRO) needs fresh samples at every update; use preset agro "
+            "(off-policy form) or trainer.v1.trainer_mode=offpolicy"
+        )
+
+
+def _check_overlapped(cfg: DictConfig, offpolicy) -> None:
+    """The scheduler's overlapped mode (``hybrid_engine=false``): a rollout pool, a weight transport, an anchor."""
+    rollout = "actor_rollout_ref.rollout"
+    prefix = f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = _select(cfg, f"{rollout}.{key}", 0)
+        if not isinstance(value, int) or value < 1:
+            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
+    backend = _select(cfg, f"{rollout}.checkpoint_engine.backend")
+    if backend == "naive":
+        raise OffPolicyConfigError(
+            f"{prefix} pushes weights to the rollout pool through a checkpoint engine, and naive only serves a "
+            f"colocated rollout: set {rollout}.checkpoint_engine.backend to verl's nccl/nixl/... on GPUs, or "
+            f"cpu_mailbox on the CPU path (+cpu_rollout=standalone)"
+        )
+    if offpolicy.ratio_anchor == "behaviour":
+        raise OffPolicyConfigError(
+            f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: when a batch arrives the trainer "
+            "has already moved past the weights that generated it; set ratio_anchor=rollout (each batch is generated "
+            "entirely at one version here, so the rollout's log-probs are the behaviour policy's) or proximal"
+        )
+
+
 def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> None:
     """Staleness control and non-proximal ratio anchors are provided by the ``offpolicy`` trainer."""
+    if bool(_select(cfg, "trainer.use_v1", False)) and trainer_mode in VERL_ASYNC_TRAINERS:
+        _check_verl_async(cfg, offpolicy, trainer_mode)
+        return
     needs_scheduler = (
         offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0 or offpolicy.ratio_anchor != "proximal"
     )
@@ -246,10 +311,7 @@ def _check_scheduler(cfg: DictConfig, offpolicy, trainer_mode: str | None) -> No
     if not uses_scheduler:
         return
     if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
-        raise OffPolicyConfigError(
-            f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} runs colocated (hybrid engine) only; "
-            "set actor_rollout_ref.hybrid_engine=true"
-        )
+        _check_overlapped(cfg, offpolicy)
     unsupported = {
         "algorithm.filter_groups.enable": "DAPO group filtering refills groups, which would break the per-version batches",
         "skip.rollout_tq.enable": "rollout skipping replays dumped rollouts instead of the scheduled generation",

@@ -1,0 +1,225 @@
+"""The scheduler's overlapped mode (``trainer.v1.trainer_mode=offpolicy`` + ``hybrid_engine=false``).
+
+Fast tier: the observed-version check on verl's trajectory tags (including the negative control: a
+batch the rollout reports at another version fails the run), and the startup validation of the mode.
+End to end (e2e, slow): overlapped vs colocated runs of the CPU demo at the same seed train the same
+samples with the same versions at every step (each run's trained samples from verl's rollout dumps).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cpu_harness import SMALL_DEMO, run_until_checkpoint
+from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
+from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
+
+# ------------------------------------------------------------------------------ observed version
+
+
+def _tags(*versions):
+    """Trajectory tags as verl's AgentLoopWorkerTQ writes them (min/max_global_steps from the server)."""
+    return [{"status": "success", "global_steps": 9, "min_global_steps": lo, "max_global_steps": hi} for lo, hi in versions]
+
+
+def test_observed_versions_are_read_from_the_rollouts_tags():
+    assert observed_versions(_tags((4, 4), (4, 5), (3, 4))) == (3, 5)
+    assert observed_versions([{"status": "success"}]) == (None, None)
+
+
+def test_a_batch_at_the_scheduled_version_passes():
+    assert check_observed_version(step=6, scheduled=4, tags=_tags((4, 4), (4, 4))) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    "versions",
+    [((5, 5), (5, 5)), ((4, 4), (4, 5)), ((3, 4),)],
+    ids=["whole batch at another version", "one trajectory spans two versions", "older weights"],
+)
+def test_negative_control_a_wrong_observed_version_fails_loudly(versions):
+    with pytest.raises(ObservedVersionError, match="step 6 is scheduled to train on a batch generated at version 4"):
+        check_observed_version(step=6, scheduled=4, tags=_tags(*versions))
+
+
+def test_a_rollout_that_reports_no_version_fails():
+    with pytest.raises(ObservedVersionError, match="reported no weights version"):
+        check_observed_version(step=1, scheduled=0, tags=[{"status": "success"}])
+
+
+# ------------------------------------------------------------------------------ startup validation
+
+OVERLAPPED = [
+    "actor_rollout_ref.hybrid_engine=false",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
+
+
+def _validate(preset, extra):
+    validate_offpolicy_config(compose_main_ppo("ppo_trainer", [f"+algorithm={preset}", *VALID_SIZES, *extra]))
+
+
+@pytest.mark.slow
+def test_overlapped_mode_validation():
+    _validate("opmd", OVERLAPPED + ["algorithm.offpolicy.sync_offset=1"])
+    with pytest.raises(OffPolicyConfigError, match="cannot provide algorithm.offpolicy.ratio_anchor=behaviour"):
+        _validate("rec_oneside_nois", OVERLAPPED)
+    _validate("rec_oneside_nois", OVERLAPPED + ["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"])
+    with pytest.raises(OffPolicyConfigError, match="naive only serves a colocated rollout"):
+        _validate("opmd", OVERLAPPED[:-1])
+    with pytest.raises(OffPolicyConfigError, match=r"set actor_rollout_ref.rollout.nnodes >= 1 \(got 0\)"):
+        _validate("opmd", [OVERLAPPED[0], OVERLAPPED[-1]])
+
+
+# ------------------------------------------------------------------------------ end to end
+
+STEPS = 5
+TIMEOUT = 600
+STANDALONE = ["+cpu_rollout=standalone"]
+SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step, no validation
+# v(t) for t = 1..5 written out by hand from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋))
+SPEC_VERSIONS = {(1, 0): [0, 1, 2, 3, 4], (1, 1): [0, 0, 1, 2, 3], (2, 1): [0, 0, 0, 2, 2]}
+# Weight pushes of an overlapped run of 5 steps: one per version that has batches to generate, the
+# initial push of version 0 included ((1, 0): versions 0..4 generate steps 1..5; (1, 1): versions 0..3
+# generate steps 1-2, 3, 4, 5; (2, 1): versions 0, 2 generate steps 1-3, 4-5).
+SPEC_PUSHES = {(1, 0): 5, (1, 1): 4, (2, 1): 2}
+
+
+def _schedule(s, d):
+    return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from verl_offpolicy.cpu.demo import run_demo
+
+    cache = {}
+
+    def get(mode, s, d):
+        key = (mode, s, d)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{mode}_s{s}d{d}")
+            cache[key] = run_demo(
+                preset="opmd",
+                steps=STEPS,
+                seed=0,
+                output_dir=out,
+                timeout=TIMEOUT,
+                overrides=SMALL + _schedule(s, d) + (STANDALONE if mode == "overlapped" else [])
+                + [f"trainer.rollout_data_dir={out / 'rollouts'}"],
+                stream=False,
+                plot=False,
+            )
+        return cache[key]
+
+    return get
+
+
+def _content(result) -> dict[int, list[tuple]]:
+    """Per step, the trained samples as sorted (prompt, response, score) from verl's rollout dumps
+    (uids are uuid4, new in every run: the content is what must match)."""
+    out = {}
+    for step in range(1, STEPS + 1):
+        rows = [json.loads(line) for line in (Path(result.output_dir) / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        out[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("s, d", [(1, 0), (1, 1), (2, 1)])
+def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
+    """Same seed, same (s, d): the same samples, versions and rewards at every step; the rollout reports
+    the scheduled version for every trajectory; one weight push per generating version; the FIFO stays
+    within s + d. Rewards are compared exactly: both modes sample each token from a generator seeded by
+    (dataset row, sample, version) and the rollout runs fp32 with the same thread count. (1, 0) cannot
+    overlap (B_t needs the weights of step t − 1) and must behave as colocated (1, 0). (4, 1) is left to
+    benchmarks/bench_overlap.py (two more runs of minutes each on 2 cores)."""
+    colocated, overlapped = runs("colocated", s, d), runs("overlapped", s, d)
+    for result in (colocated, overlapped):
+        assert [int(m["offpolicy/version"]) for m in result.metrics] == SPEC_VERSIONS[(s, d)]
+        assert [int(m["offpolicy/observed_version/max"]) for m in result.metrics] == SPEC_VERSIONS[(s, d)]
+        assert [int(m["offpolicy/observed_version/min"]) for m in result.metrics] == SPEC_VERSIONS[(s, d)]
+        assert max(m["offpolicy/queue_len"] for m in result.metrics) <= s + d
+    assert _content(overlapped) == _content(colocated)
+    assert [m["critic/score/mean"] for m in overlapped.metrics] == [m["critic/score/mean"] for m in colocated.metrics]
+    assert overlapped.metrics[-1]["offpolicy/weight_pushes"] == SPEC_PUSHES[(s, d)]
+    assert all(m["offpolicy/wait_s"] >= 0 for m in overlapped.metrics)
+    assert all(0 <= m["offpolicy/rollout_busy_fraction"] <= 1.05 for m in overlapped.metrics)
+    # verl's own staleness metric (from the same tags): (t − 1) − version
+    for m in overlapped.metrics:
+        assert m["training/off_policy/trajectory_staleness/max"] == (m["step"] - 1) - m["offpolicy/version"]
+
+
+def _command(out: Path, overrides: list[str], ray_dir: str) -> list[str]:
+    from verl_offpolicy.cpu.demo import build_inputs, demo_command
+
+    return demo_command(
+        build_inputs(out, seed=0), output_dir=out, preset="opmd", steps=STEPS, seed=0,
+        overrides=SMALL + _schedule(2, 1) + STANDALONE + [f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
+        ray_temp_dir=ray_dir,
+    )
+
+
+def _interrupted(out: Path, kill_after_step: int) -> Path:
+    """The overlapped (2, 1) run with a checkpoint every ``kill_after_step`` steps, killed after that step's
+    checkpoint (process group and Ray session); returns the checkpoint dir."""
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    command = _command(out, [f"trainer.save_freq={kill_after_step}"], ray_dir)
+    return run_until_checkpoint(command, out, out / "rollouts", kill_after_step, TIMEOUT, ray_dir)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
+    """Interrupt the overlapped (2, 1) run after its step-2 checkpoint (B_3 of version 0 queued, possibly in
+    flight when the save started: the save waits for it), resume: steps 3-5 train the same samples at the
+    same versions as the uninterrupted run, and nothing is regenerated (B_3 comes back from the checkpoint)."""
+    import shutil
+    import tempfile
+
+    from verl_offpolicy.cpu.demo import cpu_env, read_metrics, run_subprocess
+
+    reference = _content(runs("overlapped", 2, 1))
+    checkpoint = _interrupted(tmp_path / "first", 2)
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    command = _command(
+        resumed_dir,
+        [f"trainer.default_local_dir={checkpoint}", "trainer.resume_mode=auto", "trainer.save_freq=-1"],
+        ray_dir,
+    )
+    returncode, _, _ = run_subprocess(
+        command, env=cpu_env(resumed_dir / "metrics.jsonl"), log_path=resumed_dir / "train.log",
+        timeout=TIMEOUT, ray_marker=ray_dir, cwd=str(resumed_dir),
+    )
+    shutil.rmtree(ray_dir, ignore_errors=True)
+    log = (resumed_dir / "train.log").read_text(errors="replace")
+    assert returncode == 0, log[-4000:]
+    assert "offpolicy scheduler: restored 1 queued batches for steps [3]" in log
+    metrics = read_metrics(resumed_dir / "metrics.jsonl")
+    assert sorted(s for s in metrics if s >= 1) == [3, 4, 5]
+    assert [int(metrics[s]["offpolicy/version"]) for s in (3, 4, 5)] == [0, 2, 2]
+    assert [int(metrics[s]["offpolicy/observed_version/max"]) for s in (3, 4, 5)] == [0, 2, 2]
+    first = {s: reference[s] for s in (1, 2)}
+    interrupted = {}
+    for step in (1, 2):
+        rows = [json.loads(x) for x in (tmp_path / "first" / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        interrupted[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    assert interrupted == first
+    resumed = {}
+    for step in (3, 4, 5):
+        rows = [json.loads(x) for x in (resumed_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        resumed[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    assert resumed == {s: reference[s] for s in (3, 4, 5)}

@@ -1,0 +1,102 @@
+"""Sampling of the ``hf`` rollout: the next-token rule and the per-request seed (torch only).
+
+- :func:`sample_next`: one token per row under ``log_softmax(logits / T)`` (top-k/top-p truncate
+  the sampling distribution, not the reported log-prob, as in vLLM's default ``processed_logprobs``;
+  ``T == 0`` is greedy with log-probs under T = 1), one uniform per row from that row's generator.
+- :func:`request_seed`: the seed of one request's generator, from the run's seed, the replica, the
+  weights version and the request's own seed or prompt, so a sample does not depend on the other
+  requests batched with it nor on their arrival order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingKey:
+    """Sampling parameters shared by one generation batch."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    ignore_eos: bool
+
+
+def sample_next(
+    logits: torch.Tensor,
+    key: SamplingKey,
+    generators: torch.Generator | Sequence[torch.Generator],
+    seen_tokens: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token of each row of ``logits`` [B, V]; return (tokens [B], log-probs [B]).
+
+    The log-prob is that of the chosen token under ``log_softmax(logits / T)`` (``T = 1`` when greedy),
+    computed in float32, after the repetition penalty if one is set. Sampling inverts the CDF at one
+    uniform per row drawn from that row's generator (``generators``: one per row, or one shared), so
+    a request's tokens do not depend on the other requests batched with it.
+    """
+    logits = logits.float()
+    if key.repetition_penalty != 1.0 and seen_tokens is not None:
+        # Hugging Face/vLLM convention: divide positive, multiply negative logits of seen tokens.
+        picked = logits.gather(1, seen_tokens)
+        picked = torch.where(picked > 0, picked / key.repetition_penalty, picked * key.repetition_penalty)
+        logits = logits.scatter(1, seen_tokens, picked)
+    if key.temperature <= 0:
+        tokens = logits.argmax(dim=-1)
+        log_probs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        return tokens, log_probs
+    scaled = logits / key.temperature
+    log_probs_all = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled
+    vocab = scaled.shape[-1]
+    if 0 < key.top_k < vocab:
+        kth = torch.topk(filtered, key.top_k, dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if key.top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(filtered, dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the first token always stays).
+        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= key.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(1, sorted_idx, drop_sorted)
+        filtered = filtered.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(filtered, dim=-1)
+    rows = probs.shape[0]
+    per_row = [generators] * rows if isinstance(generators, torch.Generator) else list(generators)
+    uniform = 1.0 - torch.cat([torch.rand(1, generator=g) for g in per_row])  # in (0, 1]
+    cdf = probs.cumsum(dim=-1)
+    # First token whose CDF reaches u·total: never a zero-probability token, always < V.
+    tokens = (cdf < (uniform * cdf[:, -1]).unsqueeze(1)).sum(dim=-1).clamp(max=probs.shape[-1] - 1)
+    return tokens, log_probs_all.gather(1, tokens[:, None]).squeeze(1)
+
+
+def request_seed(
+    key: SamplingKey,
+    config_seed: int,
+    replica_rank: int,
+    version: Optional[int],
+    seed: Optional[int] = None,
+    prompt_ids: Sequence[int] = (),
+    occurrence: int = 0,
+) -> int:
+    """Seed of one request's sampler: blake2b of (seed, replica, version) or (config seed, replica,
+    version, occurrence, prompt); 0 when greedy.
+
+    With a per-request ``seed`` (sampling_params["seed"], e.g. from ``seeded_single_turn_agent``)
+    it is (seed, replica, version). Without one, the ``occurrence``-th request with a given prompt since
+    the last weight update gets (config seed, replica, version, occurrence, prompt): reproducible whatever
+    the arrival order, as long as a batch holds each prompt once (samples of one prompt are exchangeable).
+    """
+    if key.temperature <= 0:
+        return 0  # greedy: no randomness, and validation does not shift the training samples' seeds
+    if seed is not None:
+        text = f"{int(seed)}|{replica_rank}|{version}"
+    else:
+        prompt = ",".join(map(str, prompt_ids))
+        text = f"{int(config_seed)}|{replica_rank}|{version}|{occurrence}|{prompt}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
