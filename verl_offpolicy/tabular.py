@@ -336,7 +336,7 @@ def agro_onpolicy_run(
     arms = groups.flatten()
     uids = np.repeat(np.arange(len(groups)), k)
     ref_log_prob = torch.log(pi_ref)[arms].unsqueeze(-1)
-    config = actor("pairwise_opmd" if method == "pairwise_opmd" else "rec")
+    config = actor("rec")
     theta = torch.log(pi_ref)
     if history is not None:
         history.append(torch.softmax(theta, 0))
