@@ -1,11 +1,8 @@
 """Hydra composition exactly as stock ``verl.trainer.main_ppo`` does it (its config module plus the
 search-path plugins discovered by Hydra), shared by the config tests."""
 
-import copy
-
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import open_dict
 
 # What verl's own validate_config needs beyond the stock defaults (sizes only; nothing algorithmic).
 VALID_SIZES = [
@@ -27,22 +24,10 @@ def compose_main_ppo(config_name: str, overrides: list[str], return_hydra_config
         return compose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
 
 
+
 def compose_and_check(config_name: str, overrides: list[str]):
-    """The config main_ppo would run, after every startup check ``verl-offpolicy check`` runs, in-process:
-    the config's Hydra callbacks (our validation, CPU guards), our validation, verl's ``validate_config``
-    and verl's actor config conversion. Raises what a check raises."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    """The config main_ppo would run, after every startup check ``verl-offpolicy check`` runs, in-process
+    (``verl_offpolicy.cli.run_startup_checks``). Raises what a check raises."""
+    from verl_offpolicy.cli import run_startup_checks
 
-    from verl_offpolicy.cli import run_startup_callbacks
-    from verl_offpolicy.glue.validation import validate_offpolicy_config
-
-    full = compose_main_ppo(config_name, overrides, return_hydra_config=True)
-    run_startup_callbacks(full)
-    cfg = copy.deepcopy(full)
-    with open_dict(cfg):
-        del cfg["hydra"]  # what main_ppo's task receives
-    validate_offpolicy_config(cfg)
-    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    return cfg
+    return run_startup_checks(compose_main_ppo(config_name, overrides, return_hydra_config=True))[0]
