@@ -200,7 +200,7 @@ def demo(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy demo: --steps must be >= 1, got {steps}", file=sys.stderr)
         return 2
     try:
-        result = run_demo(
+        run_demo(
             preset=args.preset,
             steps=steps,
             seed=args.seed,
@@ -234,6 +234,29 @@ def run_startup_callbacks(cfg) -> None:
             raise ValueError(f"{exc.code}".removeprefix("verl-offpolicy: ").removeprefix("invalid configuration: ")) from exc
 
 
+def run_startup_checks(full):
+    """Every startup check of a composed main_ppo config (``full``: composed with its ``hydra`` node) that
+    needs no GPU, in this process: its Hydra callbacks (our validation, the CPU guards), our validation,
+    verl's ``validate_config`` and verl's actor config. Returns what main_ppo's task would receive (the
+    config without ``hydra``) and the actor dataclass; raises what a check raises."""
+    import copy
+
+    from omegaconf import open_dict
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from verl_offpolicy.glue.startup import import_validation
+
+    validate_offpolicy_config = import_validation()
+    run_startup_callbacks(full)
+    cfg = copy.deepcopy(full)
+    with open_dict(cfg):
+        del cfg["hydra"]  # what main_ppo's task receives
+    validate_offpolicy_config(cfg)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    return cfg, omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
 def _worker_problem(cfg, timeout: float) -> str | None:
     """If ``cfg`` selects names of ours: what a Ray worker of this run will lack, checked in a fresh
     process after ``import verl`` alone, with the workers' environment (this one plus the config's
@@ -261,29 +284,21 @@ def _worker_problem(cfg, timeout: float) -> str | None:
 def check(args: argparse.Namespace) -> int:
     """Compose a main_ppo command line through its Hydra search path and run every startup check:
     the config's Hydra callbacks (ours, the CPU guard), our validation and verl's ``validate_config``."""
-    import copy
-
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     from verl_offpolicy.glue.compose import compose_main_ppo
     from verl_offpolicy.glue.startup import BrokenInstallError, import_validation
 
     try:
-        validate_offpolicy_config = import_validation()
-        from verl.trainer.ppo.utils import need_critic, need_reference_policy
-        from verl.utils.config import omega_conf_to_dataclass, validate_config
+        import_validation()
+        import verl.trainer.ppo.utils  # noqa: F401 - a broken verl is reported as such, not as a bad config
+        import verl.utils.config  # noqa: F401
     except BrokenInstallError as exc:
         print(f"verl-offpolicy check: {exc}", file=sys.stderr)
         return 1
     try:
         full = compose_main_ppo(args.config_name, args.overrides, return_hydra_config=True)
-        run_startup_callbacks(full)
-        cfg = copy.deepcopy(full)
-        with open_dict(cfg):
-            del cfg["hydra"]  # what main_ppo's task receives
-        validate_offpolicy_config(cfg)
-        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        cfg, actor = run_startup_checks(full)
     except Exception as exc:  # noqa: BLE001 - the message is the answer
         print(f"verl-offpolicy check: invalid configuration: {exc}", file=sys.stderr)
         return 1
