@@ -74,6 +74,38 @@ def compose_cpu_config(model_path: str, tokenizer_path: str, overrides: Sequence
     )
 
 
+def padded_batch(
+    pad: int, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: Sequence[float] | torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """verl's trainer layout: left-padded prompts, right-padded responses, their masks and positions;
+    ``advantages`` is one value per sequence (broadcast over its tokens) or a [B, R] tensor."""
+    batch = len(prompts)
+    p_len = max(len(p) for p in prompts)
+    r_len = max(len(r) for r in responses)
+    prompt_ids = torch.full((batch, p_len), pad, dtype=torch.long)
+    response_ids = torch.full((batch, r_len), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((batch, p_len), dtype=torch.long)
+    response_mask = torch.zeros((batch, r_len), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
+        prompt_mask[i, p_len - len(p) :] = 1
+        response_ids[i, : len(r)] = torch.tensor(r)
+        response_mask[i, : len(r)] = 1
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    advantages = torch.as_tensor(advantages, dtype=torch.float32)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand(batch, r_len).clone()
+    return {
+        "prompts": prompt_ids,
+        "responses": response_ids,
+        "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+        "advantages": advantages * response_mask,
+    }
+
+
 def _scalar(value: Any) -> Any:
     """A metric as a float: one-element lists (one per mini-batch here) are unwrapped, longer ones averaged."""
     if isinstance(value, list | tuple):
@@ -190,36 +222,10 @@ class ActorHarness:
         """
         from tensordict import TensorDict
 
-        pad = self.tokenizer.pad_token_id
-        batch = len(prompts)
-        p_len = max(len(p) for p in prompts)
-        r_len = max(len(r) for r in responses)
-        prompt_ids = torch.full((batch, p_len), pad, dtype=torch.long)
-        response_ids = torch.full((batch, r_len), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((batch, p_len), dtype=torch.long)
-        response_mask = torch.zeros((batch, r_len), dtype=torch.long)
-        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-            prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
-            prompt_mask[i, p_len - len(p) :] = 1
-            response_ids[i, : len(r)] = torch.tensor(r)
-            response_mask[i, : len(r)] = 1
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-        advantages = torch.as_tensor(advantages, dtype=torch.float32)
-        if advantages.dim() == 1:
-            advantages = advantages[:, None].expand(batch, r_len).clone()
-        advantages = advantages * response_mask
-        data = {
-            "prompts": prompt_ids,
-            "responses": response_ids,
-            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            "response_mask": response_mask,
-            "advantages": advantages,
-        }
+        data = padded_batch(self.tokenizer.pad_token_id, prompts, responses, advantages)
         if old_log_probs is not None:
-            data["old_log_probs"] = old_log_probs.float() * response_mask
-        return TensorDict(data, batch_size=[batch])
+            data["old_log_probs"] = old_log_probs.float() * data["response_mask"]
+        return TensorDict(data, batch_size=[len(prompts)])
 
     def _no_padding(self, batch, micro_batch_size: Optional[int] = None):
         from verl.utils import tensordict_utils as tu

@@ -551,10 +551,12 @@ def reference_loss_and_grads(model_path: str, tokenizer_path: str, case: dict[st
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    from tests.actor_harness import padded_batch
+
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     model = LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
     spec = equivalence_batch(tokenizer)
-    batch = _padded_batch(tokenizer, spec)
+    batch = padded_batch(tokenizer.pad_token_id, spec["prompts"], spec["responses"], spec["advantages"])
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
     r_len = batch["responses"].shape[1]
     log_probs = torch.log_softmax(logits[:, -r_len - 1 : -1].float(), dim=-1)
@@ -598,33 +600,6 @@ def _old_log_probs(log_prob, mask):
     shifts = torch.tensor(EQUIVALENCE_SHIFTS, dtype=log_prob.dtype)
     flat = torch.arange(mask.numel()).reshape(mask.shape) % len(EQUIVALENCE_SHIFTS)
     return (log_prob - shifts[flat]) * mask
-
-
-def _padded_batch(tokenizer, spec: dict[str, Any]):
-    """verl's trainer layout (left-padded prompts, right-padded responses), as ActorHarness.make_batch."""
-    import torch
-
-    pad = tokenizer.pad_token_id
-    prompts, responses = spec["prompts"], spec["responses"]
-    b, p_len, r_len = len(prompts), max(map(len, prompts)), max(map(len, responses))
-    prompt_ids = torch.full((b, p_len), pad, dtype=torch.long)
-    response_ids = torch.full((b, r_len), pad, dtype=torch.long)
-    prompt_mask = torch.zeros((b, p_len), dtype=torch.long)
-    response_mask = torch.zeros((b, r_len), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
-        prompt_mask[i, p_len - len(p) :] = 1
-        response_ids[i, : len(r)] = torch.tensor(r)
-        response_mask[i, : len(r)] = 1
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    return {
-        "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "responses": response_ids,
-        "response_mask": response_mask,
-        "advantages": torch.tensor(spec["advantages"])[:, None] * response_mask,
-    }
 
 
 def compose_preset_actor(model_path: str, tokenizer_path: str, case: dict[str, Any], engine: str):
@@ -713,3 +688,10 @@ def megatron_shim_isolation() -> dict[str, Any]:
         "tensor_cuda_remapped": getattr(torch.Tensor.cuda, "_verl_offpolicy_cpu", False),
     }
     return facts
+
+
+def assert_named_with_fix(problems: list[str], key: str, fix: str) -> None:
+    """One of the startup guard's ``problems`` names ``key`` and says ``fix``."""
+    matching = [p for p in problems if key in p]
+    assert matching, problems
+    assert fix in matching[0], matching[0]

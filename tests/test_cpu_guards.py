@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.cpu_harness import run_main_ppo
+from tests.cpu_harness import assert_named_with_fix, run_main_ppo
 from verl_offpolicy.cpu.guards import check_cpu_config, required_ray_cpus, validate_cpu_config, CPUConfigError
 from tests.actor_harness import compose_cpu_config
 from verl_offpolicy.cpu.tiny import build_tiny
@@ -49,10 +49,7 @@ def test_overlay_is_accepted(tiny):
     ],
 )
 def test_bad_setting_is_named_with_its_fix(tiny, override, key, fix):
-    problems = _problems(tiny, override)
-    matching = [p for p in problems if key in p]
-    assert matching, problems
-    assert fix in matching[0], matching[0]
+    assert_named_with_fix(_problems(tiny, override), key, fix)
 
 
 def test_required_cpus_counts_transfer_queue_and_placement_groups(tiny):

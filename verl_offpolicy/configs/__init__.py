@@ -4,7 +4,8 @@
 - ``algorithm/<name>.yaml``: one preset per algorithm, selected with ``algorithm=<name>`` (``+algorithm=``
   on verl's stock configs). Every file of this folder is a preset, and only presets may be selected.
 - ``offpolicy_shared/``: the parts the presets include (never selected directly).
-- ``cpu/demo.yaml``: the CPU overlay (``+cpu=demo``).
+- ``cpu/demo.yaml``, ``cpu/megatron.yaml``: the CPU overlays (``+cpu=demo`` for FSDP2, ``+cpu=megatron`` for
+  verl's Megatron engine); ``cpu_shared/base.yaml``: their engine-independent part (never selected directly).
 - ``cpu_rollout/standalone.yaml``: with it, the CPU rollout on a pool of its own (``+cpu_rollout=standalone``).
 
 Only the standard library is imported here: the startup callback reads the preset list even when the

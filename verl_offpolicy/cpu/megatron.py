@@ -4,23 +4,22 @@ verl's Megatron engine (``verl/workers/engine/megatron/transformer_impl.py``) ru
 megatron-core 0.16.1 and the pure-Python ``mbridge`` (``actor_rollout_ref.actor.megatron.vanilla_mbridge=true``;
 Megatron-Bridge, verl's default, needs TransformerEngine) once the CUDA assumptions below are
 replaced. Each shim is one function, named in :data:`SHIMS`, installed by :func:`install` only in a
-process with ``VERL_PLATFORM=cpu`` (:func:`verl_offpolicy.cpu.platform.cpu_selected`); on a GPU
-cluster this module is never imported (its registration hook fires only when verl imports its
-Megatron engine, and returns at once outside the CPU platform).
+process with ``VERL_PLATFORM=cpu`` (:func:`verl_offpolicy.cpu.platform.cpu_selected`) when it builds
+its first Megatron engine (:func:`install_on_engine_build`); on a GPU cluster this module is never
+imported (:func:`verl_offpolicy.cpu.registration.register_megatron_shims` returns at once outside the
+CPU platform). ``tests/test_megatron_cpu.py`` removes each shim and checks the error it prevents.
 
-What cannot work on the CPU is rejected at startup by :func:`check_megatron_cpu_config` (used by the
-CPU guard), naming the key and the value to set.
+What cannot work on the CPU is rejected at startup by
+:func:`verl_offpolicy.cpu.guards.check_megatron_cpu_config`, naming the key and the value to set;
+the ``+cpu=megatron`` overlay (``verl_offpolicy/configs/cpu/megatron.yaml``) sets all of it.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any, Callable
 
 import torch
-
-logger = logging.getLogger("verl_offpolicy")
 
 # ------------------------------------------------------------------------------------------------
 # Shims (each: what CUDA assumption, where, what replaces it)
