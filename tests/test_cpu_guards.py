@@ -67,6 +67,7 @@ def test_required_cpus_counts_transfer_queue_and_placement_groups(tiny):
         (["transfer_queue.backend.SimpleStorage.num_data_storage_units=8", "ray_kwargs.ray_init.num_cpus=4"], "wait forever"),
     ],
 )
+@pytest.mark.slow  # a fresh main_ppo process imports verl
 def test_main_ppo_exits_before_ray_with_the_message(tiny, overrides, expected):
     rc, output, seconds = run_main_ppo(
         [
@@ -84,6 +85,7 @@ def test_main_ppo_exits_before_ray_with_the_message(tiny, overrides, expected):
     assert seconds < GUARD_TIMEOUT
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_worker_without_cpu_platform_gets_the_fix_in_its_error():
     from tests.cpu_harness import isolated
 
