@@ -79,11 +79,12 @@ def test_opmd_mean_baseline_does_not_need_positive_tau():
     assert torch.equal(adv, torch.zeros(2, 1))
 
 
-def _rec_actor(clip_low=0.2, clip_high=0.2, **loss_kw):
+def _rec_actor(clip_low=0.2, clip_high=0.2, clip_ratio=0.2, **loss_kw):
     return ActorConfig(
         strategy="fsdp",
         rollout_n=1,
         ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=clip_ratio,
         clip_ratio_low=clip_low,
         clip_ratio_high=clip_high,
         policy_loss=OffPolicyLossConfig(loss_mode="rec", **loss_kw),
@@ -183,14 +184,7 @@ def test_clip_ratio_falls_back_to_clip_ratio_in_the_loss_and_at_startup():
     from verl_offpolicy.glue.validation import validate_offpolicy_config
 
     message = rf"{LOSS}.ring_clip_ratio_low=0.6 must be >= actor_rollout_ref.actor.clip_ratio_low=0.7"
-    actor = ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=1,
-        clip_ratio=0.7,
-        clip_ratio_low=None,
-        policy_loss=OffPolicyLossConfig(loss_mode="rec", clip_mode="ring"),
-    )
+    actor = _rec_actor(clip_low=None, clip_ratio=0.7, clip_mode="ring")
     with pytest.raises(ValueError, match=message):
         _rec(actor)
     overrides = ["actor_rollout_ref.actor.clip_ratio_low=null", "actor_rollout_ref.actor.clip_ratio=0.7"]

@@ -78,6 +78,7 @@ def test_standalone_rollout_overlay_is_complete_and_counted(tiny):
         (["transfer_queue.backend.SimpleStorage.num_data_storage_units=8", "ray_kwargs.ray_init.num_cpus=4"], "wait forever"),
     ],
 )
+@pytest.mark.slow  # a fresh main_ppo process imports verl
 def test_main_ppo_exits_before_ray_with_the_message(tiny, overrides, expected):
     rc, output, seconds = run_main_ppo(
         [
@@ -95,6 +96,7 @@ def test_main_ppo_exits_before_ray_with_the_message(tiny, overrides, expected):
     assert seconds < GUARD_TIMEOUT
 
 
+@pytest.mark.slow  # a fresh process imports verl
 def test_worker_without_cpu_platform_gets_the_fix_in_its_error():
     from tests.cpu_harness import isolated
 

@@ -8,8 +8,10 @@ from importlib.metadata import entry_points
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from tests.hydra_utils import VALID_SIZES
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.registration import expected_names
 
 TIMEOUT = 240
@@ -178,6 +180,9 @@ def test_stock_main_ppo_hydra_app_composes_our_preset():
     assert cfg["algorithm"]["offpolicy"]["tau"] == 0.5
     assert cfg["actor_rollout_ref"]["actor"]["policy_loss"]["_target_"] == "verl_offpolicy.glue.config.OffPolicyLossConfig"
     assert cfg["trainer"]["v1"]["trainer_mode"] == "offpolicy"
+    # The package's one compose helper (CLI, tests, harness) composes exactly what main_ppo's app does.
+    ours = compose_main_ppo("ppo_trainer", ["+algorithm=opmd", "algorithm.offpolicy.tau=0.5"])
+    assert yaml.safe_load(OmegaConf.to_yaml(ours)) == cfg
 
 
 # ------------------------------------------------- a broken install: one readable line everywhere

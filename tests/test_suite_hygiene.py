@@ -2,6 +2,7 @@
 helpers under public names, and every test that starts Ray, a training run or doctor is marked e2e."""
 
 import ast
+import functools
 import re
 import shutil
 import subprocess
@@ -77,6 +78,7 @@ E2E_SUBCOMMANDS = {"doctor"}
 HELPER_TARGET = re.compile(r"^tests\.(\w+):(\w+)$")  # run_isolated("tests.<module>:<function>")
 
 
+@functools.lru_cache(maxsize=None)
 def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.Module]:
     """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
     tree = ast.parse((REPO_ROOT / "tests" / f"{module}.py").read_text())
