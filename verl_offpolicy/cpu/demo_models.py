@@ -64,12 +64,15 @@ def _smollm2_overrides() -> tuple[str, ...]:
     from verl_offpolicy.cpu.arithmetic import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
 
     return (
-        "data.max_prompt_length=128",  # SmolLM2's default system prompt + the question: ~70 tokens
+        "data.max_prompt_length=192",  # SmolLM2's default system prompt, the worked example and the question: ~130 tokens
         "data.max_response_length=48",
         "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one optimizer step per training step
+        # micro-batches must divide the 16 sequences of a step (+cpu=demo's 32 would not)
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-5",
         f"reward.custom_reward_function.path={REWARD_FUNCTION_PATH}",
         f"reward.custom_reward_function.name={REWARD_FUNCTION_NAME}",
