@@ -727,8 +727,8 @@ def _run_locked(
     if stream:
         print(
             f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})\n"
-            "[cpu-demo] start-up takes a minute or two (Ray, TransferQueue, the training worker, the rollout server); "
-            "phases below as they complete, seconds since launch:",
+            "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
+            "minutes on a small machine; phases below as they complete, seconds since launch:",
             flush=True,
         )
     listening: list[str] = []
