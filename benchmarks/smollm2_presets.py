@@ -133,7 +133,9 @@ def main(argv=None) -> int:
                     )
                     shutil.copy(result.plot_path, RESULTS / f"smollm2_{preset}.png")
                 except DemoError as exc:
-                    note = f"stopped: {str(exc).splitlines()[0][:120]}"
+                    lines = str(exc).splitlines()
+                    cause = next((line for line in reversed(lines) if "Error" in line), lines[0])
+                    note = f"stopped: {cause.strip()[:160]}"
             rows.append(summarise(preset, out, args.steps, memory.peak, time.monotonic() - start, note))
             print(f"[smollm2-bench] {rows[-1]}", flush=True)
 
