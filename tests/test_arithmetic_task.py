@@ -15,7 +15,7 @@ from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 
 def _numbers(row):
-    return [int(x) for x in re.findall(r"\d+", row["prompt"][0]["content"])]
+    return [int(x) for x in re.findall(r"\d+", row["prompt"][-1]["content"])]
 
 
 def test_pair_counts_by_hand():
@@ -37,8 +37,10 @@ def test_rows_are_verl_rlhf_rows_with_the_answer_of_their_own_numbers(operations
     assert len(train) == 64 and len(val) == 8
     for row in train + val:
         assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
-        (message,) = row["prompt"]
-        assert message["role"] == "user"
+        example_q, example_a, message = row["prompt"]  # one worked example (shots=1), then the question
+        assert [example_q["role"], example_a["role"], message["role"]] == ["user", "assistant", "user"]
+        assert example_a["content"].endswith("The answer is \\boxed{17}.")  # 12 + 5, worked in the example question
+        assert "12" in example_q["content"] and "5 more" in example_q["content"]
         assert message["content"].endswith("Put the final answer in \\boxed{}.")
         a, b = _numbers(row)  # the question holds exactly the two operands
         op = row["extra_info"]["operation"]
@@ -47,6 +49,13 @@ def test_rows_are_verl_rlhf_rows_with_the_answer_of_their_own_numbers(operations
         assert row["reward_model"]["ground_truth"] == str(expected)
         assert 1 <= a <= 9 and 1 <= b <= 9
         assert op == "add" or a >= b
+
+
+def test_no_example_with_zero_shots():
+    train, _ = arithmetic.generate(train_size=4, seed=0, shots=0)
+    assert [len(r["prompt"]) for r in train] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="shots"):
+        arithmetic.generate(shots=2)
 
 
 def test_seeded_and_deterministic():
@@ -84,7 +93,7 @@ def test_parquet_round_trip(tmp_path):
     train = pd.read_parquet(paths["train_files"])
     val = pd.read_parquet(paths["val_files"])
     assert len(train) == 8 and len(val) == 4
-    assert list(train.iloc[0]["prompt"][0].keys()) == ["role", "content"]
+    assert [list(m.keys()) for m in train.iloc[0]["prompt"]] == [["role", "content"]] * 3
     assert train.iloc[0]["data_source"] == arithmetic.DATA_SOURCE
 
 

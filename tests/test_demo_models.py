@@ -1,10 +1,9 @@
 """``verl-offpolicy demo --model``: the choice is checked before anything starts, and each model's
-settings land on main_ppo's command line between the preset and the caller's overrides."""
+settings land on main_ppo's command line between the preset and the caller's overrides
+(``run_overrides``, the tail of ``demo_command``'s command line)."""
 
 from verl_offpolicy.cli import main
-from verl_offpolicy.cpu.demo import DemoInputs, demo_command, preset_overrides
-
-INPUTS = DemoInputs(model_path="/m", tokenizer_path="/t", train_files="/d/train.parquet", val_files="/d/val.parquet")
+from verl_offpolicy.cpu.demo import preset_overrides, run_overrides
 
 
 def test_unknown_model_is_one_clear_error(capsys, tmp_path):
@@ -15,7 +14,7 @@ def test_unknown_model_is_one_clear_error(capsys, tmp_path):
 
 
 def test_smollm2_settings_sit_between_preset_and_caller_overrides():
-    command = demo_command(INPUTS, output_dir="/o", preset="opmd", config_name="offpolicy_trainer", overrides=["data.max_response_length=32"], model="smollm2-135m")
+    command = run_overrides("opmd", "offpolicy_trainer", "smollm2-135m", ["data.max_response_length=32"])
     preset = command.index("algorithm=opmd")
     reward = command.index("reward.custom_reward_function.path=pkg://verl_offpolicy.rewards.math_verify_reward")
     lr = command.index("actor_rollout_ref.actor.optim.lr=1e-5")
@@ -25,7 +24,7 @@ def test_smollm2_settings_sit_between_preset_and_caller_overrides():
 
 
 def test_tiny_model_keeps_the_repeat_task_settings():
-    command = demo_command(INPUTS, output_dir="/o", preset="agro", config_name="offpolicy_trainer")
+    command = run_overrides("agro", "offpolicy_trainer", "tiny")
     assert "algorithm.offpolicy.beta=0.01" in command  # AGRO's β for the repeat task's spread-out reward
     assert not any(c.startswith("reward.custom_reward_function") for c in command)  # +cpu=demo's repeat-task reward
     # the arithmetic task's 0/1 reward keeps the preset's β

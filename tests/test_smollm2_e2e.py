@@ -69,7 +69,8 @@ def test_one_real_model_step_through_main_ppo(tmp_path):
     lengths = []
     for d in dumped:
         ids = templated[d["input"]]  # KeyError: the rollout's prompt is not the templated prompt
-        assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 3 and ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 2
+        # system, example question, example answer, question: 4 closed turns, and the open assistant turn
+        assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 5 and ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 4
         lengths.append(len(ids))
     assert m["prompt_length/max"] == max(lengths) and m["prompt_length/min"] == min(lengths)
 

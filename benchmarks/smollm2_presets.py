@@ -1,0 +1,167 @@
+"""SmolLM2-135M-Instruct on the arithmetic task: does a short run change anything, per preset?
+
+One ``verl-offpolicy demo --model smollm2-135m`` run per preset, one after the other (never two at
+once: each peaks at ~12 GB), on ``offpolicy_trainer`` with the demo's settings (4 prompts x 4
+samples, 48 response tokens, lr 1e-5, seed 0), validation (greedy, 16 held-out problems) before
+training and after the last step. Records the mean train reward of the first and last steps, the
+greedy validation accuracy before and after, the mean seconds per step, and the peak memory (sum of
+the resident set sizes of ``main_ppo`` and its descendants, Ray's processes included, sampled every
+2 s).
+
+    python benchmarks/smollm2_presets.py [--presets grpo opmd] [--steps 6] [--deadline 18:30]
+
+``--deadline HH:MM`` (UTC) bounds the wall clock: each run gets the time left, split over the runs
+still to go, and a run killed at its bound is reported with the steps it logged. Writes
+benchmarks/results/smollm2_presets.md and the reward curves next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from verl_offpolicy.cpu.demo import METRICS_NAME, TRAIN_SCORE, DemoError, read_metrics, run_demo, validation_key
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = "smollm2-135m"
+
+
+class PeakMemory:
+    """Peak of the summed RSS of every ``main_ppo`` process whose command line holds ``marker``, and its descendants."""
+
+    def __init__(self, marker: str, interval: float = 2.0):
+        self.marker, self.interval, self.peak = marker, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        total = 0
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if "verl.trainer.main_ppo" in cmd and self.marker in cmd:
+                    for p in [proc, *proc.children(recursive=True)]:
+                        total += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self._sample())
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def _seconds_left(deadline: dt.datetime) -> float:
+    return (deadline - dt.datetime.now(dt.timezone.utc)).total_seconds()
+
+
+def summarise(preset: str, out: Path, steps: int, peak: int, wall: float, note: str) -> dict:
+    by_step = read_metrics(out / METRICS_NAME)
+    train = [(s, m) for s, m in sorted(by_step.items()) if s >= 1 and TRAIN_SCORE in m]
+    rewards = [m[TRAIN_SCORE] for _, m in train]
+    val = {s: float(m[k]) for s, m in sorted(by_step.items()) if (k := validation_key(m))}
+    step_s = [m["timing_s/step"] for _, m in train if "timing_s/step" in m]
+    return {
+        "preset": preset,
+        "steps": f"{len(train)}/{steps}",
+        "rewards": rewards,
+        "reward_first": rewards[0] if rewards else None,
+        "reward_last": rewards[-1] if rewards else None,
+        "val_before": val.get(0),
+        "val_after": val[max(val)] if val and max(val) > 0 else None,
+        "val_after_step": max(val) if val and max(val) > 0 else None,
+        "step_s": sum(step_s) / len(step_s) if step_s else None,
+        "peak_gb": peak / 2**30,
+        "wall_s": wall,
+        "note": note,
+    }
+
+
+def _f(x, fmt="{:.3f}"):
+    return "n/a" if x is None else fmt.format(x)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["grpo", "opmd"])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deadline", default=None, help="HH:MM UTC today: every run ends before it")
+    args = parser.parse_args(argv)
+
+    deadline = None
+    if args.deadline:
+        hh, mm = (int(x) for x in args.deadline.split(":"))
+        deadline = dt.datetime.now(dt.timezone.utc).replace(hour=hh, minute=mm, second=0, microsecond=0)
+    RESULTS.mkdir(exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vo-smollm2-bench-") as tmp:
+        for index, preset in enumerate(args.presets):
+            timeout = 600.0 + 300.0 * args.steps
+            if deadline is not None:
+                timeout = min(timeout, _seconds_left(deadline) / (len(args.presets) - index))
+            out = Path(tmp) / f"{index}-{preset}"
+            print(f"[smollm2-bench] {preset}: {args.steps} steps, bound {timeout:.0f} s ...", flush=True)
+            start, note = time.monotonic(), ""
+            with PeakMemory(str(out)) as memory:
+                try:
+                    result = run_demo(
+                        model=MODEL,
+                        preset=preset,
+                        steps=args.steps,
+                        seed=args.seed,
+                        output_dir=out,
+                        timeout=timeout,
+                        overrides=[f"trainer.test_freq={args.steps}"],
+                        config_name="offpolicy_trainer",
+                        stream=True,
+                    )
+                    shutil.copy(result.plot_path, RESULTS / f"smollm2_{preset}.png")
+                except DemoError as exc:
+                    lines = str(exc).splitlines()
+                    cause = next((line for line in reversed(lines) if "Error" in line), lines[0])
+                    note = f"stopped: {cause.strip()[:160]}"
+            rows.append(summarise(preset, out, args.steps, memory.peak, time.monotonic() - start, note))
+            print(f"[smollm2-bench] {rows[-1]}", flush=True)
+
+    lines = [
+        "# SmolLM2-135M-Instruct on arithmetic word problems (CPU, 2 cores)",
+        "",
+        f"`python benchmarks/smollm2_presets.py --presets {' '.join(args.presets)} --steps {args.steps}"
+        + (f" --deadline {args.deadline}`" if args.deadline else "`"),
+        "",
+        "Demo settings (`verl_offpolicy.cpu.demo_models`): single-digit sums, 4 prompts x 4 samples per step,"
+        " 48 response tokens, lr 1e-5, seed 0; validation: greedy, 16 held-out problems, scored by math-verify.",
+        "",
+        "| preset | steps | train reward step 1 | last step | greedy val. before | after | s/step | peak RSS (GB) | run (s) | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['preset']} | {r['steps']} | {_f(r['reward_first'])} | {_f(r['reward_last'])} | {_f(r['val_before'])} | "
+            f"{_f(r['val_after'])} | {_f(r['step_s'], '{:.1f}')} | {r['peak_gb']:.1f} | {r['wall_s']:.0f} | {r['note']} |"
+        )
+    lines += ["", "Train reward per step:", ""]
+    lines += [f"- {r['preset']}: {', '.join(f'{x:.3f}' for x in r['rewards'])}" for r in rows]
+    (RESULTS / "smollm2_presets.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
