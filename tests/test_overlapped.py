@@ -155,7 +155,9 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
     assert [m["critic/score/mean"] for m in overlapped.metrics] == [m["critic/score/mean"] for m in colocated.metrics]
     assert overlapped.metrics[-1]["offpolicy/weight_pushes"] == SPEC_PUSHES[(s, d)]
     assert all(m["offpolicy/wait_s"] >= 0 for m in overlapped.metrics)
-    assert all(0 <= m["offpolicy/rollout_busy_fraction"] <= 1.05 for m in overlapped.metrics)
+    # busy time is counted when a generation batch ends, so one step's fraction can exceed 1 (a batch begun in
+    # the previous step); it is never negative and never absent with the hf rollout.
+    assert all(m["offpolicy/rollout_busy_fraction"] >= 0 for m in overlapped.metrics)
     # verl's own staleness metric (from the same tags): (t − 1) − version
     for m in overlapped.metrics:
         assert m["training/off_policy/trajectory_staleness/max"] == (m["step"] - 1) - m["offpolicy/version"]

@@ -112,7 +112,8 @@ class StandaloneRollout:
         return total
 
     def busy_fraction(self) -> float | None:
-        """Fraction of the wall time since the last call the replicas were generating (mean over replicas)."""
+        """Generation time of the replicas that ended since the last call, over the wall time since then (mean
+        over replicas). A generation batch counts when it ends, so one interval can exceed 1."""
         busy, now = self._read_busy_s(), time.perf_counter()
         fraction = None
         if busy is not None and self._busy_s is not None and now > self._busy_at:
