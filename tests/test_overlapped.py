@@ -45,9 +45,13 @@ def test_negative_control_a_wrong_observed_version_fails_loudly(versions):
         check_observed_version(step=6, scheduled=4, tags=_tags(*versions))
 
 
-def test_a_rollout_that_reports_no_version_fails():
-    with pytest.raises(ObservedVersionError, match="reported no weights version"):
-        check_observed_version(step=1, scheduled=0, tags=[{"status": "success"}])
+def test_a_rollout_that_reports_no_version_is_not_checked_but_a_partial_report_fails():
+    # verl 0.9.1's sglang server returns no global_steps: nothing to check (the trainer warns once).
+    assert check_observed_version(step=1, scheduled=0, tags=[{"status": "success"}] * 2) is None
+    with pytest.raises(ObservedVersionError, match="for 1 of the 2 trajectories of step 1 only"):
+        check_observed_version(step=1, scheduled=0, tags=[{"status": "success"}, *_tags((0, 0))])
+    with pytest.raises(ObservedVersionError, match="no trajectory of step 1"):
+        check_observed_version(step=1, scheduled=0, tags=[])
 
 
 # ------------------------------------------------------------------------------ startup validation
@@ -151,7 +155,9 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
     assert [m["critic/score/mean"] for m in overlapped.metrics] == [m["critic/score/mean"] for m in colocated.metrics]
     assert overlapped.metrics[-1]["offpolicy/weight_pushes"] == SPEC_PUSHES[(s, d)]
     assert all(m["offpolicy/wait_s"] >= 0 for m in overlapped.metrics)
-    assert all(0 <= m["offpolicy/rollout_busy_fraction"] <= 1.05 for m in overlapped.metrics)
+    # busy time is counted when a generation batch ends, so one step's fraction can exceed 1 (a batch begun in
+    # the previous step); it is never negative and never absent with the hf rollout.
+    assert all(m["offpolicy/rollout_busy_fraction"] >= 0 for m in overlapped.metrics)
     # verl's own staleness metric (from the same tags): (t − 1) − version
     for m in overlapped.metrics:
         assert m["training/off_policy/trajectory_staleness/max"] == (m["step"] - 1) - m["offpolicy/version"]

@@ -45,15 +45,21 @@ def observed_versions(tags: Iterable[dict[str, Any]]) -> tuple[int | None, int |
     return (min(lows) if lows else None, max(highs) if highs else None)
 
 
-def check_observed_version(step: int, scheduled: int, tags: list[dict[str, Any]]) -> tuple[int, int]:
+def check_observed_version(step: int, scheduled: int, tags: list[dict[str, Any]]) -> tuple[int, int] | None:
     """Raise :class:`ObservedVersionError` unless every trajectory of step ``step`` was generated
-    entirely at version ``scheduled``; return the observed (min, max)."""
-    low, high = observed_versions(tags)
-    if not tags or low is None or high is None:
+    entirely at version ``scheduled``; return the observed (min, max), or None if the rollout backend
+    reports no version at all (verl 0.9.1's sglang server does not; vllm, trtllm and hf do)."""
+    if not tags:
+        raise ObservedVersionError(f"offpolicy scheduler: no trajectory of step {step} to train on")
+    reported = [t.get("min_global_steps") is not None and t.get("max_global_steps") is not None for t in tags]
+    if not any(reported):
+        return None
+    if not all(reported):
         raise ObservedVersionError(
-            f"offpolicy scheduler: the rollout reported no weights version for the {len(tags)} trajectories of "
-            f"step {step} (expected version {scheduled}); the rollout backend must return extra_fields['global_steps']"
+            f"offpolicy scheduler: the rollout reported a weights version for {sum(reported)} of the {len(tags)} "
+            f"trajectories of step {step} only (expected version {scheduled} for all)"
         )
+    low, high = observed_versions(tags)
     if low != scheduled or high != scheduled:
         raise ObservedVersionError(
             f"offpolicy scheduler: step {step} is scheduled to train on a batch generated at version {scheduled}, "
@@ -106,7 +112,8 @@ class StandaloneRollout:
         return total
 
     def busy_fraction(self) -> float | None:
-        """Fraction of the wall time since the last call the replicas were generating (mean over replicas)."""
+        """Generation time of the replicas that ended since the last call, over the wall time since then (mean
+        over replicas). A generation batch counts when it ends, so one interval can exceed 1."""
         busy, now = self._read_busy_s(), time.perf_counter()
         fraction = None
         if busy is not None and self._busy_s is not None and now > self._busy_at:

@@ -181,6 +181,7 @@ class OffPolicyTrainer(PPOTrainer):
         self._enable_hybrid_replicas = not self.overlapped
         self.standalone: StandaloneRollout | None = None
         self._last_submission: tuple[int, int] | None = None  # (version, batches) of the last submission
+        self._warned_unobserved = False
         super().__init__(config)
 
     # ------------------------------------------------------------------ overlapped mode: the standalone rollout
@@ -246,7 +247,17 @@ class OffPolicyTrainer(PPOTrainer):
         items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
         uids = set(entry.uids)
         tags = [t for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids]
-        low, high = check_observed_version(entry.step, entry.version, tags)
+        observed = check_observed_version(entry.step, entry.version, tags)
+        if observed is None:
+            if not self._warned_unobserved:
+                self._warned_unobserved = True
+                logger.warning(
+                    "offpolicy scheduler: rollout %s reports no weights version (extra_fields['global_steps']): the "
+                    "observed-version check and offpolicy/observed_version are off",
+                    self.config.actor_rollout_ref.rollout.name,
+                )
+            return {}
+        low, high = observed
         return {"offpolicy/observed_version/min": float(low), "offpolicy/observed_version/max": float(high)}
 
     # ------------------------------------------------------------------ sampler and checkpoint
