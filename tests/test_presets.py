@@ -285,7 +285,8 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
         ("rec_oneside_nois", ["algorithm.filter_groups.enable=true"], "set algorithm.filter_groups.enable=false"),
         ("grpo", ["skip.rollout_tq.enable=true"], "set skip.rollout_tq.enable=false"),
         ("grpo", ["trainer.v1.sampler.custom_sampler.path=my.py"], "remove trainer.v1.sampler.custom_sampler"),
-        ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.hybrid_engine=true"),
+        # overlapped mode needs a rollout pool of its own (tests/test_overlapped.py covers the rest)
+        ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.rollout.nnodes >= 1"),
         ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
         ("pairwise_opmd", ["actor_rollout_ref.actor.policy_loss.loss_mode=rec"], "both set to pairwise_opmd"),
         ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd"], "algorithm.adv_estimator=grpo and"),

@@ -4,9 +4,9 @@ Staleness is logged under verl's own names: verl 0.9.1's v1 trainer (``PPOTraine
 computes ``training/off_policy/trajectory_staleness/{mean,max,min}`` = (t − 1) − (version of the weights
 that generated each trajectory), from the version tag the rollout server puts on each trajectory (the
 ``global_steps`` the trainer passes to ``update_weights``), plus ``trajectory_staleness_worst/*`` and
-``trajectory_spans/*``. This package does not log a second copy: it checks, every step, that verl's
-measured staleness is the schedule's (:func:`check_measured_staleness`), and logs under ``offpolicy/``
-only what verl has no name for.
+``trajectory_spans/*``. This package does not log a second copy: the trainer checks the same version tags
+against the schedule before it trains a batch (:func:`verl_offpolicy.glue.overlap.check_observed_version`),
+and logs under ``offpolicy/`` only what verl has no name for.
 """
 
 from __future__ import annotations
@@ -44,20 +44,3 @@ def queue_metrics(version: int, queue_len: int, rollout_batches_per_sync: int) -
 def rollout_call_metrics(generated_batches: int) -> dict[str, float]:
     """Whether this step made a rollout call (a wake-up and weight sync) and how many batches it generated."""
     return {ROLLOUT_CALLS: float(generated_batches > 0), GENERATED_BATCHES: float(generated_batches)}
-
-
-def check_measured_staleness(metrics: dict, step: int, scheduled: int) -> None:
-    """Raise if verl's measured staleness of step ``step`` is not the schedule's (t − 1) − v(t).
-
-    verl measures it from the rollout's own version tags: a mismatch means the rollout generated this
-    batch with weights other than the scheduled ones. Absent metrics (verl logged none) raise too.
-    """
-    measured = {stat: metrics.get(f"{VERL_STALENESS}/{stat}") for stat in ("max", "min")}
-    if any(value is None for value in measured.values()):
-        raise RuntimeError(f"offpolicy scheduler: verl logged no {VERL_STALENESS}/max|min at step {step}")
-    if measured["max"] != scheduled or measured["min"] != scheduled:
-        raise RuntimeError(
-            f"offpolicy scheduler: step {step} trained trajectories of staleness {measured['min']}..{measured['max']} "
-            f"(verl's {VERL_STALENESS}, from the rollout's version tags), the schedule says {scheduled}: "
-            "the rollout generated them with weights other than the scheduled ones"
-        )

@@ -72,7 +72,7 @@ from verl.workers.utils.padding import response_from_nested
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
-from verl_offpolicy.glue.metrics import ANCHOR_LOG_RATIO, check_measured_staleness, queue_metrics, rollout_call_metrics
+from verl_offpolicy.glue.metrics import ANCHOR_LOG_RATIO, queue_metrics, rollout_call_metrics
 from verl_offpolicy.glue.overlap import StandaloneRollout, check_observed_version
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -462,11 +462,6 @@ class OffPolicyTrainer(PPOTrainer):
         tq.kv_batch_put(keys=real, partition_id=TRAIN, fields=data.select(BEHAVIOUR_FIELD))
         if padding:
             tq.kv_clear(keys=padding, partition_id=TRAIN)
-
-    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
-        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        scheduled = self.schedule.staleness(global_steps)
-        check_measured_staleness(metrics, global_steps, scheduled)
 
     # ------------------------------------------------------------------ ratio anchor
 
