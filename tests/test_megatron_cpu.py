@@ -118,6 +118,7 @@ def test_every_shim_has_its_failure_listed():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # six fresh Megatron processes (~7 min): outside the default run's 30-minute budget
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("shim", sorted(WITHOUT_SHIM))
 def test_the_megatron_engine_fails_on_the_cpu_without_each_shim(tmp_path, shim):
@@ -128,6 +129,7 @@ def test_the_megatron_engine_fails_on_the_cpu_without_each_shim(tmp_path, shim):
     assert result["raised_in"].startswith(where), result
 
 
+@pytest.mark.slow  # two fresh processes that import verl's Megatron engine
 def test_the_shims_are_installed_only_when_a_cpu_process_builds_a_megatron_engine():
     gpu = isolated("tests.cpu_harness:megatron_shim_isolation", timeout=300, cpu=False)
     assert gpu == {
@@ -219,6 +221,7 @@ E2E_TIMEOUT = 1200  # measured: 296 s for 3 steps on a busy 2-core machine (170 
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.extended  # two Megatron main_ppo runs (~3 min of start-up each): outside the default run's budget
 @pytest.mark.timeout(E2E_TIMEOUT + 300)
 @pytest.mark.parametrize("preset", ["asymre", "rec_oneside_is"])
 def test_two_presets_train_through_main_ppo_on_verls_megatron_engine(preset, tmp_path):

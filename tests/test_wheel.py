@@ -140,6 +140,7 @@ def test_fresh_venv_registers_through_the_register_module_alone(venv):
 
 
 @pytest.mark.e2e  # doctor starts a Ray worker
+@pytest.mark.extended  # minutes of Ray probe; the checkout's doctor runs in the default tier (tests/test_cli.py)
 def test_fresh_venv_passes_doctor(venv):
     env_dir, env, work = venv
     proc = _run([str(env_dir / "bin" / "verl-offpolicy"), "doctor", "--timeout", "600"], cwd=work, env=env, timeout=1500)
