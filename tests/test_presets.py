@@ -325,5 +325,5 @@ def test_invalid_combination_fails_with_what_to_change(preset, overrides, messag
 def test_pairwise_opmd_rejects_several_updates_per_batch():
     # its group coefficients are exact at the first optimizer update of a batch only
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pairwise_opmd", *VALID_SIZES, "data.train_batch_size=32"])
-    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16\)"):
+    with pytest.raises(ValueError, match=r"set actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16, i.e. 2 optimizer"):
         validate_offpolicy_config(cfg)

@@ -188,20 +188,29 @@ def _check_pairwise_opmd(cfg: DictConfig, offpolicy, adv_estimator: str | None, 
         return
     check_kl_in_reward(_select(cfg, "algorithm"), offpolicy.tau_for(PAIRWISE_OPMD), PAIRWISE_OPMD, "tau")
     _check_proximal_kl_reward(cfg, offpolicy, PAIRWISE_OPMD, "τ")
+    fixes = _one_update_per_batch_fixes(cfg)
+    if fixes:
+        raise OffPolicyConfigError(
+            f"adv_estimator={PAIRWISE_OPMD} computes each group's coefficients once per batch, at the weights of its "
+            "first optimizer update; later updates would follow stale coefficients: " + "; ".join(fixes)
+        )
+
+
+def _one_update_per_batch_fixes(cfg: DictConfig) -> list[str]:
+    """What to set for exactly one optimizer update per batch: one epoch, one mini-batch (= data.train_batch_size)."""
     actor = "actor_rollout_ref.actor"
     fixes = []
     epochs = _select(cfg, f"{actor}.ppo_epochs", 1)
     if epochs != 1:
-        fixes.append(f"{actor}.ppo_epochs=1 (got {epochs})")
+        fixes.append(f"set {actor}.ppo_epochs=1 (got {epochs})")
     train_batch = _select(cfg, "data.train_batch_size")
     mini_batch = _select(cfg, f"{actor}.ppo_mini_batch_size")
     if train_batch is not None and mini_batch is not None and mini_batch < train_batch:
-        fixes.append(f"{actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch})")
-    if fixes:
-        raise OffPolicyConfigError(
-            f"adv_estimator={PAIRWISE_OPMD} computes each group's coefficients once per batch, at the weights of its "
-            "first optimizer update; later updates would follow stale coefficients. Set " + "; ".join(fixes)
+        fixes.append(
+            f"set {actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch}, i.e. "
+            f"{train_batch / mini_batch:g} optimizer updates per batch)"
         )
+    return fixes
 
 
 def _check_preset_mini_batch(cfg: DictConfig) -> None:
@@ -263,7 +272,6 @@ def _check_agro_onpolicy_data(cfg: DictConfig, offpolicy) -> None:
     data.train_batch_size prompts into mini-batches of actor.ppo_mini_batch_size prompts) and one epoch;
     and K ≥ 2 responses per prompt for the leave-one-out baseline.
     """
-    actor = "actor_rollout_ref.actor"
     fixes = []
     if offpolicy.sync_interval != 1:
         fixes.append(f"set algorithm.offpolicy.sync_interval=1 (got {offpolicy.sync_interval})")
@@ -271,16 +279,7 @@ def _check_agro_onpolicy_data(cfg: DictConfig, offpolicy) -> None:
         fixes.append(f"set algorithm.offpolicy.sync_offset=0 (got {offpolicy.sync_offset})")
     if offpolicy.ratio_anchor != "proximal":
         fixes.append(f"set algorithm.offpolicy.ratio_anchor=proximal (got {offpolicy.ratio_anchor})")
-    epochs = _select(cfg, f"{actor}.ppo_epochs", 1)
-    if epochs != 1:
-        fixes.append(f"set {actor}.ppo_epochs=1 (got {epochs})")
-    train_batch = _select(cfg, "data.train_batch_size")
-    mini_batch = _select(cfg, f"{actor}.ppo_mini_batch_size")
-    if train_batch is not None and mini_batch is not None and mini_batch < train_batch:
-        fixes.append(
-            f"set {actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch}, i.e. "
-            f"{train_batch / mini_batch:g} optimizer updates per batch)"
-        )
+    fixes += _one_update_per_batch_fixes(cfg)
     n = _select(cfg, "actor_rollout_ref.rollout.n", 1)
     if n < 2:
         fixes.append(f"set actor_rollout_ref.rollout.n >= 2 (got {n}; the baseline needs other responses)")
