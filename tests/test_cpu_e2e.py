@@ -311,13 +311,17 @@ RC = "algorithm.rollout_correction"
     ],
 )
 def test_our_losses_train_with_verls_rollout_correction(preset, overrides, tmp_path):
-    """Decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss by them)."""
+    """Decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss by them).
+
+    The timeout is the console-script tests' start-up allowance: at the 240 s of the other runs both cases were
+    killed during start-up on a machine with a load average of 22.
+    """
     result = run_demo(
         preset=preset,
         steps=STEPS,
         seed=0,
         output_dir=str(tmp_path / f"e2e-{preset}-rc"),
-        timeout=TIMEOUT,
+        timeout=STARTUP_TIMEOUT,
         overrides=["trainer.test_freq=-1", *overrides],
     )
     check_completed(result)
