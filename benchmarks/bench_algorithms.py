@@ -51,6 +51,10 @@ LOSSES = {
     "rec gspo-one-side gspo-IS": ("rec", {"clip_mode": "gspo-one-side", "weight": "gspo_importance_sampling"}),
     "rec none + k2": ("rec", {"regularizer": "k2", "regularizer_coef": 0.1}),
     "rec none + forward-kl": ("rec", {"regularizer": "forward-kl", "regularizer_coef": 0.1}),
+    "topr": ("topr", {}),
+    # called on the whole batch, m2po computes the mini-batch cut itself (sort of all tokens): the global pass
+    "m2po (incl. mini-batch cut)": ("m2po", {}),
+    "pairwise_opmd": ("pairwise_opmd", {}),
 }
 
 ESTIMATORS = {
@@ -63,6 +67,7 @@ ESTIMATORS = {
     "red_weight": ("red_weight", {"temperature": 1.0}),
     "agro (off-policy)": ("agro", {"beta": 0.1}),
     "agro (on-policy)": ("agro", {"beta": 0.1, "on_policy": True}),
+    "pairwise_opmd": ("pairwise_opmd", {"tau": 1.0}),
 }
 
 
@@ -135,8 +140,8 @@ def bench_estimators(sequences: int, group_size: int, length: int, repeats: int)
         return OffPolicyAlgoConfig(
             adv_estimator=name,
             norm_adv_by_std_in_grpo=False,
-            use_kl_in_reward=name == "agro",
-            kl_ctrl={"type": "fixed", "kl_coef": offpolicy.get("beta", 0.001)},
+            use_kl_in_reward=name in ("agro", "pairwise_opmd"),
+            kl_ctrl={"type": "fixed", "kl_coef": offpolicy.get("beta", offpolicy.get("tau", 0.001))},
             offpolicy=OffPolicyConfig(**offpolicy),
         )
 
@@ -195,6 +200,9 @@ def main() -> None:
                 "grpo_vectorized (verl)",
                 ESTIMATOR_TARGET,
             ),
+            "m2po's row includes the mini-batch cut (a sort of the batch's (log ρ)²); in training, the FSDP engine also "
+            "runs one extra no-gradient forward of the model per mini-batch to get those values (about a third of a "
+            "forward + backward), which a loss benchmark cannot show.",
             "Where the time goes: turning 16k uid strings into group ids is most of an estimator's time. verl's "
             "`grpo_vectorized` uses `as_torch_index` (a `np.unique`, i.e. a sort of the strings, ~5 ms); ours use "
             "a hash table (`pandas.factorize`, ~1 ms). The group statistics themselves take ~0.1 ms in both; "

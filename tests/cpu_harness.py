@@ -367,6 +367,15 @@ def adapter_outside_cpu_platform() -> str:
 LOSS_TARGET = "actor_rollout_ref.actor.policy_loss._target_=verl_offpolicy.glue.config.OffPolicyLossConfig"
 
 
+def _repeat_c_tokens(harness) -> tuple[list[int], list[int], list[int]]:
+    """Token ids of the prompt ``repeat c`` (chat template) and the responses ``c c </s>`` and ``d d </s>``."""
+    tok = harness.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+    if hasattr(prompt, "keys"):
+        prompt = prompt["input_ids"]
+    return prompt, tok.convert_tokens_to_ids(["c", "c", "</s>"]), tok.convert_tokens_to_ids(["d", "d", "</s>"])
+
+
 def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float = 1e-2) -> dict[str, Any]:
     """For each case {"name", "loss_mode", "overrides", "old_log_prob_shift"}: one real FSDP2 update.
 
@@ -385,12 +394,7 @@ def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float 
             lr=lr,
             overrides=[LOSS_TARGET, *case.get("overrides", [])],
         )
-        tok = harness.tokenizer
-        prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
-        if hasattr(prompt, "keys"):
-            prompt = prompt["input_ids"]
-        good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
-        bad = tok.convert_tokens_to_ids(["d", "d", "</s>"])
+        prompt, good, bad = _repeat_c_tokens(harness)
         batch = harness.make_batch([prompt] * 4, [good, bad, good, bad], [1.0, -1.0, 1.0, -1.0])
         before_lp = harness.log_probs(batch)
         batch["old_log_probs"] = (before_lp - float(case.get("old_log_prob_shift", 0.0))) * batch["response_mask"]
@@ -432,12 +436,7 @@ def m2po_micro_batch_updates(workdir: str, micro_batch_sizes: list[int], lr: flo
     first_after = None
     for size in micro_batch_sizes:
         harness = ActorHarness.create(Path(workdir) / f"micro{size}", loss_mode="m2po", lr=lr, overrides=[LOSS_TARGET])
-        tok = harness.tokenizer
-        prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
-        if hasattr(prompt, "keys"):
-            prompt = prompt["input_ids"]
-        good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
-        bad = tok.convert_tokens_to_ids(["d", "d", "</s>"])
+        prompt, good, bad = _repeat_c_tokens(harness)
         batch = harness.make_batch([prompt] * 8, [good, bad] * 4, [1.0, -1.0] * 4)
         shifts = torch.tensor(M2PO_SHIFTS)
         batch["old_log_probs"] = (harness.log_probs(batch) - shifts) * batch["response_mask"]

@@ -252,6 +252,26 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
 # ------------------------------------------------------------------------ invalid combinations
 
 
+LOGPROBS = ["actor_rollout_ref.rollout.calculate_log_probs=true"]
+RC = "algorithm.rollout_correction"
+
+
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("rec_oneside_nois", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),  # REC one-side + token TIS
+        ("opmd", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),  # OPMD + sequence MIS (IcePop bounds)
+        ("m2po", [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"]),  # Geo-RS
+        ("topr", [f"{RC}.rollout_is=token", "algorithm.offpolicy.ratio_anchor=proximal", "algorithm.offpolicy.sync_interval=4"]),
+        ("opmd", [f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout"]),  # bypass: old = rollout log-probs
+    ],
+)
+def test_rollout_correction_combinations_that_compose_pass_validation(preset, overrides):
+    cfg = compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *LOGPROBS, *overrides] + VALID_SIZES)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    validate_offpolicy_config(cfg)
+
+
 @pytest.mark.parametrize(
     "preset,overrides,message",
     [
@@ -293,6 +313,18 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
         ("pairwise_opmd", ["algorithm.kl_ctrl.kl_coef=0.5"], "to equal algorithm.offpolicy.tau"),
         ("pairwise_opmd", ["actor_rollout_ref.actor.ppo_epochs=2"], "actor_rollout_ref.actor.ppo_epochs=1 (got 2)"),
         ("pairwise_opmd", ["algorithm.rollout_correction.bypass_mode=true"], "adv_estimator=pairwise_opmd computes its reward"),
+        # composition with verl's rollout correction (TIS/IcePop/MIS: rollout_is; Geo-RS: rollout_rs)
+        ("opmd", [f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"], "need the inference engine's log-probs"),
+        ("opmd", [f"{RC}.rollout_is=token", *LOGPROBS, f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout"],
+         "algorithm.rollout_correction.bypass_mode=true with algorithm.rollout_correction.rollout_is=token"),
+        ("opmd", [*LOGPROBS, f"{RC}.bypass_mode=true", "trainer.use_v1=false"], "replaces actor_rollout_ref.actor.policy_loss.loss_mode=opmd"),
+        ("topr", [*LOGPROBS, f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout", f"{RC}.loss_type=reinforce"],
+         "algorithm.rollout_correction.loss_type=reinforce selects verl's bypass_mode loss"),
+        ("pairwise_opmd", [*LOGPROBS, f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"],
+         "algorithm.adv_estimator=pairwise_opmd with algorithm.rollout_correction.rollout_rs=seq_mean_k1"),
+        ("rec_oneside_nois", [*LOGPROBS, f"{RC}.rollout_is=token", "algorithm.offpolicy.ratio_anchor=rollout"], "corrected twice"),
+        ("rec_oneside_nois", [*LOGPROBS, f"{RC}.rollout_is=sequence", "algorithm.offpolicy.sync_interval=4"],
+         "algorithm.offpolicy.ratio_anchor=behaviour measures the loss's ratio against the behaviour log-probs of stale"),
     ],
 )
 def test_invalid_combination_fails_with_what_to_change(preset, overrides, message):
@@ -305,5 +337,5 @@ def test_invalid_combination_fails_with_what_to_change(preset, overrides, messag
 def test_pairwise_opmd_rejects_several_updates_per_batch():
     # its group coefficients are exact at the first optimizer update of a batch only
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pairwise_opmd", *VALID_SIZES, "data.train_batch_size=32"])
-    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16\)"):
+    with pytest.raises(ValueError, match=r"set actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16, i.e. 2 optimizer"):
         validate_offpolicy_config(cfg)

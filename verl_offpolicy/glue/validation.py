@@ -104,11 +104,73 @@ def validate_offpolicy_config(cfg: DictConfig) -> None:
             _check_agro_onpolicy_data(cfg, offpolicy)
 
     _check_pairwise_opmd(cfg, offpolicy, adv_estimator, loss)
+    _check_rollout_correction(cfg, offpolicy, adv_estimator, loss)
     _check_preset_mini_batch(cfg)
     _check_scheduler(cfg, offpolicy, trainer_mode)
 
 
 PAIRWISE_OPMD = "pairwise_opmd"
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+
+
+def _check_rollout_correction(cfg: DictConfig, offpolicy, adv_estimator: str | None, loss: OffPolicyLossConfig | None) -> None:
+    """Which of verl's ``algorithm.rollout_correction`` settings combine with our anchors, losses and estimators.
+
+    verl 0.9.1's v1 trainer computes the IS weights (TIS, IcePop/MIS: ``rollout_is``) and rejection masks
+    (``rollout_rs``, e.g. Geo-RS) only in decoupled mode (bypass_mode=false), from π_old/π_rollout with π_old
+    the proximal log-prob, and only when the batch has the rollout log-probs; our losses multiply their
+    per-token loss by the weights. In bypass mode it only puts the rollout log-probs in old_log_prob (the
+    legacy trainer also swaps the loss for its own ``bypass_mode`` loss). Rejected, naming both keys: a
+    setting verl would silently skip, a correction applied twice (the IS weight π_prox/π_rollout already
+    covers the gap that a rollout anchor, or a behaviour anchor on stale batches, puts in the loss's
+    ratio), and any reweighting of pairwise_opmd (its exact group gradient has no per-sample weight).
+    """
+    rollout_is = _select(cfg, f"{ROLLOUT_CORRECTION}.rollout_is")
+    rollout_rs = _select(cfg, f"{ROLLOUT_CORRECTION}.rollout_rs")
+    bypass = bool(_select(cfg, f"{ROLLOUT_CORRECTION}.bypass_mode", False))
+    ours = loss is not None and loss.loss_mode in POLICY_LOSSES
+    loss_mode = loss.loss_mode if loss is not None else _select(cfg, f"{LOSS_PREFIX}.loss_mode")
+    corrections = [f"{ROLLOUT_CORRECTION}.{key}={value}" for key, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)) if value is not None]
+    if corrections and not _select(cfg, "actor_rollout_ref.rollout.calculate_log_probs", False):
+        raise OffPolicyConfigError(
+            f"{' and '.join(corrections)} need the inference engine's log-probs, but "
+            "actor_rollout_ref.rollout.calculate_log_probs=false (verl would skip the correction silently): "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if bypass and ours:
+        if not _select(cfg, "trainer.use_v1", False):
+            raise OffPolicyConfigError(
+                f"{ROLLOUT_CORRECTION}.bypass_mode=true with trainer.use_v1=false replaces {LOSS_PREFIX}.loss_mode="
+                f"{loss_mode} by verl's own bypass_mode loss: set trainer.use_v1=true or bypass_mode=false"
+            )
+        if corrections:
+            raise OffPolicyConfigError(
+                f"{ROLLOUT_CORRECTION}.bypass_mode=true with {' and '.join(corrections)}: verl computes these only in "
+                f"decoupled mode or inside its own bypass_mode loss, so {LOSS_PREFIX}.loss_mode={loss_mode} would train "
+                f"without them; set {ROLLOUT_CORRECTION}.bypass_mode=false (decoupled) or remove the correction"
+            )
+        loss_type = _select(cfg, f"{ROLLOUT_CORRECTION}.loss_type", "ppo_clip")
+        if loss_type != "ppo_clip":
+            raise OffPolicyConfigError(
+                f"{ROLLOUT_CORRECTION}.loss_type={loss_type} selects verl's bypass_mode loss, which "
+                f"{LOSS_PREFIX}.loss_mode={loss_mode} replaces: remove it (leave ppo_clip) or use verl's loss"
+            )
+    if adv_estimator == PAIRWISE_OPMD and corrections:
+        raise OffPolicyConfigError(
+            f"algorithm.adv_estimator={PAIRWISE_OPMD} with {' and '.join(corrections)}: the pairwise gradient is exact "
+            "for any data without a per-sample weight or rejection (fully off-policy); remove the correction"
+        )
+    if bypass or rollout_is is None:
+        return
+    stale = offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0
+    if offpolicy.ratio_anchor == "rollout" or (offpolicy.ratio_anchor == "behaviour" and stale):
+        where = "the rollout log-probs" if offpolicy.ratio_anchor == "rollout" else "the behaviour log-probs of stale batches"
+        raise OffPolicyConfigError(
+            f"{ROLLOUT_CORRECTION}.rollout_is={rollout_is} weights by π_proximal/π_rollout, and "
+            f"algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor} measures the loss's ratio against {where}: the "
+            "gap between the two policies would be corrected twice. Set algorithm.offpolicy.ratio_anchor=proximal "
+            f"(verl's decoupled three-policy form) or {ROLLOUT_CORRECTION}.rollout_is=null"
+        )
 
 
 def _check_pairwise_opmd(cfg: DictConfig, offpolicy, adv_estimator: str | None, loss: OffPolicyLossConfig | None) -> None:
@@ -128,20 +190,29 @@ def _check_pairwise_opmd(cfg: DictConfig, offpolicy, adv_estimator: str | None, 
         return
     check_kl_in_reward(_select(cfg, "algorithm"), offpolicy.tau_for(PAIRWISE_OPMD), PAIRWISE_OPMD, "tau")
     _check_proximal_kl_reward(cfg, offpolicy, PAIRWISE_OPMD, "τ")
+    fixes = _one_update_per_batch_fixes(cfg)
+    if fixes:
+        raise OffPolicyConfigError(
+            f"adv_estimator={PAIRWISE_OPMD} computes each group's coefficients once per batch, at the weights of its "
+            "first optimizer update; later updates would follow stale coefficients: " + "; ".join(fixes)
+        )
+
+
+def _one_update_per_batch_fixes(cfg: DictConfig) -> list[str]:
+    """What to set for exactly one optimizer update per batch: one epoch, one mini-batch (= data.train_batch_size)."""
     actor = "actor_rollout_ref.actor"
     fixes = []
     epochs = _select(cfg, f"{actor}.ppo_epochs", 1)
     if epochs != 1:
-        fixes.append(f"{actor}.ppo_epochs=1 (got {epochs})")
+        fixes.append(f"set {actor}.ppo_epochs=1 (got {epochs})")
     train_batch = _select(cfg, "data.train_batch_size")
     mini_batch = _select(cfg, f"{actor}.ppo_mini_batch_size")
     if train_batch is not None and mini_batch is not None and mini_batch < train_batch:
-        fixes.append(f"{actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch})")
-    if fixes:
-        raise OffPolicyConfigError(
-            f"adv_estimator={PAIRWISE_OPMD} computes each group's coefficients once per batch, at the weights of its "
-            "first optimizer update; later updates would follow stale coefficients. Set " + "; ".join(fixes)
+        fixes.append(
+            f"set {actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch}, i.e. "
+            f"{train_batch / mini_batch:g} optimizer updates per batch)"
         )
+    return fixes
 
 
 def _check_preset_mini_batch(cfg: DictConfig) -> None:
@@ -203,7 +274,6 @@ def _check_agro_onpolicy_data(cfg: DictConfig, offpolicy) -> None:
     data.train_batch_size prompts into mini-batches of actor.ppo_mini_batch_size prompts) and one epoch;
     and K ≥ 2 responses per prompt for the leave-one-out baseline.
     """
-    actor = "actor_rollout_ref.actor"
     fixes = []
     if offpolicy.sync_interval != 1:
         fixes.append(f"set algorithm.offpolicy.sync_interval=1 (got {offpolicy.sync_interval})")
@@ -211,16 +281,7 @@ def _check_agro_onpolicy_data(cfg: DictConfig, offpolicy) -> None:
         fixes.append(f"set algorithm.offpolicy.sync_offset=0 (got {offpolicy.sync_offset})")
     if offpolicy.ratio_anchor != "proximal":
         fixes.append(f"set algorithm.offpolicy.ratio_anchor=proximal (got {offpolicy.ratio_anchor})")
-    epochs = _select(cfg, f"{actor}.ppo_epochs", 1)
-    if epochs != 1:
-        fixes.append(f"set {actor}.ppo_epochs=1 (got {epochs})")
-    train_batch = _select(cfg, "data.train_batch_size")
-    mini_batch = _select(cfg, f"{actor}.ppo_mini_batch_size")
-    if train_batch is not None and mini_batch is not None and mini_batch < train_batch:
-        fixes.append(
-            f"set {actor}.ppo_mini_batch_size={train_batch} (= data.train_batch_size; got {mini_batch}, i.e. "
-            f"{train_batch / mini_batch:g} optimizer updates per batch)"
-        )
+    fixes += _one_update_per_batch_fixes(cfg)
     n = _select(cfg, "actor_rollout_ref.rollout.n", 1)
     if n < 2:
         fixes.append(f"set actor_rollout_ref.rollout.n >= 2 (got {n}; the baseline needs other responses)")
