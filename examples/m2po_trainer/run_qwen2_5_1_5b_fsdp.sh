@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# M2PO | GSM8K | Qwen2.5-1.5B-Instruct | vLLM rollout | FSDP training | GPU
+# The REC paper's GSM8K setting with the m2po preset (second-moment trust region, threshold 0.04): this
+# script only picks the preset and runs examples/rec_trainer/run_qwen2_5_1_5b_fsdp.sh, where the setting
+# and every other knob (MODEL_PATH, INFER_BACKEND, NDEVICES_PER_NODE, SYNC_INTERVAL, SYNC_OFFSET, ...) are.
+# M2PO's whole-mini-batch cut needs verl's FSDP engine (startup rejects strategy=megatron).
+#
+#   examples/data_preprocess/prepare_data.sh gsm8k
+#   SYNC_OFFSET=4 bash examples/m2po_trainer/run_qwen2_5_1_5b_fsdp.sh [HYDRA_OVERRIDES...]
+#
+# DRY_RUN=1 only composes and validates the command line (no GPU).
+set -euo pipefail
+source "$(dirname "$0")/../common.bash"
+
+# ---- user-adjustable ----
+PRESET=${PRESET:-m2po}                        # m2po
+# ---- end user-adjustable ----
+
+require_choice PRESET "$PRESET" m2po
+PRESET=$PRESET exec bash "$(dirname "$0")/../rec_trainer/run_qwen2_5_1_5b_fsdp.sh" "$@"
