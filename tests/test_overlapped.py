@@ -201,9 +201,17 @@ def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(ru
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    # Resume from the step-2 checkpoint by path: on an idle machine the overlapped run trains steps 3-5
+    # (their batches already generated) before its step-2 log line reaches the interrupter, so later
+    # checkpoints may exist too; the step-2 one is the state an interruption right after step 2 leaves.
     command = _command(
         resumed_dir,
-        [f"trainer.default_local_dir={checkpoint}", "trainer.resume_mode=auto", "trainer.save_freq=-1"],
+        [
+            f"trainer.default_local_dir={checkpoint}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={checkpoint / 'global_step_2'}",
+            "trainer.save_freq=-1",
+        ],
         ray_dir,
     )
     returncode, _, _ = run_subprocess(
