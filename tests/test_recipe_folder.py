@@ -62,7 +62,7 @@ def _fresh_state(env_update: dict[str, str]) -> dict:
         "import json\n"
         "from verl_offpolicy.glue.diagnose import plugin_state\n"
         "state = plugin_state()\n"  # imports verl first: VERL_USE_EXTERNAL_MODULES acts there
-        "from verl_offpolicy.cli import compose_preset\n"
+        "from verl_offpolicy.glue.compose import compose_preset\n"
         "cfg = compose_preset('opmd', 'offpolicy_trainer')\n"
         "stock = compose_preset('rec_ring_nois', 'ppo_trainer')\n"
         "state['trainer_mode'] = cfg.trainer.v1.trainer_mode\n"
