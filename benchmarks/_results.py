@@ -16,3 +16,26 @@ def replace_block(path: Path, begin: str, end: str, body: str) -> bool:
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
     return True
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def command_line(script: str, argv) -> str:
+    """The command that produced a result, as written in its report (``argv`` None: this process's)."""
+    import sys
+
+    return f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def write_table(filename: str, title: str, command: str, setting: str, header: list[str], rows: list[list[str]], after: str = "") -> str:
+    """Write ``results/<filename>``: a title, the command, the setting, one Markdown table (first column
+    left-aligned, the others right-aligned) and optional text ``after``; print it and return it."""
+    lines = [f"## {title}", "", f"Command: `{command.strip()}`  ", setting, ""]
+    lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    text = "\n".join(lines) + "\n" + (f"\n{after.strip()}\n" if after else "")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / filename).write_text(text)
+    print(text)
+    return text

@@ -25,9 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
 from verl_offpolicy.cpu.demo import run_demo
-
-RESULTS = Path(__file__).resolve().parent / "results"
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 STANDALONE = ["+cpu_rollout=standalone"]
 
@@ -66,6 +65,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1"])
+    parser.add_argument("--only", nargs="+", default=None, help="run only these rows (e.g. 'overlapped s1d1')")
+    parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
@@ -75,35 +76,31 @@ def main(argv=None) -> int:
         schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
         plan += [(f"colocated s{s}d{d}", schedule), (f"overlapped s{s}d{d}", schedule + STANDALONE)]
     plan.append(("verl separate_async", STANDALONE + ["trainer.v1.trainer_mode=separate_async"]))
+    plan = [(name, overrides + args.overrides) for name, overrides in plan if args.only is None or name in args.only]
     with tempfile.TemporaryDirectory(prefix="vo-bench-overlap-") as tmp:
         for name, overrides in plan:
             print(f"[bench] {name}: {args.steps} steps ...", flush=True)
             runs[name] = measure(name.replace(" ", "_"), overrides, args.steps, Path(tmp))
             print(f"[bench] {({k: v for k, v in runs[name].items() if k != 'reward_curve'})}", flush=True)
 
-    command = "python benchmarks/bench_overlap.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [
-        "## Overlapped vs colocated scheduler on the CPU end-to-end path",
-        "",
-        f"Command: `{command.strip()}`  ",
-        f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation; "
-        "one run per row, in one invocation on a 2-core machine. Seconds are means per step.",
-        "",
-        "| run | steps/s | vs colocated, same (s, d) | step (s) | wait for data (s) | wait before push (s) | push (s) | training (s) | rollout busy |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, r in runs.items():
-        base = runs.get(name.replace("overlapped", "colocated"))
-        ratio = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if name.startswith("overlapped") and base else ""
+        # overlapped: vs colocated at the same (s, d); verl's separate_async (one step off-policy): vs colocated (1, 1)
+        base = runs.get(name.replace("overlapped", "colocated") if name.startswith("overlapped") else "colocated s1d1")
+        ratio = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if base and not name.startswith("colocated") else ""
         busy = "" if r["busy"] != r["busy"] else f"{r['busy']:.2f}"
-        lines.append(
-            f"| {name} | {r['steps_per_s']:.3f} | {ratio} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['sync_wait_s']:.2f} "
-            f"| {r['push_s']:.2f} | {r['train_s']:.2f} | {busy} |"
-        )
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "overlap.md").write_text(text)
-    print(text)
+        rows.append([name, f"{r['steps_per_s']:.3f}", ratio, f"{r['step_s']:.2f}", f"{r['wait_s']:.2f}", f"{r['sync_wait_s']:.2f}",
+                     f"{r['push_s']:.2f}", f"{r['train_s']:.2f}", busy])
+    write_table(
+        "overlap.md",
+        "Overlapped vs colocated scheduler on the CPU end-to-end path",
+        command_line("bench_overlap.py", argv),
+        f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation; "
+        "one run per row, in one invocation on a 2-core machine. Seconds are means per step. The ratio compares an "
+        "overlapped run with the colocated run at the same (s, d), and verl's separate_async with colocated (1, 1).",
+        ["run", "steps/s", "ratio", "step (s)", "wait for data (s)", "wait before push (s)", "push (s)", "training (s)", "rollout busy"],
+        rows,
+    )
 
     import matplotlib
 

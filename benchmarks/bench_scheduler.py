@@ -24,9 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from _results import command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
 from verl_offpolicy.cpu.demo import run_demo
-
-RESULTS = Path(__file__).resolve().parent / "results"
 STORAGE_PROCESS = "SimpleStorageUnit"
 
 
@@ -103,27 +102,20 @@ def main(argv=None) -> int:
             rows.append(measure(s, args.steps, Path(tmp)))
             print(f"[bench] {rows[-1]}", flush=True)
     base = rows[0]
-    command = "python benchmarks/bench_scheduler.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [
-        "## Scheduler on the CPU end-to-end path",
-        "",
-        f"Command: `{command.strip()}`  ",
+    write_table(
+        "scheduler.md",
+        "Scheduler on the CPU end-to-end path",
+        command_line("bench_scheduler.py", argv),
         f"rec_oneside_nois, 8 prompts x 16 samples, 8-token responses, {args.steps} steps, no validation; "
         "one run per s, measured in one invocation on a 2-core machine (start-up excluded).",
-        "",
-        "| sync_interval s | steps/s | ratio to s=1 | rollout calls/step | ratio to s=1 | max queue | peak queue RSS (MB) | vs s=1 (MB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['s']} | {r['steps_per_s']:.3f} | {r['steps_per_s'] / base['steps_per_s']:.2f}x "
-            f"| {r['rollout_calls_per_step']:.3f} | {r['rollout_calls_per_step'] / base['rollout_calls_per_step']:.2f}x "
-            f"| {int(r['max_queue_len'])} | {r['peak_queue_rss_mb']:.0f} | {r['peak_queue_rss_mb'] - base['peak_queue_rss_mb']:+.0f} |"
-        )
-    text = "\n".join(lines) + "\n"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scheduler.md").write_text(text)
-    print(text)
+        ["sync_interval s", "steps/s", "ratio to s=1", "rollout calls/step", "ratio to s=1", "max queue", "peak queue RSS (MB)", "vs s=1 (MB)"],
+        [
+            [str(r["s"]), f"{r['steps_per_s']:.3f}", f"{r['steps_per_s'] / base['steps_per_s']:.2f}x",
+             f"{r['rollout_calls_per_step']:.3f}", f"{r['rollout_calls_per_step'] / base['rollout_calls_per_step']:.2f}x",
+             str(int(r["max_queue_len"])), f"{r['peak_queue_rss_mb']:.0f}", f"{r['peak_queue_rss_mb'] - base['peak_queue_rss_mb']:+.0f}"]
+            for r in rows
+        ],
+    )
     return 0
 
 

@@ -21,9 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
 from verl_offpolicy.cpu.demo import run_demo
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv=None) -> int:
@@ -70,25 +69,19 @@ def main(argv=None) -> int:
                 }
             )
             print(f"[demo-presets] {rows[-1]}", flush=True)
-    command = "python benchmarks/demo_presets.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [
-        "## CPU demo: reward at the start and the end, per preset",
-        "",
-        f"Command: `{command.strip()}`  ",
+    write_table(
+        "demo_presets.md",
+        "CPU demo: reward at the start and the end, per preset",
+        command_line("demo_presets.py", argv),
         f"Stock `main_ppo` + `offpolicy_trainer`, tiny Llama, repeat task, 8 prompts x 16 samples, {args.steps} steps, "
         f"seed {args.seed}, 2-core CPU. Reward curves: `benchmarks/results/demo_<preset>.png`.",
-        "",
-        "| preset | train reward, first 5 steps | last 5 steps | greedy validation, step 0 | last step | run (s) | s/step |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['preset']} | {r['first5']:.3f} | {r['last5']:.3f} | {r['val_before']:.3f} | {r['val_after']:.3f} "
-            f"| {r['total_s']:.0f} | {r['step_s']:.2f} |"
-        )
-    text = "\n".join(lines) + "\n"
-    (RESULTS / "demo_presets.md").write_text(text)
-    print(text)
+        ["preset", "train reward, first 5 steps", "last 5 steps", "greedy validation, step 0", "last step", "run (s)", "s/step"],
+        [
+            [r["preset"], f"{r['first5']:.3f}", f"{r['last5']:.3f}", f"{r['val_before']:.3f}", f"{r['val_after']:.3f}",
+             f"{r['total_s']:.0f}", f"{r['step_s']:.2f}"]
+            for r in rows
+        ],
+    )
     return 0
 
 

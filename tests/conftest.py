@@ -18,3 +18,4 @@ def _restore_environment():
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+

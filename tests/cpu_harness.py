@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -35,45 +37,108 @@ SMALL_DEMO = NO_VALIDATION + [
 ]
 
 
-def run_until_checkpoint(
-    command: Sequence[str], out: Path, rollouts: Path, kill_after_step: int, timeout: float, ray_dir: str
-) -> Path:
-    """Start a demo ``command`` (its Ray session in ``ray_dir``; log ``out/train.log``, metrics
-    ``out/metrics.jsonl``), kill it (process group and Ray session, ``ray_dir`` removed) once step
-    ``kill_after_step`` is logged and its checkpoint and rollout dump exist, as an interruption would;
-    return the checkpoint dir (``out/checkpoints``)."""
+def dumped_batches(rollout_dir: Path, steps) -> dict[int, list[tuple]]:
+    """Per step, the trained samples as sorted (prompt, response, score) from verl's rollout dumps
+    (``trainer.rollout_data_dir``). Uids are left out: they are uuid4, new in every run; the content is
+    what must match between runs."""
+    out = {}
+    for step in steps:
+        rows = [json.loads(line) for line in (Path(rollout_dir) / f"{step}.jsonl").read_text().splitlines()]
+        out[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    return out
+
+
+def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
+    """The prompt groups (uid prefixes) trained in ``steps``, from verl's rollout dumps."""
+    return {
+        json.loads(line)["uid"].split("_")[0]
+        for step in steps
+        for line in (Path(rollout_dir) / f"{step}.jsonl").read_text().splitlines()
+    }
+
+
+def run_until_checkpoint(command: Sequence[str], out: Path, rollouts: Path, kill_after_step: int, timeout: float) -> Path:
+    """Start a demo ``command`` (log ``out/train.log``, metrics ``out/metrics.jsonl``; its Ray session in
+    the ``ray_temp_dir`` it was built with), and kill it (process group and Ray session) as an
+    interruption would, once the checkpoint of step ``kill_after_step`` and that step's rollout dump
+    exist; return that checkpoint (``out/checkpoints/global_step_<k>``).
+
+    The files decide, not the log: a run may train later steps before a step's log line is read
+    (an overlapped run has their batches already generated). verl writes
+    ``latest_checkpointed_iteration.txt`` after a checkpoint is complete, so a tracker at ``k`` or
+    later means ``global_step_<k>`` is whole; resume from it by path (``trainer.resume_mode=resume_path``).
+    """
     import shutil
-    import threading
 
     from verl_offpolicy.cpu.demo import cpu_env
     from verl_offpolicy.cpu.process import kill_process_tree, spawn
 
+    ray_dir = _ray_temp_dir(command)
+    checkpoint = out / "checkpoints" / f"global_step_{kill_after_step}"
+    tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
     proc = spawn(command, cpu_env(out / "metrics.jsonl"), str(out))
-    seen = threading.Event()
 
-    def pump():
-        with open(out / "train.log", "w") as log:
+    def pump() -> None:
+        with open(out / "train.log", "w", buffering=1) as log:
             for line in proc.stdout:
                 log.write(line)
-                if f"step:{kill_after_step} - " in line:
-                    seen.set()
 
     threading.Thread(target=pump, daemon=True).start()
-    checkpoint = out / "checkpoints"
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            dumped = (rollouts / f"{kill_after_step}.jsonl").exists()
-            latest = checkpoint / "latest_checkpointed_iteration.txt"
-            if seen.is_set() and dumped and latest.exists() and latest.read_text().strip() == str(kill_after_step):
+            step = tracker.read_text().strip() if tracker.exists() else ""
+            saved = step.isdigit() and int(step) >= kill_after_step and checkpoint.is_dir()
+            if saved and (rollouts / f"{kill_after_step}.jsonl").exists():
                 break
             time.sleep(0.2)
         else:
-            raise AssertionError(f"the run did not reach step {kill_after_step}; see {out / 'train.log'}")
+            raise AssertionError(
+                f"the run did not save its step-{kill_after_step} checkpoint within {timeout:.0f} s "
+                f"(exit code {proc.poll()}); see {out / 'train.log'}"
+            )
     finally:
         kill_process_tree(proc, ray_dir)  # the interruption (also the cleanup on failure)
         shutil.rmtree(ray_dir, ignore_errors=True)
     return checkpoint
+
+
+def run_resumed(command: Sequence[str], out: Path, timeout: float) -> tuple[str, dict[int, dict[str, Any]]]:
+    """Run a resumed demo ``command`` to the end (log ``out/train.log``, metrics ``out/metrics.jsonl``;
+    its Ray session dir removed afterwards); assert it exited 0 and return (log text, metrics by step)."""
+    import shutil
+
+    from verl_offpolicy.cpu.demo import cpu_env, read_metrics, run_subprocess
+
+    ray_dir = _ray_temp_dir(command)
+    try:
+        returncode, _, _ = run_subprocess(
+            command, env=cpu_env(out / "metrics.jsonl"), log_path=out / "train.log",
+            timeout=timeout, ray_marker=ray_dir, cwd=str(out),
+        )
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    log = (out / "train.log").read_text(errors="replace")
+    assert returncode == 0, log[-4000:]
+    return log, read_metrics(out / "metrics.jsonl")
+
+
+def resume_overrides(checkpoint: Path) -> list[str]:
+    """Overrides that resume a demo run from ``checkpoint`` (a ``global_step_<k>`` dir) and save nothing more."""
+    return [
+        f"trainer.default_local_dir={checkpoint.parent}",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={checkpoint}",
+        "trainer.save_freq=-1",
+    ]
+
+
+def _ray_temp_dir(command: Sequence[str]) -> str:
+    """The Ray session dir a demo command was built with (``demo_command(..., ray_temp_dir=...)``)."""
+    for arg in command:
+        if arg.startswith("+ray_kwargs.ray_init._temp_dir=") or arg.startswith("ray_kwargs.ray_init._temp_dir="):
+            return arg.split("=", 1)[1]
+    raise ValueError("the command has no Ray temp dir: build it with demo_command(..., ray_temp_dir=...)")
 
 
 def isolated(target: str, timeout: float = 300.0, cpu: bool = True, **kwargs: Any) -> Any:

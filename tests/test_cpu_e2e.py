@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -132,17 +133,28 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(
             assert "actor/reward_kl_penalty" in m
 
 
-def test_timeout_becomes_a_failure_and_cleans_up(tmp_path):
+def test_timeout_becomes_a_failure_and_cleans_up(tmp_path, monkeypatch):
     """A run that cannot finish in time is killed with its Ray session, and says why."""
+    import verl_offpolicy.cpu.demo as demo
+
     output_dir = str(tmp_path / "e2e-timeout")
-    before = {p.pid for p in session_processes("vo-ray-")}
+    ray_dirs = []  # the run's own Ray session dir: other runs may be alive (pytest -n 2)
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        ray_dirs.append(real_mkdtemp(*args, **kwargs))
+        return ray_dirs[-1]
+
+    monkeypatch.setattr(demo.tempfile, "mkdtemp", mkdtemp)
     start = time.monotonic()
     with pytest.raises(DemoError, match="did not finish within 30s"):
         run_demo(steps=STEPS, output_dir=output_dir, timeout=30, overrides=["trainer.test_freq=-1"])
     assert time.monotonic() - start < 120
     assert session_processes(output_dir) == []
-    leftovers = [p for p in session_processes("vo-ray-") if p.pid not in before]
+    assert [d for d in ray_dirs if "vo-ray-" in d], ray_dirs
+    leftovers = [p for d in ray_dirs for p in session_processes(d)]
     assert leftovers == [], [" ".join(p.cmdline()) for p in leftovers]
+    assert not any(Path(d).exists() for d in ray_dirs)
 
 
 # ---------------------------------------------------------------------- the console script, interrupted

@@ -52,6 +52,36 @@ def test_bad_setting_is_named_with_its_fix(tiny, override, key, fix):
     assert_named_with_fix(_problems(tiny, override), key, fix)
 
 
+@pytest.mark.parametrize(
+    "overrides, key, fix",
+    [
+        # 4 prompts x 4 samples = 16 samples per step; the base overlay's micro-batches are 32 (verl asserted it
+        # in the worker at the first step, after a minute of start-up)
+        (["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4"],
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "log_prob_micro_batch_size_per_gpu=16"),
+        (["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4"],
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "ppo_micro_batch_size_per_gpu=16"),
+        # 8 x 16 = 128 samples, mini-batch 2 x 16 = 32: a micro-batch of 24 divides neither
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24"],
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=24", "ppo_micro_batch_size_per_gpu=16 (any divisor of 32)"),
+        # the reference model is checked where verl uses it (KL loss)
+        (["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=48"],
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=48", "=32 (any divisor of 128)"),
+    ],
+)
+def test_a_micro_batch_that_does_not_divide_its_batch_is_named_with_a_size_that_does(tiny, overrides, key, fix):
+    assert_named_with_fix(_problems(tiny, *overrides), key, fix)
+
+
+def test_micro_batches_are_not_checked_where_verl_does_not_use_them(tiny):
+    """Dynamic batch sizes split by tokens; an unused reference model is never called."""
+    assert _problems(tiny, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=48") == []
+    assert _problems(
+        tiny, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1024",
+    ) == []
+
+
 def test_required_cpus_counts_transfer_queue_and_placement_groups(tiny):
     cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"])
     assert required_ray_cpus(cfg) == 1 + 1 + 3  # controller + 1 storage unit + one training bundle

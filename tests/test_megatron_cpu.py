@@ -250,12 +250,13 @@ def test_two_presets_train_through_main_ppo_on_verls_megatron_engine(preset, tmp
     metrics = {m["step"]: m for m in result.metrics}
     assert sorted(metrics) == list(range(1, E2E_STEPS + 1))
     for step, m in metrics.items():
-        # our trainer's schedule: s = 2 -> versions 0, 0, 2 and staleness 0, 1, 0
-        assert (m["offpolicy/version"], m["offpolicy/staleness/mean"]) == {1: (0, 0), 2: (0, 1), 3: (2, 0)}[step]
+        # our trainer's schedule: s = 2 -> versions 0, 0, 2 and staleness 0, 1, 0 (under verl's own name)
+        staleness = m["training/off_policy/trajectory_staleness/mean"]
+        assert (m["offpolicy/version"], staleness) == {1: (0, 0), 2: (0, 1), 3: (2, 0)}[step]
         # our rec loss (verl's vanilla loss logs no ratio statistics)
         assert {"actor/pg_clipfrac_upper", "actor/ratio_mean", "actor/ratio_max"} <= set(m)
         assert m["actor/grad_norm"] > 0 and math.isfinite(m["actor/pg_loss"])
-        if m["offpolicy/staleness/mean"] == 0:
+        if staleness == 0:
             # the hf rollout got the Megatron engine's current weights (bf16 actor vs fp32 rollout;
             # measured ≤ 0.006). On the stale step 2 they differ by design (measured 0.64).
             assert m["training/rollout_probs_diff_max"] < 0.05

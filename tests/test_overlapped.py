@@ -3,17 +3,19 @@
 Fast tier: the observed-version check on verl's trajectory tags (including the negative control: a
 batch the rollout reports at another version fails the run), and the startup validation of the mode.
 End to end (e2e, slow): overlapped vs colocated runs of the CPU demo at the same seed train the same
-samples with the same versions at every step (each run's trained samples from verl's rollout dumps).
+samples with the same versions at every step (each run's trained samples from verl's rollout dumps), at
+(1, 0), (1, 1), (2, 1) and (4, 1); an interrupted overlapped run resumes without losing or repeating a
+batch; and a real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.
 """
 
 from __future__ import annotations
 
-import json
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import SMALL_DEMO, run_until_checkpoint
+from tests.cpu_harness import SMALL_DEMO, dumped_batches, resume_overrides, run_resumed, run_until_checkpoint
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -86,12 +88,18 @@ STEPS = 5
 TIMEOUT = 600
 STANDALONE = ["+cpu_rollout=standalone"]
 SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step, no validation
-# v(t) for t = 1..5 written out by hand from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋))
-SPEC_VERSIONS = {(1, 0): [0, 1, 2, 3, 4], (1, 1): [0, 0, 1, 2, 3], (2, 1): [0, 0, 0, 2, 2]}
-# Weight pushes of an overlapped run of 5 steps: one per version that has batches to generate, the
-# initial push of version 0 included ((1, 0): versions 0..4 generate steps 1..5; (1, 1): versions 0..3
-# generate steps 1-2, 3, 4, 5; (2, 1): versions 0, 2 generate steps 1-3, 4-5).
-SPEC_PUSHES = {(1, 0): 5, (1, 1): 4, (2, 1): 2}
+# v(t) for t = 1..5 (t = 1..6 for (4, 1): its first new version trains at step 6) written out by hand
+# from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)); a run has one step per entry.
+SPEC_VERSIONS = {
+    (1, 0): [0, 1, 2, 3, 4],
+    (1, 1): [0, 0, 1, 2, 3],
+    (2, 1): [0, 0, 0, 2, 2],
+    (4, 1): [0, 0, 0, 0, 0, 4],
+}
+# Weight pushes of an overlapped run: one per version that has batches to generate, the initial push of
+# version 0 included ((1, 0): versions 0..4 generate steps 1..5; (1, 1): versions 0..3 generate steps
+# 1-2, 3, 4, 5; (2, 1): versions 0, 2 generate steps 1-3, 4-5; (4, 1): versions 0, 4 generate steps 1-5, 6).
+SPEC_PUSHES = {(1, 0): 5, (1, 1): 4, (2, 1): 2, (4, 1): 2}
 
 
 def _schedule(s, d):
@@ -110,7 +118,7 @@ def runs(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"{mode}_s{s}d{d}")
             cache[key] = run_demo(
                 preset="opmd",
-                steps=STEPS,
+                steps=len(SPEC_VERSIONS[(s, d)]),
                 seed=0,
                 output_dir=out,
                 timeout=TIMEOUT,
@@ -125,26 +133,20 @@ def runs(tmp_path_factory):
 
 
 def _content(result) -> dict[int, list[tuple]]:
-    """Per step, the trained samples as sorted (prompt, response, score) from verl's rollout dumps
-    (uids are uuid4, new in every run: the content is what must match)."""
-    out = {}
-    for step in range(1, STEPS + 1):
-        rows = [json.loads(line) for line in (Path(result.output_dir) / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
-        out[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
-    return out
+    """Per step, the trained samples of a run (verl's rollout dumps)."""
+    return dumped_batches(Path(result.output_dir) / "rollouts", [m["step"] for m in result.metrics])
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize("s, d", [(1, 0), (1, 1), (2, 1)])
+@pytest.mark.parametrize("s, d", sorted(SPEC_VERSIONS))
 def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
     """Same seed, same (s, d): the same samples, versions and rewards at every step; the rollout reports
     the scheduled version for every trajectory; one weight push per generating version; the FIFO stays
     within s + d. Rewards are compared exactly: both modes sample each token from a generator seeded by
     (dataset row, sample, version) and the rollout runs fp32 with the same thread count. (1, 0) cannot
-    overlap (B_t needs the weights of step t − 1) and must behave as colocated (1, 0). (4, 1) is left to
-    benchmarks/bench_overlap.py (two more runs of minutes each on 2 cores)."""
+    overlap (B_t needs the weights of step t − 1) and must behave as colocated (1, 0)."""
     colocated, overlapped = runs("colocated", s, d), runs("overlapped", s, d)
     for result in (colocated, overlapped):
         assert [int(m["offpolicy/version"]) for m in result.metrics] == SPEC_VERSIONS[(s, d)]
@@ -163,25 +165,16 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
         assert m["training/off_policy/trajectory_staleness/max"] == (m["step"] - 1) - m["offpolicy/version"]
 
 
-def _command(out: Path, overrides: list[str], ray_dir: str) -> list[str]:
+def _command(out: Path, overrides: list[str]) -> list[str]:
+    """The overlapped (2, 1) run of the fixture, in ``out`` with its own Ray session dir."""
     from verl_offpolicy.cpu.demo import build_inputs, demo_command
 
+    out.mkdir(parents=True, exist_ok=True)
     return demo_command(
         build_inputs(out, seed=0), output_dir=out, preset="opmd", steps=STEPS, seed=0,
         overrides=SMALL + _schedule(2, 1) + STANDALONE + [f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
-        ray_temp_dir=ray_dir,
+        ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
     )
-
-
-def _interrupted(out: Path, kill_after_step: int) -> Path:
-    """The overlapped (2, 1) run with a checkpoint every ``kill_after_step`` steps, killed after that step's
-    checkpoint (process group and Ray session); returns the checkpoint dir."""
-    import tempfile
-
-    out.mkdir(parents=True, exist_ok=True)
-    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
-    command = _command(out, [f"trainer.save_freq={kill_after_step}"], ray_dir)
-    return run_until_checkpoint(command, out, out / "rollouts", kill_after_step, TIMEOUT, ray_dir)
 
 
 @pytest.mark.e2e
@@ -189,51 +182,40 @@ def _interrupted(out: Path, kill_after_step: int) -> Path:
 @pytest.mark.timeout(2400)
 def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
     """Interrupt the overlapped (2, 1) run after its step-2 checkpoint (B_3 of version 0 queued, possibly in
-    flight when the save started: the save waits for it), resume: steps 3-5 train the same samples at the
-    same versions as the uninterrupted run, and nothing is regenerated (B_3 comes back from the checkpoint)."""
-    import shutil
-    import tempfile
-
-    from verl_offpolicy.cpu.demo import cpu_env, read_metrics, run_subprocess
-
+    flight when the save started: the save waits for it), resume from that checkpoint: steps 3-5 train
+    the same samples at the same versions as the uninterrupted run, and nothing is regenerated (B_3
+    comes back from the checkpoint)."""
     reference = _content(runs("overlapped", 2, 1))
-    checkpoint = _interrupted(tmp_path / "first", 2)
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
-    # Resume from the step-2 checkpoint by path: on an idle machine the overlapped run trains steps 3-5
-    # (their batches already generated) before its step-2 log line reaches the interrupter, so later
-    # checkpoints may exist too; the step-2 one is the state an interruption right after step 2 leaves.
-    command = _command(
-        resumed_dir,
-        [
-            f"trainer.default_local_dir={checkpoint}",
-            "trainer.resume_mode=resume_path",
-            f"trainer.resume_from_path={checkpoint / 'global_step_2'}",
-            "trainer.save_freq=-1",
-        ],
-        ray_dir,
-    )
-    returncode, _, _ = run_subprocess(
-        command, env=cpu_env(resumed_dir / "metrics.jsonl"), log_path=resumed_dir / "train.log",
-        timeout=TIMEOUT, ray_marker=ray_dir, cwd=str(resumed_dir),
-    )
-    shutil.rmtree(ray_dir, ignore_errors=True)
-    log = (resumed_dir / "train.log").read_text(errors="replace")
-    assert returncode == 0, log[-4000:]
+    first = tmp_path / "first"
+    checkpoint = run_until_checkpoint(_command(first, ["trainer.save_freq=2"]), first, first / "rollouts", 2, TIMEOUT)
+    resumed = tmp_path / "resumed"
+    log, metrics = run_resumed(_command(resumed, resume_overrides(checkpoint)), resumed, TIMEOUT)
     assert "offpolicy scheduler: restored 1 queued batches for steps [3]" in log
-    metrics = read_metrics(resumed_dir / "metrics.jsonl")
     assert sorted(s for s in metrics if s >= 1) == [3, 4, 5]
     assert [int(metrics[s]["offpolicy/version"]) for s in (3, 4, 5)] == [0, 2, 2]
     assert [int(metrics[s]["offpolicy/observed_version/max"]) for s in (3, 4, 5)] == [0, 2, 2]
-    first = {s: reference[s] for s in (1, 2)}
-    interrupted = {}
-    for step in (1, 2):
-        rows = [json.loads(x) for x in (tmp_path / "first" / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
-        interrupted[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
-    assert interrupted == first
-    resumed = {}
-    for step in (3, 4, 5):
-        rows = [json.loads(x) for x in (resumed_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
-        resumed[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
-    assert resumed == {s: reference[s] for s in (3, 4, 5)}
+    assert dumped_batches(first / "rollouts", (1, 2)) == {s: reference[s] for s in (1, 2)}
+    assert dumped_batches(resumed / "rollouts", (3, 4, 5)) == {s: reference[s] for s in (3, 4, 5)}
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(tmp_path, monkeypatch):
+    """The observed-version check on a real overlapped run: the weight pushes are deliberately tagged one
+    version ahead (the fault hook ``PUSH_VERSION_FAULT_ENV``, set in the run's environment, which Ray
+    passes to the trainer), so the rollout reports version 1 for the batch of step 1 (scheduled: 0).
+    The run must stop before training it, saying why, instead of logging a plausible version."""
+    from verl_offpolicy.cpu.demo import DemoError, run_demo
+    from verl_offpolicy.glue.overlap import PUSH_VERSION_FAULT_ENV
+
+    monkeypatch.setenv(PUSH_VERSION_FAULT_ENV, "1")
+    out = tmp_path / "wrong_version"
+    with pytest.raises(DemoError):
+        run_demo(
+            preset="opmd", steps=2, seed=0, output_dir=out, timeout=TIMEOUT,
+            overrides=SMALL + _schedule(1, 1) + STANDALONE, stream=False, plot=False,
+        )
+    log = (out / "train.log").read_text(errors="replace")
+    assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
+    assert "step:1 - " not in log  # nothing was trained

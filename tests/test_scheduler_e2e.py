@@ -8,15 +8,13 @@ with its Ray session on failure (``verl_offpolicy.cpu.demo``).
 
 from __future__ import annotations
 
-import json
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import NO_VALIDATION, SMALL_DEMO, run_until_checkpoint
-from verl_offpolicy.cpu.demo import build_inputs, cpu_env, demo_command, read_metrics, run_demo, run_subprocess
+from tests.cpu_harness import NO_VALIDATION, SMALL_DEMO, dumped_batches, dumped_uid_groups, resume_overrides, run_resumed, run_until_checkpoint
+from verl_offpolicy.cpu.demo import build_inputs, demo_command, run_demo
 
 STEPS = 6
 # verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
@@ -151,86 +149,39 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
 # ------------------------------------------------------------------------------ checkpoint / resume
 
 
-def _batches(rollout_dir: Path, steps) -> dict[int, list[tuple]]:
-    """Per step, the trained samples as sorted (uid group, prompt, response, score) from verl's dumps."""
-    out = {}
-    for step in steps:
-        rows = [json.loads(line) for line in (rollout_dir / f"{step}.jsonl").read_text().splitlines()]
-        out[step] = sorted((r["uid"].split("_")[0], r["input"], r["output"], r["score"]) for r in rows)
-    return out
+def _interrupted_run(out: Path, kill_after_step: int) -> Path:
+    """The (4, 1) REC run of the fixture with a checkpoint every ``kill_after_step`` steps, killed (process
+    group and Ray session) once that step's checkpoint and rollout dump exist; returns the checkpoint."""
+    return run_until_checkpoint(_command(out, [f"trainer.save_freq={kill_after_step}"]), out, out / "rollouts", kill_after_step, TIMEOUT)
 
 
-def _content(batches: dict[int, list[tuple]]) -> dict[int, list[tuple]]:
-    """Batches without uids (uuid4, new in every run): what was trained, sample by sample."""
-    return {step: sorted(row[1:] for row in rows) for step, rows in batches.items()}
-
-
-def _interrupted_run(out: Path, kill_after_step: int, overrides: list[str]) -> tuple[Path, Path]:
-    """Start the (4, 1) run, kill it (process group and Ray session) once step ``kill_after_step``
-    is logged and its checkpoint and rollout dump exist; return (checkpoint dir, rollout dir)."""
-    inputs = build_inputs(out, seed=0)
-    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
-    rollouts = out / "rollouts"
-    command = demo_command(
-        inputs,
-        output_dir=out,
-        preset="rec_oneside_nois",
-        steps=STEPS,
-        seed=0,
-        overrides=[f"trainer.rollout_data_dir={rollouts}"] + overrides,
-        config_name="offpolicy_trainer",
-        ray_temp_dir=ray_dir,
+def _command(out: Path, overrides: list[str]) -> list[str]:
+    """The (4, 1) REC run of the fixture, in ``out`` with its own Ray session dir."""
+    out.mkdir(parents=True, exist_ok=True)
+    return demo_command(
+        build_inputs(out, seed=0), output_dir=out, preset="rec_oneside_nois", steps=STEPS, seed=0,
+        overrides=REC_41 + [f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
+        config_name="offpolicy_trainer", ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
     )
-    checkpoint = run_until_checkpoint(command, out, rollouts, kill_after_step, TIMEOUT, ray_dir)
-    return checkpoint, rollouts
 
 
 def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
     """Interrupt the (4, 1) run after its step-3 checkpoint, resume it, and compare with the same run
     uninterrupted: the queue (2 batches of version 0 for steps 4, 5) comes back from verl's
     TransferQueue checkpoint, so no batch is lost, regenerated or trained twice, versions included."""
-    reference = runs((4, 1))
-    reference_batches = _batches(Path(reference.output_dir) / "rollouts", range(1, STEPS + 1))
-    checkpoint, first_rollouts = _interrupted_run(tmp_path / "first", 3, REC_41 + ["trainer.save_freq=3"])
-    first = _batches(first_rollouts, range(1, 4))
-
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    ray_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
-    command = demo_command(
-        build_inputs(resumed_dir, seed=0),
-        output_dir=resumed_dir,
-        preset="rec_oneside_nois",
-        steps=STEPS,
-        seed=0,
-        overrides=REC_41
-        + [f"trainer.rollout_data_dir={resumed_dir / 'rollouts'}", f"trainer.default_local_dir={checkpoint}"]
-        + ["trainer.resume_mode=auto", "trainer.save_freq=-1"],
-        config_name="offpolicy_trainer",
-        ray_temp_dir=ray_dir,
-    )
-    returncode, _, _ = run_subprocess(
-        command,
-        env=cpu_env(resumed_dir / "metrics.jsonl"),
-        log_path=resumed_dir / "train.log",
-        timeout=TIMEOUT,
-        ray_marker=ray_dir,
-        cwd=str(resumed_dir),
-    )
-    shutil.rmtree(ray_dir, ignore_errors=True)
-    log = (resumed_dir / "train.log").read_text(errors="replace")
-    assert returncode == 0, log[-4000:]
+    reference = dumped_batches(Path(runs((4, 1)).output_dir) / "rollouts", range(1, STEPS + 1))
+    first = tmp_path / "first"
+    checkpoint = _interrupted_run(first, 3)
+    resumed = tmp_path / "resumed"
+    log, metrics = run_resumed(_command(resumed, resume_overrides(checkpoint)), resumed, TIMEOUT)
     assert "offpolicy scheduler: restored 2 queued batches for steps [4, 5]" in log
-    resumed_metrics = read_metrics(resumed_dir / "metrics.jsonl")
-    assert sorted(s for s in resumed_metrics if s >= 1) == [4, 5, 6]
-    assert [int(resumed_metrics[s]["offpolicy/version"]) for s in (4, 5, 6)] == [0, 0, 4]
-    resumed = _batches(resumed_dir / "rollouts", range(4, STEPS + 1))
+    assert sorted(s for s in metrics if s >= 1) == [4, 5, 6]
+    assert [int(metrics[s]["offpolicy/version"]) for s in (4, 5, 6)] == [0, 0, 4]
 
     # Same samples as the uninterrupted run, step by step (responses included: nothing regenerated).
-    assert _content(first) == _content({s: reference_batches[s] for s in range(1, 4)})
-    assert _content(resumed) == _content({s: reference_batches[s] for s in range(4, STEPS + 1)})
+    assert dumped_batches(first / "rollouts", range(1, 4)) == {s: reference[s] for s in range(1, 4)}
+    assert dumped_batches(resumed / "rollouts", range(4, STEPS + 1)) == {s: reference[s] for s in range(4, STEPS + 1)}
     # No prompt group trained twice across the interruption.
-    first_uids = {row[0] for rows in first.values() for row in rows}
-    resumed_uids = {row[0] for rows in resumed.values() for row in rows}
+    first_uids, resumed_uids = dumped_uid_groups(first / "rollouts", range(1, 4)), dumped_uid_groups(resumed / "rollouts", range(4, STEPS + 1))
     assert first_uids.isdisjoint(resumed_uids)
     assert len(resumed_uids) == 3 * 8  # 8 prompt groups per step

@@ -96,6 +96,38 @@ def check_standalone_rollout(cfg: DictConfig, need) -> None:
              f"set {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}")
 
 
+def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
+    """Fixed micro-batch sizes must divide the batches they split (verl asserts it in the worker, at the first
+    step, as "data size must be divisible by force_group_size * micro_batch_size_per_gpu").
+
+    With ``use_dynamic_bsz=false`` verl's engine splits each call's samples into micro-batches of exactly
+    ``*micro_batch_size_per_gpu``: the log-prob calls get a step's samples (``data.train_batch_size x
+    rollout.n`` per training process), the update gets a mini-batch's (``ppo_mini_batch_size x rollout.n``).
+    The reference model is checked only where verl uses it (KL loss or KL in reward).
+    """
+    n = int(_select(cfg, "actor_rollout_ref.rollout.n", 1) or 1)
+    dp = max(1, int(_select(cfg, "trainer.n_gpus_per_node", 1) or 1) * int(_select(cfg, "trainer.nnodes", 1) or 1))
+    step_samples = int(_select(cfg, "data.train_batch_size", 0) or 0) * n // dp
+    mini_samples = int(_select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n // dp
+    uses_ref = bool(_select(cfg, "algorithm.use_kl_in_reward", False) or _select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
+    checks = [
+        ("actor_rollout_ref.actor", "ppo_micro_batch_size_per_gpu", mini_samples,
+         "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n"),
+        ("actor_rollout_ref.rollout", "log_prob_micro_batch_size_per_gpu", step_samples, "data.train_batch_size x rollout.n"),
+    ]
+    if uses_ref:
+        checks.append(("actor_rollout_ref.ref", "log_prob_micro_batch_size_per_gpu", step_samples, "data.train_batch_size x rollout.n"))
+    for prefix, name, samples, what in checks:
+        micro = _select(cfg, f"{prefix}.{name}")
+        dynamic = _select(cfg, f"{prefix}.{'log_prob_' if name.startswith('log_prob') else ''}use_dynamic_bsz", False)
+        if micro is None or int(micro) <= 0 or samples <= 0 or dynamic:  # a size ≤ 0 is verl's own config error
+            continue
+        largest = max(m for m in range(1, min(int(micro), samples) + 1) if samples % m == 0)  # the divisor to suggest
+        need(f"{prefix}.{name}", samples % int(micro) == 0, micro,
+             f"must divide the {samples} samples it splits ({what}{' per training process' if dp > 1 else ''}); "
+             f"set {prefix}.{name}={largest} (any divisor of {samples})")
+
+
 def check_cpu_config(cfg: DictConfig) -> list[str]:
     """All problems of ``cfg`` for the CPU path, each naming the key and the value to set."""
     problems: list[str] = []
@@ -179,6 +211,8 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
          f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
          f"logical Ray CPUs, Ray would have {have} and wait forever; set {ray_init}.num_cpus=16 and "
          "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
+
+    check_micro_batch_sizes(cfg, need)
 
     n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
     nnodes = _select(cfg, "trainer.nnodes", 1)

@@ -29,6 +29,18 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 
+# Fault injection for the negative-control test only (tests/test_overlapped.py): when set in the
+# trainer's environment, every weight push is tagged ``version + offset``, so the rollout reports
+# versions the schedule does not expect and the run must stop at its first step with
+# ObservedVersionError. Unset (the default) it changes nothing.
+PUSH_VERSION_FAULT_ENV = "VERL_OFFPOLICY_FAULT_PUSH_VERSION_OFFSET"
+
+
+def push_label(version: int) -> int:
+    """The version a weight push tags the rollout with: ``version`` (unless the fault above is injected)."""
+    return version + int(os.environ.get(PUSH_VERSION_FAULT_ENV, "0") or 0)
+
+
 class ObservedVersionError(RuntimeError):
     """The rollout generated a batch at another weights version than the schedule says."""
 
@@ -90,7 +102,7 @@ class StandaloneRollout:
         """Push the trainer's current weights, tagged ``version``, to every replica (once per version)."""
         if self.version == version:
             raise ObservedVersionError(f"offpolicy scheduler: version {version} pushed twice")
-        metrics = self.checkpoint_manager.update_weights(version) or {}
+        metrics = self.checkpoint_manager.update_weights(push_label(version)) or {}
         self.version = version
         self.pushes += 1
         return metrics

@@ -73,7 +73,7 @@ from verl.workers.utils.padding import response_from_nested
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.metrics import ANCHOR_LOG_RATIO, queue_metrics, rollout_call_metrics
-from verl_offpolicy.glue.overlap import StandaloneRollout, check_observed_version
+from verl_offpolicy.glue.overlap import StandaloneRollout, check_observed_version, push_label
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
 logger = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ class OffPolicyTrainer(PPOTrainer):
             return
         if self._rollout_version is not None:
             self.checkpoint_manager.sleep_replicas()
-        self.checkpoint_manager.update_weights(version)
+        self.checkpoint_manager.update_weights(push_label(version))
         self._rollout_version = version
 
     def _rollout_sleep(self) -> None:
