@@ -57,6 +57,19 @@ def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
     }
 
 
+def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None) -> list[str]:
+    """The ``main_ppo`` command of a demo run in ``out`` (seed 0, verl's rollout dumps in ``out/rollouts``)
+    with a Ray session dir of its own: what :func:`run_until_checkpoint` and :func:`run_resumed` start."""
+    from verl_offpolicy.cpu.demo import DEFAULT_CONFIG_NAME, build_inputs, demo_command
+
+    out.mkdir(parents=True, exist_ok=True)
+    return demo_command(
+        build_inputs(out, seed=0), output_dir=out, preset=preset, steps=steps, seed=0,
+        overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
+        config_name=config_name or DEFAULT_CONFIG_NAME, ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
+    )
+
+
 def run_until_checkpoint(command: Sequence[str], out: Path, rollouts: Path, kill_after_step: int, timeout: float) -> Path:
     """Start a demo ``command`` (log ``out/train.log``, metrics ``out/metrics.jsonl``; its Ray session in
     the ``ray_temp_dir`` it was built with), and kill it (process group and Ray session) as an

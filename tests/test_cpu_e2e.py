@@ -138,7 +138,7 @@ def test_timeout_becomes_a_failure_and_cleans_up(tmp_path, monkeypatch):
     import verl_offpolicy.cpu.demo as demo
 
     output_dir = str(tmp_path / "e2e-timeout")
-    ray_dirs = []  # the run's own Ray session dir: other runs may be alive (pytest -n 2)
+    ray_dirs = []  # the run's own Ray session dir: other runs may be alive on the machine
     real_mkdtemp = tempfile.mkdtemp
 
     def mkdtemp(*args, **kwargs):

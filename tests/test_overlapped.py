@@ -10,12 +10,11 @@ batch; and a real overlapped run whose weight pushes are deliberately mislabelle
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import SMALL_DEMO, dumped_batches, resume_overrides, run_resumed, run_until_checkpoint
+from tests.cpu_harness import SMALL_DEMO, demo_run_command, dumped_batches, resume_overrides, run_resumed, run_until_checkpoint
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -166,15 +165,8 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
 
 
 def _command(out: Path, overrides: list[str]) -> list[str]:
-    """The overlapped (2, 1) run of the fixture, in ``out`` with its own Ray session dir."""
-    from verl_offpolicy.cpu.demo import build_inputs, demo_command
-
-    out.mkdir(parents=True, exist_ok=True)
-    return demo_command(
-        build_inputs(out, seed=0), output_dir=out, preset="opmd", steps=STEPS, seed=0,
-        overrides=SMALL + _schedule(2, 1) + STANDALONE + [f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
-        ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
-    )
+    """The overlapped (2, 1) run of the fixture, in ``out``."""
+    return demo_run_command(out, "opmd", STEPS, SMALL + _schedule(2, 1) + STANDALONE + overrides)
 
 
 @pytest.mark.e2e

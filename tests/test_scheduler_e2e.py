@@ -8,13 +8,12 @@ with its Ray session on failure (``verl_offpolicy.cpu.demo``).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import NO_VALIDATION, SMALL_DEMO, dumped_batches, dumped_uid_groups, resume_overrides, run_resumed, run_until_checkpoint
-from verl_offpolicy.cpu.demo import build_inputs, demo_command, run_demo
+from tests.cpu_harness import NO_VALIDATION, SMALL_DEMO, demo_run_command, dumped_batches, dumped_uid_groups, resume_overrides, run_resumed, run_until_checkpoint
+from verl_offpolicy.cpu.demo import run_demo
 
 STEPS = 6
 # verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
@@ -149,20 +148,9 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
 # ------------------------------------------------------------------------------ checkpoint / resume
 
 
-def _interrupted_run(out: Path, kill_after_step: int) -> Path:
-    """The (4, 1) REC run of the fixture with a checkpoint every ``kill_after_step`` steps, killed (process
-    group and Ray session) once that step's checkpoint and rollout dump exist; returns the checkpoint."""
-    return run_until_checkpoint(_command(out, [f"trainer.save_freq={kill_after_step}"]), out, out / "rollouts", kill_after_step, TIMEOUT)
-
-
 def _command(out: Path, overrides: list[str]) -> list[str]:
-    """The (4, 1) REC run of the fixture, in ``out`` with its own Ray session dir."""
-    out.mkdir(parents=True, exist_ok=True)
-    return demo_command(
-        build_inputs(out, seed=0), output_dir=out, preset="rec_oneside_nois", steps=STEPS, seed=0,
-        overrides=REC_41 + [f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
-        config_name="offpolicy_trainer", ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
-    )
+    """The (4, 1) REC run of the fixture, in ``out``."""
+    return demo_run_command(out, "rec_oneside_nois", STEPS, REC_41 + overrides, config_name="offpolicy_trainer")
 
 
 def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
@@ -171,7 +159,7 @@ def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_pat
     TransferQueue checkpoint, so no batch is lost, regenerated or trained twice, versions included."""
     reference = dumped_batches(Path(runs((4, 1)).output_dir) / "rollouts", range(1, STEPS + 1))
     first = tmp_path / "first"
-    checkpoint = _interrupted_run(first, 3)
+    checkpoint = run_until_checkpoint(_command(first, ["trainer.save_freq=3"]), first, first / "rollouts", 3, TIMEOUT)
     resumed = tmp_path / "resumed"
     log, metrics = run_resumed(_command(resumed, resume_overrides(checkpoint)), resumed, TIMEOUT)
     assert "offpolicy scheduler: restored 2 queued batches for steps [4, 5]" in log
