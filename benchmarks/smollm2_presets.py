@@ -8,7 +8,7 @@ greedy validation accuracy before and after, the mean seconds per step, and the 
 the resident set sizes of ``main_ppo`` and its descendants, Ray's processes included, sampled every
 2 s).
 
-    python benchmarks/smollm2_presets.py [--presets grpo opmd] [--steps 6] [--deadline 18:30]
+    python benchmarks/smollm2_presets.py [--presets grpo opmd] [--steps 6] [--test-freq 3] [--deadline 18:30]
 
 ``--deadline HH:MM`` (UTC) bounds the wall clock: each run gets the time left, split over the runs
 still to go, and a run killed at its bound is reported with the steps it logged. Writes
@@ -82,6 +82,7 @@ def summarise(preset: str, out: Path, steps: int, peak: int, wall: float, note: 
         "rewards": rewards,
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,
+        "val": val,
         "val_before": val.get(0),
         "val_after": val[max(val)] if val and max(val) > 0 else None,
         "val_after_step": max(val) if val and max(val) > 0 else None,
@@ -100,14 +101,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["grpo", "opmd"])
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--test-freq", type=int, default=None, help="validate every N steps (default: only after the last)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--deadline", default=None, help="HH:MM UTC today: every run ends before it")
+    parser.add_argument("--deadline", default=None, help="HH:MM UTC (the next such time): every run ends before it")
     args = parser.parse_args(argv)
 
     deadline = None
     if args.deadline:
         hh, mm = (int(x) for x in args.deadline.split(":"))
-        deadline = dt.datetime.now(dt.timezone.utc).replace(hour=hh, minute=mm, second=0, microsecond=0)
+        now = dt.datetime.now(dt.timezone.utc)
+        deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+        if deadline <= now:  # 00:30 given at 23:40 means tomorrow's
+            deadline += dt.timedelta(days=1)
     RESULTS.mkdir(exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vo-smollm2-bench-") as tmp:
@@ -115,6 +120,8 @@ def main(argv=None) -> int:
             timeout = 600.0 + 300.0 * args.steps
             if deadline is not None:
                 timeout = min(timeout, _seconds_left(deadline) / (len(args.presets) - index))
+                if timeout < 600:
+                    parser.error(f"--deadline {args.deadline} leaves {timeout:.0f} s for {preset}: not enough to start SmolLM2")
             out = Path(tmp) / f"{index}-{preset}"
             print(f"[smollm2-bench] {preset}: {args.steps} steps, bound {timeout:.0f} s ...", flush=True)
             start, note = time.monotonic(), ""
@@ -127,7 +134,7 @@ def main(argv=None) -> int:
                         seed=args.seed,
                         output_dir=out,
                         timeout=timeout,
-                        overrides=[f"trainer.test_freq={args.steps}"],
+                        overrides=[f"trainer.test_freq={args.test_freq or args.steps}"],
                         config_name="offpolicy_trainer",
                         stream=True,
                     )
@@ -143,6 +150,7 @@ def main(argv=None) -> int:
         "# SmolLM2-135M-Instruct on arithmetic word problems (CPU, 2 cores)",
         "",
         f"`python benchmarks/smollm2_presets.py --presets {' '.join(args.presets)} --steps {args.steps}"
+        + (f" --test-freq {args.test_freq}" if args.test_freq else "")
         + (f" --deadline {args.deadline}`" if args.deadline else "`"),
         "",
         "Demo settings (`verl_offpolicy.cpu.demo_models`): single-digit sums, 4 prompts x 4 samples per step,"
@@ -158,6 +166,8 @@ def main(argv=None) -> int:
         )
     lines += ["", "Train reward per step:", ""]
     lines += [f"- {r['preset']}: {', '.join(f'{x:.3f}' for x in r['rewards'])}" for r in rows]
+    lines += ["", "Greedy validation accuracy by step:", ""]
+    lines += [f"- {r['preset']}: {', '.join(f'{s}: {x:.3f}' for s, x in r['val'].items())}" for r in rows]
     (RESULTS / "smollm2_presets.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -5,6 +5,17 @@ import os
 import pytest
 
 
+@pytest.fixture(scope="session")
+def demo_runs(tmp_path_factory):
+    """Demo runs shared across test modules, two at a time (``tests.cpu_harness.DemoRuns``): the
+    scheduler's and the overlapped mode's tests ask for the same colocated runs."""
+    from tests.cpu_harness import DemoRuns
+
+    runs = DemoRuns(tmp_path_factory)
+    yield runs
+    runs.close()
+
+
 @pytest.fixture(autouse=True)
 def _restore_environment():
     """Every test leaves ``os.environ`` as it found it.

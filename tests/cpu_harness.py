@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -35,6 +34,26 @@ SMALL_DEMO = NO_VALIDATION + [
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
 ]
+
+
+PRIMARY_CONFIG = "offpolicy_trainer"
+SCHEDULED_STEPS = 6  # steps of the scheduler's shared runs: (4, 1) trains its first new version at step 6
+SHARED_RUN_TIMEOUT = 600
+STANDALONE = ["+cpu_rollout=standalone"]  # the overlapped mode's rollout on its own worker
+
+
+def schedule(s: int, d: int) -> list[str]:
+    """The overrides of ``sync_interval = s``, ``sync_offset = d``."""
+    return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
+
+
+def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
+    """The future of the ``opmd`` run at (s, d) of the scheduler's and the overlapped mode's tests (one
+    per mode and setting, shared through :class:`DemoRuns`): 4 prompts x 4 samples, no validation, 6
+    steps, on our primary config; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout)."""
+    assert mode in ("colocated", "overlapped"), mode
+    overrides = SMALL_DEMO + schedule(s, d) + (STANDALONE if mode == "overlapped" else []) + list(extra)
+    return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"opmd_{mode}_s{s}d{d}")
 
 
 def dumped_batches(rollout_dir: Path, steps) -> dict[int, list[tuple]]:
@@ -59,7 +78,7 @@ def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
 
 def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None) -> list[str]:
     """The ``main_ppo`` command of a demo run in ``out`` (seed 0, verl's rollout dumps in ``out/rollouts``)
-    with a Ray session dir of its own: what :func:`run_until_checkpoint` and :func:`run_resumed` start."""
+    with a Ray session dir of its own: what :func:`run_resumed` starts."""
     from verl_offpolicy.cpu.demo import DEFAULT_CONFIG_NAME, build_inputs, demo_command
 
     out.mkdir(parents=True, exist_ok=True)
@@ -70,49 +89,56 @@ def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str
     )
 
 
-def run_until_checkpoint(command: Sequence[str], out: Path, rollouts: Path, kill_after_step: int, timeout: float) -> Path:
-    """Start a demo ``command`` (log ``out/train.log``, metrics ``out/metrics.jsonl``; its Ray session in
-    the ``ray_temp_dir`` it was built with), and kill it (process group and Ray session) as an
-    interruption would, once the checkpoint of step ``kill_after_step`` and that step's rollout dump
-    exist; return that checkpoint (``out/checkpoints/global_step_<k>``).
+class DemoRuns:
+    """Demo runs (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout dumps in
+    ``<out>/rollouts``) shared by the end-to-end tests of every module: one run per distinct
+    (preset, steps, overrides, config). :meth:`start` queues a run without waiting for it; calling the
+    object waits for its result. At most ``parallel`` runs go at once: a run keeps about one of two cores
+    busy (its start-up is a chain of processes importing verl one after the other), so two share the
+    machine well. A run that failed raises the same error for every test that asks for it, without
+    being started twice. A run takes the process environment of the moment it starts: a module queues
+    only runs its own tests consume, and a test that changes the environment (``monkeypatch.setenv``)
+    must not run while they are under way."""
 
-    The files decide, not the log: a run may train later steps before a step's log line is read
-    (an overlapped run has their batches already generated). verl writes
-    ``latest_checkpointed_iteration.txt`` after a checkpoint is complete, so a tracker at ``k`` or
-    later means ``global_step_<k>`` is whole; resume from it by path (``trainer.resume_mode=resume_path``).
-    """
-    import shutil
+    def __init__(self, tmp_path_factory, parallel: int = 2):
+        from concurrent.futures import ThreadPoolExecutor
 
-    from verl_offpolicy.cpu.demo import cpu_env
-    from verl_offpolicy.cpu.process import kill_process_tree, spawn
+        self._tmp = tmp_path_factory
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="demo-run")
+        self._runs: dict[tuple, Any] = {}
 
-    ray_dir = _ray_temp_dir(command)
-    checkpoint = out / "checkpoints" / f"global_step_{kill_after_step}"
-    tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
-    proc = spawn(command, cpu_env(out / "metrics.jsonl"), str(out))
+    def start(
+        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, name: str = "run", plot: bool = False
+    ):
+        """Queue the run (once per configuration); returns its future. ``plot``: write the reward curve."""
+        from verl_offpolicy.cpu.demo import run_demo
 
-    def pump() -> None:
-        with open(out / "train.log", "w", buffering=1) as log:
-            for line in proc.stdout:
-                log.write(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            step = tracker.read_text().strip() if tracker.exists() else ""
-            saved = step.isdigit() and int(step) >= kill_after_step and checkpoint.is_dir()
-            if saved and (rollouts / f"{kill_after_step}.jsonl").exists():
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(
-                f"the run did not save its step-{kill_after_step} checkpoint within {timeout:.0f} s "
-                f"(exit code {proc.poll()}); see {out / 'train.log'}"
+        key = (preset, steps, tuple(overrides), config_name, plot)
+        if key not in self._runs:
+            out = self._tmp.mktemp(name)
+            self._runs[key] = self._pool.submit(
+                run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
+                overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
+                config_name=config_name, stream=False, plot=plot,
             )
-    finally:
-        kill_process_tree(proc, ray_dir)  # the interruption (also the cleanup on failure)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+        return self._runs[key]
+
+    def __call__(self, *args, **kwargs):
+        """The run's result (arguments of :meth:`start`), once it has finished (queued now if nothing had)."""
+        return self.start(*args, **kwargs).result()
+
+    def close(self) -> None:
+        """Drop the runs not started yet and wait for those under way (each ends within its timeout)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def checkpoint_of(result, step: int) -> Path:
+    """The ``global_step_<step>`` checkpoint a demo run saved (``trainer.save_freq``): the checkpoint an
+    interruption right after that step would leave, since verl writes the tracker file
+    (``latest_checkpointed_iteration.txt``) only once a checkpoint is complete."""
+    checkpoint = Path(result.output_dir) / "checkpoints" / f"global_step_{step}"
+    tracker = checkpoint.parent / "latest_checkpointed_iteration.txt"
+    assert checkpoint.is_dir() and tracker.exists(), f"no complete step-{step} checkpoint in {checkpoint.parent}"
     return checkpoint
 
 

@@ -146,11 +146,25 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), sorted(listening)
 
 
+NO_PLUGINS = {"VERL_USE_EXTERNAL_PLUGINS": "none"}
+
+
+@pytest.fixture(scope="module")
+def doctor_runs():
+    """The two full doctor runs (default environment; ``NO_PLUGINS``), started together by the first test
+    that asks: each spends most of its minute in one process at a time (start Ray, then a worker that
+    imports verl), so two share 2 cores well. Each test waits for its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="doctor") as pool:
+        yield {"default": pool.submit(run_doctor), "no_plugins": pool.submit(run_doctor, env=NO_PLUGINS)}
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
-def test_doctor_reports_every_name_in_driver_and_ray_worker():
-    proc, listening = run_doctor()
+def test_doctor_reports_every_name_in_driver_and_ray_worker(doctor_runs):
+    proc, listening = doctor_runs["default"].result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     driver, _, worker = proc.stdout.partition("[fresh Ray worker]")
     for section in (driver, worker):
@@ -166,10 +180,10 @@ def test_doctor_reports_every_name_in_driver_and_ray_worker():
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
-def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins():
+def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins(doctor_runs):
     """`VERL_USE_EXTERNAL_PLUGINS=none`: `import verl` registers nothing of ours in any process; doctor
     must say so with the fix (it used to register the names itself and say ok)."""
-    proc, listening = run_doctor(env={"VERL_USE_EXTERNAL_PLUGINS": "none"})
+    proc, listening = doctor_runs["no_plugins"].result()
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     fix = "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins"
     process, _, worker = proc.stdout.partition("[fresh Ray worker]")

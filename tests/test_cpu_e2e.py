@@ -3,8 +3,8 @@
 verl's real pipeline (Ray, v1 trainer with TransferQueue, FSDP2 ActorRolloutRefWorker, agent loop,
 reward loop, hf rollout with weight sync) through :func:`verl_offpolicy.cpu.demo.run_demo`, which
 kills the run (process group and its Ray session) if it exceeds the timeout: GRPO learning the task
-(one run proves the pipeline's checks and the learning), two presets of ours through main_ppo, the
-timeout, and the console script interrupted.
+(one run proves the pipeline's checks and the learning), two presets of ours through main_ppo with
+verl's rollout correction, the timeout, and the console script interrupted.
 """
 
 import math
@@ -96,24 +96,34 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
     assert result.validation[LEARN_STEPS] > result.validation[0] + 0.25, result.validation
 
 
-@pytest.mark.parametrize(
-    "preset, config_name",
-    [
-        pytest.param("asymre", "ppo_trainer", id="asymre-stock-config"),  # +algorithm=asymre on verl's config
-        pytest.param("agro", "offpolicy_trainer", id="agro-primary-config"),  # algorithm=agro on ours
-    ],
-)
-def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(preset, config_name, tmp_path):
-    """Two presets through stock main_ppo: our trainer, loss and estimator were the ones used."""
-    result = run_demo(
-        preset=preset,
-        steps=STEPS,
-        seed=0,
-        output_dir=str(tmp_path / f"e2e-{preset}"),
-        timeout=TIMEOUT,
-        config_name=config_name,
-        overrides=["trainer.test_freq=-1"],
-    )
+RC = "algorithm.rollout_correction"
+
+
+PRESET_RUNS = {
+    # +algorithm=asymre on verl's config, with token-level TIS (weights π_old/π_rollout truncated at 2)
+    "asymre-stock-config-token_tis": ("asymre", "ppo_trainer", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),
+    # algorithm=agro on ours, with sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
+    "agro-primary-config-seq_mis": ("agro", "offpolicy_trainer", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),
+}
+
+
+@pytest.fixture(scope="module")
+def preset_runs(demo_runs):
+    """The runs of :data:`PRESET_RUNS`, both queued by the first test that asks (they go at once)."""
+    futures = {
+        case: demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
+        for case, (preset, config_name, correction) in PRESET_RUNS.items()
+    }
+    return lambda case: futures[case].result()
+
+
+@pytest.mark.parametrize("case", sorted(PRESET_RUNS))
+def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(preset_runs, case):
+    """Two presets through stock main_ppo: our trainer, loss and estimator were the ones used, with verl's
+    decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss
+    by them: ``glue/losses.py::_aggregate``, common to every loss of ours)."""
+    preset = PRESET_RUNS[case][0]
+    result = preset_runs(case)
     check_completed(result)
     for m in result.metrics:
         # our trainer (offpolicy/*) and our rec loss (its metrics, which verl's vanilla loss does not log)
@@ -123,6 +133,8 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(
         assert m["actor/grad_norm"] > 0
         # our trainer generates under verl's own "gen" timer: a real share of the step, not ~0.01 s
         assert m["timing_s/gen"] > 0.15 * m["timing_s/step"], (m["timing_s/gen"], m["timing_s/step"])
+        # verl computed the rollout-correction weights of this batch (rollout vs trainer agree to < 1e-3: weights ≈ 1)
+        assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05), m["rollout_corr/rollout_is_mean"]
         if preset == "asymre":
             # A = r − (r̄ + shift): the token-mean advantage is ≈ −shift = +0.1 (GRPO's would be ≈ 0)
             assert m["critic/advantages/mean"] == pytest.approx(0.1, abs=0.03)
@@ -296,7 +308,7 @@ def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside
     the run wrote nothing under HOME/XDG dirs (datasets cache, matplotlib cache, Ray's token).
     Every problem found is reported together.
     """
-    demo = DemoProcess(tmp_path)
+    demo = DemoProcess(tmp_path, "trainer.val_before_train=false")  # to the first step sooner
     try:
         demo.wait_for(lambda: any(line.startswith("[cpu-demo] step 1:") for line in demo.lines), "first training step")
         second = subprocess.run(
@@ -323,37 +335,3 @@ def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside
         assert problems == [], "\n".join(problems)
     finally:
         demo.cleanup()
-
-
-RC = "algorithm.rollout_correction"
-
-
-@pytest.mark.parametrize(
-    "preset, overrides",
-    [
-        # REC one-side + token-level TIS (weights π_old/π_rollout truncated at 2)
-        pytest.param("rec_oneside_nois", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"], id="rec_oneside-token_tis"),
-        # OPMD + sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
-        pytest.param("opmd", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"], id="opmd-seq_mis"),
-    ],
-)
-def test_our_losses_train_with_verls_rollout_correction(preset, overrides, tmp_path):
-    """Decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss by them).
-
-    The timeout is the console-script tests' start-up allowance: at the 240 s of the other runs both cases were
-    killed during start-up on a machine with a load average of 22.
-    """
-    result = run_demo(
-        preset=preset,
-        steps=STEPS,
-        seed=0,
-        output_dir=str(tmp_path / f"e2e-{preset}-rc"),
-        timeout=STARTUP_TIMEOUT,
-        overrides=["trainer.test_freq=-1", *overrides],
-    )
-    check_completed(result)
-    for m in result.metrics:
-        # verl computed the weights of this batch (rollout vs trainer agree to < 1e-3: weights ≈ 1)
-        assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05), m["rollout_corr/rollout_is_mean"]
-        assert {"actor/pg_clipfrac_upper", "actor/ratio_mean"} <= set(m)  # our loss's metrics
-        assert m["actor/grad_norm"] > 0

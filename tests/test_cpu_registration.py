@@ -152,6 +152,7 @@ def test_the_rollout_name_is_written_once_in_the_package():
     assert ROLLOUTS == (HF_ROLLOUT,)
 
 
+@pytest.mark.slow
 def test_cpu_process_can_start_verls_separate_async():
     """verl 0.9.1's separate_async logs with ``flush=True`` (a TypeError in ``logging``) when
     hybrid_engine=false; in a CPU process the module's logger accepts and drops the keyword."""

@@ -136,3 +136,34 @@ def test_the_reward_plot_writes_nothing_under_home(tmp_path):
     subprocess.run([sys.executable, "-c", code, str(out / "curve.png")], check=True, timeout=CLI_TIMEOUT, env=env)
     assert (out / "curve.png").stat().st_size > 0
     assert list(home.rglob("*")) == []
+
+
+def test_tiny_models_built_in_threads_at_once_are_the_seeded_model(tmp_path):
+    """The tests' shared runs build their inputs in threads (``tests.cpu_harness.DemoRuns``): the tiny
+    model's weights come from torch's global RNG, so builds at the same time must not interleave draws.
+    Four threads build at once; every model equals a build made alone, and the caller's RNG is untouched."""
+    import threading
+
+    import torch
+    from safetensors.torch import load_file
+
+    from verl_offpolicy.cpu.tiny import build_tiny
+
+    def weights(root):
+        return load_file(str(Path(build_tiny(root)["model_path"]) / "model.safetensors"))
+
+    alone = weights(tmp_path / "alone")
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    start = threading.Barrier(4)
+    threads = [threading.Thread(target=lambda i=i: (start.wait(), build_tiny(tmp_path / f"t{i}"))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert torch.equal(torch.rand(3), expected_next)
+    for i in range(4):
+        built = weights(tmp_path / f"t{i}")
+        assert built.keys() == alone.keys()
+        assert all(torch.equal(built[k], alone[k]) for k in alone), i

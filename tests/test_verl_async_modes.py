@@ -2,12 +2,15 @@
 
 Fast tier: every preset composed on stock ``main_ppo``'s config with each mode is either accepted by
 the startup validation or rejected with the reason (expected outcome per preset: the literal table
-below, read off the preset files by hand). End to end (e2e): ``opmd`` and ``rec_oneside_nois`` train
-under both modes on the CPU path (``verl-offpolicy demo``), the rollout on its own pool for
-``separate_async`` (``+cpu_rollout=standalone``: the ``cpu_mailbox`` weight transport).
+below, read off the preset files by hand). End to end (e2e): ``opmd`` trains under
+``colocate_async`` and ``rec_oneside_nois`` (bypass mode) under ``separate_async`` on the CPU path
+(``verl-offpolicy demo``), the rollout on its own pool (``+cpu_rollout=standalone``: the
+``cpu_mailbox`` weight transport).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -96,29 +99,36 @@ PRESET_FIX = {
     "opmd": [],
     "rec_oneside_nois": ["algorithm.offpolicy.ratio_anchor=rollout", "algorithm.rollout_correction.bypass_mode=true"],
 }
+# Each mode once and each preset once (a full 2 x 2 costs two more minute-long runs): the bypass-mode REC
+# run on its own rollout worker (the weight push through cpu_mailbox), opmd colocated.
+E2E_CASES = [("opmd", "colocate_async"), ("rec_oneside_nois", "separate_async")]
+
+
+@pytest.fixture(scope="module")
+def async_runs(demo_runs):
+    """The runs of :data:`E2E_CASES`, both queued by the first test that asks (they go at once)."""
+    futures = {
+        (preset, mode): demo_runs.start(preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode)
+        for preset, mode in E2E_CASES
+    }
+    return lambda preset, mode: futures[(preset, mode)].result()
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("preset", sorted(PRESET_FIX))
-def test_preset_trains_under_verls_async_trainer_on_the_cpu(tmp_path, preset, mode):
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("preset, mode", E2E_CASES)
+def test_preset_trains_under_verls_async_trainer_on_the_cpu(async_runs, preset, mode):
     """A short CPU demo run under verl's own trainer mode: it finishes, logs every step, and the rollout
     generated with weights pushed during the run (verl's trajectory-staleness metrics come from the
     version the rollout reports; with separate_async that push went through the cpu_mailbox engine)."""
-    from verl_offpolicy.cpu.demo import run_demo
-
-    result = run_demo(
-        preset=preset, steps=STEPS, seed=0, output_dir=tmp_path, timeout=TIMEOUT,
-        overrides=SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], stream=False, plot=False,
-    )
+    result = async_runs(preset, mode)
     assert [m["step"] for m in result.metrics] == list(range(1, STEPS + 1))
     assert "offpolicy/version" not in result.metrics[0]  # verl's trainer, not ours
     last = result.metrics[-1]
     newest_version = (last["step"] - 1) - last["training/off_policy/trajectory_staleness/min"]
     assert newest_version >= 1, last  # weights of a trained version reached the rollout
     assert all(m["critic/score/mean"] == m["critic/score/mean"] for m in result.metrics)  # not NaN
-    log = (tmp_path / "train.log").read_text(errors="replace")
+    log = Path(result.log_path).read_text(errors="replace")
     if mode == "separate_async":
         assert "standalone replicas only" in log  # verl's line that raised TypeError before the CPU fix

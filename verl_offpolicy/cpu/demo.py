@@ -266,15 +266,14 @@ def write_plot(
     if own_config:
         os.environ["MPLCONFIGDIR"] = str(Path(path).absolute().parent / CACHE_NAME / "matplotlib")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # builds the font cache (matplotlib caches the dir it chose)
+        from matplotlib.figure import Figure  # builds the font cache (matplotlib caches the dir it chose)
     finally:
         if own_config:
             del os.environ["MPLCONFIGDIR"]
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    # A Figure of its own, not pyplot's global state: runs in threads (the tests' shared runs) may plot at once.
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     steps = [m["step"] for m in result_metrics if TRAIN_SCORE in m]
     ax.plot(steps, [m[TRAIN_SCORE] for m in result_metrics if TRAIN_SCORE in m], marker="o", label="train reward (sampled)")
     if validation:
@@ -288,7 +287,6 @@ def write_plot(
     ax.set_title(f"verl-offpolicy CPU demo ({title})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return str(path)
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+_INIT_LOCK = threading.Lock()
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -103,8 +105,11 @@ def build_model(out_dir: str | os.PathLike, tokenizer, spec: TinyModelSpec = Tin
         torch_dtype="float32",
     )
     config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config)
+    # The weights come from torch's global RNG: one initialisation at a time in a process (runs built in
+    # threads would interleave their draws), and the caller's RNG state is left as it was.
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
