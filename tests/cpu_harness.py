@@ -92,8 +92,8 @@ def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str
 class DemoRuns:
     """Demo runs (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout dumps in
     ``<out>/rollouts``) shared by the end-to-end tests of every module: one run per distinct
-    (preset, steps, overrides, config). :meth:`start` queues a run without waiting for it; calling the
-    object waits for its result. At most ``parallel`` runs go at once: a run keeps about one of two cores
+    (preset, steps, overrides, config). :meth:`start` queues a run and returns its future (``.result()``
+    waits for it). At most ``parallel`` runs go at once: a run keeps about one of two cores
     busy (its start-up is a chain of processes importing verl one after the other), so two share the
     machine well. A run that failed raises the same error for every test that asks for it, without
     being started twice. A run takes the process environment of the moment it starts: a module queues
@@ -122,10 +122,6 @@ class DemoRuns:
                 config_name=config_name, stream=False, plot=plot,
             )
         return self._runs[key]
-
-    def __call__(self, *args, **kwargs):
-        """The run's result (arguments of :meth:`start`), once it has finished (queued now if nothing had)."""
-        return self.start(*args, **kwargs).result()
 
     def close(self) -> None:
         """Drop the runs not started yet and wait for those under way (each ends within its timeout)."""
