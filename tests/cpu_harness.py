@@ -47,12 +47,18 @@ def schedule(s: int, d: int) -> list[str]:
     return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
 
 
+def opmd_overrides(s: int, d: int, mode: str) -> list[str]:
+    """The overrides of the scheduler's small ``opmd`` runs at (s, d): 4 prompts x 4 samples, no
+    validation; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout)."""
+    assert mode in ("colocated", "overlapped"), mode
+    return SMALL_DEMO + schedule(s, d) + (STANDALONE if mode == "overlapped" else [])
+
+
 def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
     """The future of the ``opmd`` run at (s, d) of the scheduler's and the overlapped mode's tests (one
-    per mode and setting, shared through :class:`DemoRuns`): 4 prompts x 4 samples, no validation, 6
-    steps, on our primary config; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout)."""
-    assert mode in ("colocated", "overlapped"), mode
-    overrides = SMALL_DEMO + schedule(s, d) + (STANDALONE if mode == "overlapped" else []) + list(extra)
+    per mode and setting, shared through :class:`DemoRuns`): :func:`opmd_overrides` + ``extra``, 6
+    steps, on our primary config."""
+    overrides = opmd_overrides(s, d, mode) + list(extra)
     return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"opmd_{mode}_s{s}d{d}")
 
 

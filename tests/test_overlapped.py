@@ -5,7 +5,8 @@ batch the rollout reports at another version fails the run), and the startup val
 End to end (e2e, slow): overlapped vs colocated runs of the CPU demo at the same seed train the same
 samples with the same versions at every step (each run's trained samples from verl's rollout dumps), at
 (1, 0), (1, 1), (2, 1) and (4, 1) (the colocated runs are shared with tests/test_scheduler_e2e.py); an
-overlapped run resumed from its step-2 checkpoint trains the batches of the uninterrupted run; and a real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.
+overlapped run resumed from its step-2 checkpoint trains the batches of the uninterrupted run; and a
+real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.cpu_harness import (
-    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, STANDALONE, checkpoint_of, demo_run_command,
-    dumped_batches, opmd_run, resume_overrides, run_resumed, schedule,
+    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, checkpoint_of, demo_run_command, dumped_batches, opmd_overrides,
+    opmd_run, resume_overrides, run_resumed,
 )
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
@@ -88,7 +89,6 @@ def test_overlapped_mode_validation():
 
 STEPS = SCHEDULED_STEPS
 TIMEOUT = SHARED_RUN_TIMEOUT
-SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step, no validation
 # v(t) for t = 1..6 written out by hand from docs/scheduler.md (v(t) = s·max(0, ⌊(t − d − 1)/s⌋));
 # a run has one step per entry.
 SPEC_VERSIONS = {
@@ -165,7 +165,7 @@ def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(ru
     uninterrupted = runs("overlapped", *RESUMED)
     reference = _content(uninterrupted)
     resumed = tmp_path / "resumed"
-    overrides = SMALL + schedule(*RESUMED) + STANDALONE + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP))
+    overrides = opmd_overrides(*RESUMED, "overlapped") + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP))
     log, metrics = run_resumed(demo_run_command(resumed, "opmd", STEPS, overrides, PRIMARY_CONFIG), resumed, TIMEOUT)
     assert "offpolicy scheduler: restored 1 queued batches for steps [3]" in log
     assert sorted(s for s in metrics if s >= 1) == [3, 4, 5, 6]
@@ -190,7 +190,7 @@ def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(tmp_
     with pytest.raises(DemoError):
         run_demo(
             preset="opmd", steps=2, seed=0, output_dir=out, timeout=TIMEOUT,
-            overrides=SMALL + schedule(1, 1) + STANDALONE, config_name=PRIMARY_CONFIG, stream=False, plot=False,
+            overrides=opmd_overrides(1, 1, "overlapped"), config_name=PRIMARY_CONFIG, stream=False, plot=False,
         )
     log = (out / "train.log").read_text(errors="replace")
     assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]

@@ -146,7 +146,7 @@ def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_pat
     twice, versions included."""
     uninterrupted = runs("rec_s4d1")
     reference = dumped_batches(Path(uninterrupted.output_dir) / "rollouts", range(1, STEPS + 1))
-    preset, overrides, config_name = RUNS["rec_s4d1"]
+    preset, _, config_name = RUNS["rec_s4d1"]  # its overrides less the checkpointing: REC_41
     resumed = tmp_path / "resumed"
     command = demo_run_command(resumed, preset, STEPS, REC_41 + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP)), config_name)
     log, metrics = run_resumed(command, resumed, TIMEOUT)
