@@ -14,9 +14,11 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from tests.actor_harness import ActorHarness, IsolatedRunError, run_isolated  # noqa: F401
 from verl_offpolicy.cpu.process import run_captured
@@ -96,42 +98,116 @@ def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str
 
 
 class DemoRuns:
-    """Demo runs (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout dumps in
-    ``<out>/rollouts``) shared by the end-to-end tests of every module: one run per distinct
-    (preset, steps, overrides, config). :meth:`start` queues a run and returns its future (``.result()``
-    waits for it). At most ``parallel`` runs go at once: a run keeps about one of two cores
-    busy (its start-up is a chain of processes importing verl one after the other), so two share the
-    machine well. A run that failed raises the same error for every test that asks for it, without
-    being started twice. A run takes the process environment of the moment it starts: a module queues
-    only runs its own tests consume, and a test that changes the environment (``monkeypatch.setenv``)
-    must not run while they are under way."""
+    """The session's long jobs, shared by the end-to-end tests of every module: demo runs
+    (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout dumps in ``<out>/rollouts``; one per
+    distinct preset, steps, overrides, config and environment) and other jobs (:meth:`submit`: doctor, a
+    resumed run). conftest queues every module's jobs at the session's start (the module's
+    ``queue_jobs``), and runs the end-to-end tests last: the jobs run in the background while the rest of
+    the suite runs in the test process. At most ``parallel`` jobs go at once: a run keeps about one of
+    two cores busy (its start-up is a chain of processes importing verl one after the other), so two
+    beside the test process keep the machine busy. A job that failed raises the same error for every test
+    that asks for it, without being run twice.
+
+    Every job starts from the environment of the session's start (:attr:`environ`) plus what it names
+    itself, never from ``os.environ`` of the moment: tests change it (``monkeypatch.setenv``) while jobs run.
+    """
 
     def __init__(self, tmp_path_factory, parallel: int = 2):
         from concurrent.futures import ThreadPoolExecutor
 
-        self._tmp = tmp_path_factory
-        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="demo-run")
-        self._runs: dict[tuple, Any] = {}
-
-    def start(
-        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, name: str = "run", plot: bool = False
-    ):
-        """Queue the run (once per configuration); returns its future. ``plot``: write the reward curve."""
         from verl_offpolicy.cpu.demo import run_demo
 
-        key = (preset, steps, tuple(overrides), config_name, plot)
-        if key not in self._runs:
-            out = self._tmp.mktemp(name)
-            self._runs[key] = self._pool.submit(
-                run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
-                overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
-                config_name=config_name, stream=False, plot=plot,
-            )
-        return self._runs[key]
+        self.environ = dict(os.environ)
+        self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
+        self._tmp = tmp_path_factory
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="shared-job")
+        self._jobs: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, key: Any, fn: Callable[..., Any], *args: Any, after: Sequence[Any] = (), **kwargs: Any):
+        """Queue ``fn(*args, **kwargs)`` once per ``key``; returns its future. A job with ``after`` (futures
+        or :class:`QueuedRun`) enters the queue once they are all done, so it never holds a slot waiting."""
+        from concurrent.futures import Future
+
+        with self._lock:
+            if key in self._jobs:
+                return self._jobs[key]
+            if not after:
+                self._jobs[key] = self._pool.submit(fn, *args, **kwargs)
+                return self._jobs[key]
+            outer: Future = Future()
+            self._jobs[key] = outer
+        pending = [getattr(dep, "future", dep) for dep in after]
+        remaining = [len(pending)]
+
+        def forward(inner) -> None:
+            if inner.cancelled():
+                outer.cancel()
+            elif inner.exception() is not None:
+                outer.set_exception(inner.exception())
+            else:
+                outer.set_result(inner.result())
+
+        def one_done(_) -> None:
+            with self._lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            try:
+                inner = self._pool.submit(fn, *args, **kwargs)
+            except RuntimeError:  # the pool is shut down (the session ends)
+                outer.cancel()
+                return
+            inner.add_done_callback(forward)
+
+        for dep in pending:
+            dep.add_done_callback(one_done)
+        return outer
+
+    def start(
+        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, name: str = "run",
+        plot: bool = False, env: Optional[dict[str, str]] = None, console: bool = False,
+    ) -> QueuedRun:
+        """Queue the demo run (once per configuration). ``env``: variables set on top of :attr:`environ`;
+        ``console``: keep the run's console lines (``run_demo(stream=...)``) in :attr:`QueuedRun.console`."""
+        import io
+
+        env = dict(env or {})
+        key = ("run", preset, steps, tuple(overrides), config_name, plot, tuple(sorted(env.items())), console)
+        with self._lock:
+            if key in self._jobs:
+                return self._jobs[key]
+        out, stream = self.tmp_dir(name), io.StringIO() if console else None
+        future = self.submit(
+            ("future",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
+            overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
+            stream=stream or False, plot=plot, env={**self.environ, **env},
+        )
+        with self._lock:
+            self._jobs[key] = QueuedRun(out, future, stream)
+            return self._jobs[key]
+
+    def tmp_dir(self, name: str) -> Path:
+        """A new directory of the session's temp dir for a job's files."""
+        return self._tmp.mktemp(name)
 
     def close(self) -> None:
-        """Drop the runs not started yet and wait for those under way (each ends within its timeout)."""
+        """Drop the jobs not started yet and wait for those under way (each ends within its timeout)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class QueuedRun:
+    """A demo run queued in :class:`DemoRuns`: its output directory (known at once), its future, and the
+    stream that receives its console lines if they are kept."""
+
+    output_dir: Path
+    future: Any
+    console: Optional[Any] = None
+
+    def result(self):
+        """Wait for the run; its :class:`~verl_offpolicy.cpu.demo.DemoResult`, or its error raised."""
+        return self.future.result()
 
 
 def checkpoint_of(result, step: int) -> Path:
@@ -144,9 +220,12 @@ def checkpoint_of(result, step: int) -> Path:
     return checkpoint
 
 
-def run_resumed(command: Sequence[str], out: Path, timeout: float) -> tuple[str, dict[int, dict[str, Any]]]:
+def run_resumed(
+    command: Sequence[str], out: Path, timeout: float, env: Optional[dict[str, str]] = None
+) -> tuple[str, dict[int, dict[str, Any]]]:
     """Run a resumed demo ``command`` to the end (log ``out/train.log``, metrics ``out/metrics.jsonl``;
-    its Ray session dir removed afterwards); assert it exited 0 and return (log text, metrics by step)."""
+    its Ray session dir removed afterwards), from ``env`` (default: this process's environment); assert it
+    exited 0 and return (log text, metrics by step)."""
     import shutil
 
     from verl_offpolicy.cpu.demo import cpu_env, read_metrics, run_subprocess
@@ -154,7 +233,7 @@ def run_resumed(command: Sequence[str], out: Path, timeout: float) -> tuple[str,
     ray_dir = _ray_temp_dir(command)
     try:
         returncode, _, _ = run_subprocess(
-            command, env=cpu_env(out / "metrics.jsonl"), log_path=out / "train.log",
+            command, env=cpu_env(out / "metrics.jsonl", base=env), log_path=out / "train.log",
             timeout=timeout, ray_marker=ray_dir, cwd=str(out),
         )
     finally:
@@ -162,6 +241,23 @@ def run_resumed(command: Sequence[str], out: Path, timeout: float) -> tuple[str,
     log = (out / "train.log").read_text(errors="replace")
     assert returncode == 0, log[-4000:]
     return log, read_metrics(out / "metrics.jsonl")
+
+
+def start_resumed(
+    demo_runs: DemoRuns, reference: QueuedRun, step: int, preset: str, steps: int, overrides: Sequence[str],
+    config_name: str, timeout: float, name: str,
+):
+    """Queue a run that resumes ``reference``'s configuration (``overrides``, without its checkpointing) from
+    its step-``step`` checkpoint, once ``reference`` is done; its future gives (output dir, log, metrics by
+    step) (:func:`run_resumed`)."""
+
+    def job():
+        out = demo_runs.tmp_dir(name) / "resumed"
+        checkpoint = checkpoint_of(reference.result(), step)
+        command = demo_run_command(out, preset, steps, [*overrides, *resume_overrides(checkpoint)], config_name)
+        return (out, *run_resumed(command, out, timeout, env=demo_runs.environ))
+
+    return demo_runs.submit(("resumed", name), job, after=[reference])
 
 
 def resume_overrides(checkpoint: Path) -> list[str]:

@@ -124,14 +124,15 @@ DOCTOR_TIMEOUT = 900  # composes every preset twice and starts Ray: minutes on a
 
 
 def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """The real console script (environment inherited, PYTHONPATH included), and every TCP socket that its
-    process tree (the Ray probe, GCS, raylet, workers) listened on while it ran, polled every 0.1 s."""
+    """The real console script (environment ``env``, default this process's, PYTHONPATH included), and every
+    TCP socket that its process tree (the Ray probe, GCS, raylet, workers) listened on while it ran, polled
+    every 0.1 s."""
     import time
 
     from verl_offpolicy.cpu.process import listening_addresses
 
     proc = subprocess.Popen([EXE, "doctor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env=dict(os.environ if env is None else env))
     listening: set[str] = set()
     deadline = time.monotonic() + DOCTOR_TIMEOUT
     try:
@@ -149,15 +150,24 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
 NO_PLUGINS = {"VERL_USE_EXTERNAL_PLUGINS": "none"}
 
 
-@pytest.fixture(scope="module")
-def doctor_runs():
-    """The two full doctor runs (default environment; ``NO_PLUGINS``), started together by the first test
-    that asks: each spends most of its minute in one process at a time (start Ray, then a worker that
-    imports verl), so two share 2 cores well. Each test waits for its own."""
-    from concurrent.futures import ThreadPoolExecutor
+def queue_doctor_runs(demo_runs):
+    """The two full doctor runs (the session's environment; with ``NO_PLUGINS``) as long jobs of the
+    session: each spends most of its minute in one process at a time (start Ray, then a worker that
+    imports verl)."""
+    environ = demo_runs.environ
+    return {
+        "default": demo_runs.submit("doctor", run_doctor, env=environ),
+        "no_plugins": demo_runs.submit("doctor_no_plugins", run_doctor, env={**environ, **NO_PLUGINS}),
+    }
 
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="doctor") as pool:
-        yield {"default": pool.submit(run_doctor), "no_plugins": pool.submit(run_doctor, env=NO_PLUGINS)}
+
+SHARED_JOBS = {"doctor_runs": queue_doctor_runs}  # queued at the session's start (conftest)
+
+
+@pytest.fixture(scope="module")
+def doctor_runs(demo_runs):
+    """The futures of the two full doctor runs; each test waits for its own."""
+    return queue_doctor_runs(demo_runs)
 
 
 @pytest.mark.e2e

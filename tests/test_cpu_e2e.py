@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -68,8 +67,49 @@ def check_console(out: str, result: DemoResult, steps: int) -> None:
     assert summary[4:6] == [f"  reward curve: {result.plot_path}", f"  log: {result.log_path}"], summary
 
 
+RC = "algorithm.rollout_correction"
+
+
+PRESET_RUNS = {
+    # +algorithm=asymre on verl's config, with token-level TIS (weights π_old/π_rollout truncated at 2)
+    "asymre-stock-config-token_tis": ("asymre", "ppo_trainer", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),
+    # algorithm=agro on ours, with sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
+    "agro-primary-config-seq_mis": ("agro", "offpolicy_trainer", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),
+}
+
+
+def queue_learn_run(demo_runs):
+    """The learning run: the demo's defaults (40 steps of 8 prompts x 16 samples, validation every 10
+    steps), its console lines kept."""
+    return demo_runs.start("grpo", LEARN_STEPS, [], "ppo_trainer", LEARN_TIMEOUT, name="learn", plot=True, console=True)
+
+
+def queue_preset_runs(demo_runs):
+    """The runs of :data:`PRESET_RUNS`, by case."""
+    return {
+        case: demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
+        for case, (preset, config_name, correction) in PRESET_RUNS.items()
+    }
+
+
+SHARED_JOBS = {"learn_run": queue_learn_run, "preset_runs": queue_preset_runs}  # queued at the session's start (conftest)
+
+
+@pytest.fixture(scope="module")
+def learn_run(demo_runs):
+    """The learning run (its result, its console lines)."""
+    return queue_learn_run(demo_runs)
+
+
+@pytest.fixture(scope="module")
+def preset_runs(demo_runs):
+    """The result of the run of a case of :data:`PRESET_RUNS`."""
+    runs = queue_preset_runs(demo_runs)
+    return lambda case: runs[case].result()
+
+
 @pytest.mark.timeout(LEARN_TIMEOUT + 300)
-def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behind(tmp_path, capsys):
+def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behind(learn_run):
     """Acceptance and the pipeline's end-to-end checks in one run (~3.5 minutes on 2 cores): GRPO
     (vanilla loss) through stock main_ppo, 40 steps of 8 prompts x 16 samples (tiny Llama, repeat task).
 
@@ -77,9 +117,9 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
     last steps clearly exceeds that of the first steps and the greedy validation reward rises;
     everything that listened on a port was on loopback; nothing of the run is left behind.
     """
-    output_dir = str(tmp_path / "learn")
-    result = run_demo(preset="grpo", steps=LEARN_STEPS, seed=0, output_dir=output_dir, timeout=LEARN_TIMEOUT)
-    check_console(capsys.readouterr().out, result, LEARN_STEPS)
+    result = learn_run.result()
+    output_dir = result.output_dir
+    check_console(learn_run.console.getvalue(), result, LEARN_STEPS)
     print(result.summary())
     check_completed(result, LEARN_STEPS)
     # Everything that listens on a port (Ray, TransferQueue, the process groups) binds to loopback.
@@ -94,27 +134,6 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
     # Observed: 0.06 -> 0.95 (reward), 0.11 -> 1.0 (validation); a random policy scores ~0.05.
     assert last > first + 0.3, (first, last, rewards)
     assert result.validation[LEARN_STEPS] > result.validation[0] + 0.25, result.validation
-
-
-RC = "algorithm.rollout_correction"
-
-
-PRESET_RUNS = {
-    # +algorithm=asymre on verl's config, with token-level TIS (weights π_old/π_rollout truncated at 2)
-    "asymre-stock-config-token_tis": ("asymre", "ppo_trainer", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),
-    # algorithm=agro on ours, with sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
-    "agro-primary-config-seq_mis": ("agro", "offpolicy_trainer", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),
-}
-
-
-@pytest.fixture(scope="module")
-def preset_runs(demo_runs):
-    """The runs of :data:`PRESET_RUNS`, both queued by the first test that asks (they go at once)."""
-    futures = {
-        case: demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
-        for case, (preset, config_name, correction) in PRESET_RUNS.items()
-    }
-    return lambda case: futures[case].result()
 
 
 @pytest.mark.parametrize("case", sorted(PRESET_RUNS))
@@ -145,28 +164,19 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(
             assert "actor/reward_kl_penalty" in m
 
 
-def test_timeout_becomes_a_failure_and_cleans_up(tmp_path, monkeypatch):
+def test_timeout_becomes_a_failure_and_cleans_up(tmp_path):
     """A run that cannot finish in time is killed with its Ray session, and says why."""
-    import verl_offpolicy.cpu.demo as demo
-
     output_dir = str(tmp_path / "e2e-timeout")
-    ray_dirs = []  # the run's own Ray session dir: other runs may be alive on the machine
-    real_mkdtemp = tempfile.mkdtemp
-
-    def mkdtemp(*args, **kwargs):
-        ray_dirs.append(real_mkdtemp(*args, **kwargs))
-        return ray_dirs[-1]
-
-    monkeypatch.setattr(demo.tempfile, "mkdtemp", mkdtemp)
     start = time.monotonic()
-    with pytest.raises(DemoError, match="did not finish within 30s"):
+    with pytest.raises(DemoError, match="did not finish within 30s") as failure:
         run_demo(steps=STEPS, output_dir=output_dir, timeout=30, overrides=["trainer.test_freq=-1"])
     assert time.monotonic() - start < 120
     assert session_processes(output_dir) == []
-    assert [d for d in ray_dirs if "vo-ray-" in d], ray_dirs
-    leftovers = [p for d in ray_dirs for p in session_processes(d)]
+    ray_dir = failure.value.ray_temp_dir  # the run's own Ray session dir: other runs may be alive on the machine
+    assert ray_dir and "vo-ray-" in ray_dir, ray_dir
+    leftovers = session_processes(ray_dir)
     assert leftovers == [], [" ".join(p.cmdline()) for p in leftovers]
-    assert not any(Path(d).exists() for d in ray_dirs)
+    assert not Path(ray_dir).exists()
 
 
 # ---------------------------------------------------------------------- the console script, interrupted

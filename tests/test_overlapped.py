@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.cpu_harness import (
-    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, checkpoint_of, demo_run_command, dumped_batches, opmd_overrides,
-    opmd_run, resume_overrides, run_resumed,
+    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, start_resumed,
 )
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
-from verl_offpolicy.glue.overlap import ObservedVersionError, check_observed_version, observed_versions
+from verl_offpolicy.cpu.demo import DemoError
+from verl_offpolicy.glue.overlap import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
 
 # ------------------------------------------------------------------------------ observed version
@@ -111,14 +111,48 @@ def _start(demo_runs, mode, s, d):
     return opmd_run(demo_runs, s, d, mode, extra)
 
 
+def queue_runs(demo_runs):
+    """The opmd run of each mode at each (s, d), by (mode, s, d) (the colocated ones are the scheduler
+    tests' too), a colocated and an overlapped run at a time."""
+    return {(mode, s, d): _start(demo_runs, mode, s, d) for s, d in sorted(SPEC_VERSIONS) for mode in ("colocated", "overlapped")}
+
+
+def queue_resumed_run(demo_runs):
+    """The overlapped (2, 1) run and, once it is done, the same run resumed from its step-2 checkpoint."""
+    uninterrupted = _start(demo_runs, "overlapped", *RESUMED)
+    resumed = start_resumed(
+        demo_runs, uninterrupted, RESUME_STEP, "opmd", STEPS, opmd_overrides(*RESUMED, "overlapped"), PRIMARY_CONFIG,
+        TIMEOUT, name="overlapped_resumed",
+    )
+    return uninterrupted, resumed
+
+
+def queue_wrong_version_run(demo_runs):
+    """An overlapped (1, 1) run whose weight pushes are tagged one version ahead (the fault hook
+    ``PUSH_VERSION_FAULT_ENV``, in the run's environment, which Ray passes to the trainer)."""
+    overrides = opmd_overrides(1, 1, "overlapped")
+    return demo_runs.start("opmd", 2, overrides, PRIMARY_CONFIG, TIMEOUT, name="wrong_version", env={PUSH_VERSION_FAULT_ENV: "1"})
+
+
+# queued at the session's start (conftest)
+SHARED_JOBS = {"runs": queue_runs, "resumed_run": queue_resumed_run, "wrong_version_run": queue_wrong_version_run}
+
+
 @pytest.fixture(scope="module")
 def runs(demo_runs):
-    """The shared opmd run of a mode at (s, d) (its colocated runs are the scheduler tests' too). The
-    first test to ask queues all of them, a colocated and an overlapped run at a time."""
-    for s, d in sorted(SPEC_VERSIONS):
-        for mode in ("colocated", "overlapped"):
-            _start(demo_runs, mode, s, d)
-    return lambda mode, s, d: _start(demo_runs, mode, s, d).result()
+    """The result of the shared opmd run of a mode at (s, d)."""
+    jobs = queue_runs(demo_runs)
+    return lambda mode, s, d: jobs[(mode, s, d)].result()
+
+
+@pytest.fixture
+def resumed_run(demo_runs):
+    return queue_resumed_run(demo_runs)
+
+
+@pytest.fixture
+def wrong_version_run(demo_runs):
+    return queue_wrong_version_run(demo_runs)
 
 
 def _content(result) -> dict[int, list[tuple]]:
@@ -157,16 +191,14 @@ def test_overlapped_trains_the_batches_and_versions_of_colocated(runs, s, d):
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
+def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(resumed_run):
     """Resume the overlapped (2, 1) run from its step-2 checkpoint (what an interruption right after step
     2 leaves: B_3 of version 0 queued, possibly in flight when the save started; the save waits for it):
     steps 3-6 train the same samples at the same versions as the uninterrupted run, and nothing is
     regenerated (B_3 comes back from the checkpoint)."""
-    uninterrupted = runs("overlapped", *RESUMED)
-    reference = _content(uninterrupted)
-    resumed = tmp_path / "resumed"
-    overrides = opmd_overrides(*RESUMED, "overlapped") + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP))
-    log, metrics = run_resumed(demo_run_command(resumed, "opmd", STEPS, overrides, PRIMARY_CONFIG), resumed, TIMEOUT)
+    uninterrupted, resumed_job = resumed_run
+    reference = _content(uninterrupted.result())
+    resumed, log, metrics = resumed_job.result()
     assert "offpolicy scheduler: restored 1 queued batches for steps [3]" in log
     assert sorted(s for s in metrics if s >= 1) == [3, 4, 5, 6]
     assert [int(metrics[s]["offpolicy/version"]) for s in (3, 4, 5, 6)] == [0, 2, 2, 4]
@@ -177,21 +209,13 @@ def test_overlapped_resume_trains_exactly_the_batches_of_an_uninterrupted_run(ru
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(tmp_path, monkeypatch):
+def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(wrong_version_run):
     """The observed-version check on a real overlapped run: the weight pushes are deliberately tagged one
     version ahead (the fault hook ``PUSH_VERSION_FAULT_ENV``, set in the run's environment, which Ray
     passes to the trainer), so the rollout reports version 1 for the batch of step 1 (scheduled: 0).
     The run must stop before training it, saying why, instead of logging a plausible version."""
-    from verl_offpolicy.cpu.demo import DemoError, run_demo
-    from verl_offpolicy.glue.overlap import PUSH_VERSION_FAULT_ENV
-
-    monkeypatch.setenv(PUSH_VERSION_FAULT_ENV, "1")
-    out = tmp_path / "wrong_version"
     with pytest.raises(DemoError):
-        run_demo(
-            preset="opmd", steps=2, seed=0, output_dir=out, timeout=TIMEOUT,
-            overrides=opmd_overrides(1, 1, "overlapped"), config_name=PRIMARY_CONFIG, stream=False, plot=False,
-        )
-    log = (out / "train.log").read_text(errors="replace")
+        wrong_version_run.result()
+    log = (wrong_version_run.output_dir / "train.log").read_text(errors="replace")
     assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
     assert "step:1 - " not in log  # nothing was trained

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.cpu_harness import (
-    NO_VALIDATION, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, checkpoint_of, demo_run_command,
-    dumped_batches, dumped_uid_groups, opmd_run, resume_overrides, run_resumed, schedule,
+    NO_VALIDATION, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, dumped_batches, dumped_uid_groups,
+    opmd_run, schedule, start_resumed,
 )
 
 STEPS = SCHEDULED_STEPS
@@ -42,20 +42,33 @@ RUNS = {
 }
 
 
+def queue_runs(demo_runs):
+    """The runs of :data:`RUNS` by name, and the shared colocated opmd runs at (1, 1) and (2, 1) by (s, d)."""
+    runs = {key: demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key) for key, (preset, overrides, config_name) in RUNS.items()}
+    return runs | {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in [(1, 1), (2, 1)]}
+
+
+def queue_resumed_run(demo_runs):
+    """The (4, 1) REC run and, once it is done, the same run resumed from its step-3 checkpoint."""
+    preset, overrides, config_name = RUNS["rec_s4d1"]
+    uninterrupted = demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name="rec_s4d1")
+    # the resumed run: the same overrides less the checkpointing (REC_41)
+    return uninterrupted, start_resumed(demo_runs, uninterrupted, RESUME_STEP, preset, STEPS, REC_41, config_name, TIMEOUT, name="rec_s4d1_resumed")
+
+
+SHARED_JOBS = {"runs": queue_runs, "resumed_run": queue_resumed_run}  # queued at the session's start (conftest)
+
+
 @pytest.fixture(scope="module")
 def runs(demo_runs):
-    """A run of :data:`RUNS` by name, or the shared colocated opmd run at (s, d). The first test to ask
-    queues them all (two go at once)."""
+    """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (s, d)."""
+    jobs = queue_runs(demo_runs)
+    return lambda key: jobs[key].result()
 
-    def start(key):
-        if isinstance(key, tuple):
-            return opmd_run(demo_runs, *key, mode="colocated")
-        preset, overrides, config_name = RUNS[key]
-        return demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key)
 
-    for key in [*RUNS, (1, 1), (2, 1)]:
-        start(key)
-    return lambda key: start(key).result()
+@pytest.fixture
+def resumed_run(demo_runs):
+    return queue_resumed_run(demo_runs)
 
 
 # The schedule of docs/scheduler.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
@@ -139,17 +152,14 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
 # ------------------------------------------------------------------------------ checkpoint / resume
 
 
-def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(runs, tmp_path):
+def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(resumed_run):
     """Resume the (4, 1) REC run from its step-3 checkpoint (what an interruption right after step 3
     leaves) and compare with the same run uninterrupted: the queue (2 batches of version 0 for steps
     4, 5) comes back from verl's TransferQueue checkpoint, so no batch is lost, regenerated or trained
     twice, versions included."""
-    uninterrupted = runs("rec_s4d1")
+    uninterrupted = resumed_run[0].result()
     reference = dumped_batches(Path(uninterrupted.output_dir) / "rollouts", range(1, STEPS + 1))
-    preset, _, config_name = RUNS["rec_s4d1"]  # its overrides less the checkpointing: REC_41
-    resumed = tmp_path / "resumed"
-    command = demo_run_command(resumed, preset, STEPS, REC_41 + resume_overrides(checkpoint_of(uninterrupted, RESUME_STEP)), config_name)
-    log, metrics = run_resumed(command, resumed, TIMEOUT)
+    resumed, log, metrics = resumed_run[1].result()
     assert "offpolicy scheduler: restored 2 queued batches for steps [4, 5]" in log
     assert sorted(s for s in metrics if s >= 1) == [4, 5, 6]
     assert [int(metrics[s]["offpolicy/version"]) for s in (4, 5, 6)] == [0, 0, 4]

@@ -104,14 +104,22 @@ PRESET_FIX = {
 E2E_CASES = [("opmd", "colocate_async"), ("rec_oneside_nois", "separate_async")]
 
 
-@pytest.fixture(scope="module")
-def async_runs(demo_runs):
-    """The runs of :data:`E2E_CASES`, both queued by the first test that asks (they go at once)."""
-    futures = {
+def queue_async_runs(demo_runs):
+    """The runs of :data:`E2E_CASES`, by (preset, mode)."""
+    return {
         (preset, mode): demo_runs.start(preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode)
         for preset, mode in E2E_CASES
     }
-    return lambda preset, mode: futures[(preset, mode)].result()
+
+
+SHARED_JOBS = {"async_runs": queue_async_runs}  # queued at the session's start (conftest)
+
+
+@pytest.fixture(scope="module")
+def async_runs(demo_runs):
+    """The result of the run of a case of :data:`E2E_CASES`."""
+    runs = queue_async_runs(demo_runs)
+    return lambda preset, mode: runs[(preset, mode)].result()
 
 
 @pytest.mark.e2e

@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TextIO
 
 from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
 from verl_offpolicy.cpu.demo_models import DEFAULT_MODEL, get_model
@@ -76,9 +76,11 @@ CACHE_NAME = ".cache"
 
 
 class DemoError(RuntimeError):
-    """The demo run failed or timed out; the message carries the end of the training log."""
+    """The demo run failed or timed out; the message carries the end of the training log, and
+    ``ray_temp_dir`` the run's own Ray session dir once one was made (removed with the run)."""
 
     exit_code = 1
+    ray_temp_dir: Optional[str] = None
 
 
 class DemoInputError(DemoError):
@@ -479,9 +481,10 @@ def run_demo(
     timeout: float = 900.0,
     overrides: Iterable[str] = (),
     config_name: str = DEFAULT_CONFIG_NAME,
-    stream: bool = True,
+    stream: bool | TextIO = True,
     plot: bool = True,
     model: str = DEFAULT_MODEL,
+    env: Optional[Mapping[str, str]] = None,
 ) -> DemoResult:
     """Train a model on its task through stock ``main_ppo`` on the CPU (by default the tiny model on the repeat task).
 
@@ -495,9 +498,12 @@ def run_demo(
         timeout: seconds before the run is killed (and a :class:`DemoError` raised).
         overrides: extra Hydra overrides, applied last.
         config_name: primary config (``ppo_trainer``; e.g. ``offpolicy_trainer`` with its presets).
-        stream: print a progress line per step to stdout.
+        stream: the console lines (start-up phases, a line per step, the summary): to stdout (True), to
+            this text stream, or nowhere (False).
         plot: write ``reward_curve.png``.
         model: ``tiny`` or ``smollm2-135m`` (:mod:`verl_offpolicy.cpu.demo_models`).
+        env: the environment the run starts from (default: this process's, read at the call); the CPU
+            path's variables are added to it.
 
     Returns:
         :class:`DemoResult` with per-step metrics, validation rewards and timings.
@@ -517,7 +523,8 @@ def run_demo(
         with InterruptSignals() as signals:
             try:
                 return _run_locked(
-                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, stream, plot, lock, signals, model
+                    preset, steps, seed, output_dir, timeout, list(overrides), config_name, _console(stream), plot, lock,
+                    signals, model, dict(os.environ if env is None else env),
                 )
             except Interrupt as exc:
                 name = signal.Signals(exc.signum).name
@@ -538,15 +545,16 @@ def _run_locked(
     timeout: float,
     overrides: list[str],
     config_name: str,
-    stream: bool,
+    console: Optional[TextIO],
     plot: bool,
     lock: OutputDirLock,
     signals: InterruptSignals,
-    model: str = DEFAULT_MODEL,
+    model: str,
+    base_env: dict[str, str],
 ) -> DemoResult:
     t0 = time.monotonic()
-    if stream:
-        print(f"[cpu-demo] preparing {get_model(model).preparing} ...", flush=True)
+    if console:
+        print(f"[cpu-demo] preparing {get_model(model).preparing} ...", file=console, flush=True)
     inputs = build_inputs(output_dir, seed=seed, model=model)
     metrics_path = output_dir / METRICS_NAME
     if metrics_path.exists():
@@ -567,21 +575,22 @@ def _run_locked(
     phases = StartupPhases()
 
     def on_line(line: str) -> None:
-        if stream and signals.received is None:  # once interrupted, the dying run's output goes to the log only
+        if console and signals.received is None:  # once interrupted, the dying run's output goes to the log only
             for shown in (phases.feed(line), _progress_line(line)):
                 if shown:
-                    print(shown, flush=True)
+                    print(shown, file=console, flush=True)
 
-    if stream:
+    if console:
         print(
             f"[cpu-demo] output: {output_dir}; running {' '.join(command[:4])} ... (log: {output_dir / LOG_NAME})\n"
             "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
             "minutes on a small machine; phases below as they complete, seconds since launch:",
+            file=console,
             flush=True,
         )
     listening: list[str] = []
     try:
-        env = cpu_env(metrics_path)
+        env = cpu_env(metrics_path, base=base_env)
         env.update(run_files_env(output_dir, ray_temp_dir, env))
         returncode, wall, marks = run_subprocess(
             command,
@@ -594,10 +603,15 @@ def _run_locked(
             listening=listening,
             pass_fds=[lock.fd],
         )
+    except DemoError as exc:
+        exc.ray_temp_dir = ray_temp_dir
+        raise
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
     if returncode != 0:
-        raise DemoError(f"main_ppo exited with status {returncode}; end of {output_dir / LOG_NAME}:\n{tail(output_dir / LOG_NAME)}")
+        error = DemoError(f"main_ppo exited with status {returncode}; end of {output_dir / LOG_NAME}:\n{tail(output_dir / LOG_NAME)}")
+        error.ray_temp_dir = ray_temp_dir
+        raise error
 
     by_step = read_metrics(metrics_path)
     metrics = [{"step": s, **m} for s, m in sorted(by_step.items()) if s >= 1 and TRAIN_SCORE in m]
@@ -641,7 +655,14 @@ def _run_locked(
         listening=listening,
     )
     (output_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2, default=str))
-    if stream:
-        print(plain_summary(result.summary(), log_path=result.log_path, metrics_path=result.metrics_path), flush=True)
-        print(f"[cpu-demo] done: {json.dumps(result.summary(), default=str)}", flush=True)
+    if console:
+        print(plain_summary(result.summary(), log_path=result.log_path, metrics_path=result.metrics_path), file=console, flush=True)
+        print(f"[cpu-demo] done: {json.dumps(result.summary(), default=str)}", file=console, flush=True)
     return result
+
+
+def _console(stream: bool | TextIO) -> Optional[TextIO]:
+    """Where :func:`run_demo`'s console lines go: ``stream``, stdout for True, nowhere for False."""
+    if stream is True:
+        return sys.stdout
+    return stream or None
