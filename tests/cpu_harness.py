@@ -97,16 +97,15 @@ def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str
     )
 
 
-class DemoRuns:
-    """The session's long jobs, shared by the end-to-end tests of every module: demo runs
-    (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout dumps in ``<out>/rollouts``; one per
-    distinct preset, steps, overrides, config and environment) and other jobs (:meth:`submit`: doctor, a
-    resumed run). conftest queues every module's jobs at the session's start (the module's
-    ``queue_jobs``), and runs the end-to-end tests last: the jobs run in the background while the rest of
-    the suite runs in the test process. At most ``parallel`` jobs go at once: a run keeps about one of
-    two cores busy (its start-up is a chain of processes importing verl one after the other), so two
-    beside the test process keep the machine busy. A job that failed raises the same error for every test
-    that asks for it, without being run twice.
+class SharedJobs:
+    """The session's long jobs, shared by the end-to-end tests of every module (:meth:`submit`: doctor, a
+    resumed run; :class:`DemoRuns` adds demo runs). conftest queues the jobs that the selected tests will ask for at the session's start (a
+    module's ``SHARED_JOBS``), and runs the end-to-end tests last: the jobs run in the background while the
+    rest of the suite runs in the test process. A run keeps about one of two cores busy (its start-up is a
+    chain of processes importing verl one after the other), and so does the test process: while it runs
+    tests, ``parallel - 1`` jobs go at once; while it waits for a job (:meth:`SharedJob.result`),
+    ``parallel``. A job that failed raises the same error for every test that asks for it, without being
+    run twice.
 
     Every job starts from the environment of the session's start (:attr:`environ`) plus what it names
     itself, never from ``os.environ`` of the moment: tests change it (``monkeypatch.setenv``) while jobs run.
@@ -115,28 +114,64 @@ class DemoRuns:
     def __init__(self, tmp_path_factory, parallel: int = 2):
         from concurrent.futures import ThreadPoolExecutor
 
-        from verl_offpolicy.cpu.demo import run_demo
-
         self.environ = dict(os.environ)
-        self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
         self._tmp = tmp_path_factory
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="shared-job")
         self._jobs: dict[Any, Any] = {}
         self._lock = threading.Lock()
+        self._parallel = parallel
+        self._slots = threading.Condition()
+        self._running = 0  # jobs under way
+        self._waiting = 0  # test-process threads waiting for a job
+        self._closing = False
+
+    def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` that starts only while fewer jobs run than the test process leaves room for."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self._slots:
+                self._slots.wait_for(
+                    lambda: self._closing or self._running < (self._parallel if self._waiting else max(1, self._parallel - 1))
+                )
+                if self._closing:
+                    raise RuntimeError("the test session ended before this shared job started")
+                self._running += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._slots:
+                    self._running -= 1
+                    self._slots.notify_all()
+
+        return run
+
+    def wait(self, future: Any) -> Any:
+        """``future.result()``; while it waits, the test process's share of the machine goes to the jobs."""
+        if future.done():
+            return future.result()
+        with self._slots:
+            self._waiting += 1
+            self._slots.notify_all()
+        try:
+            return future.result()
+        finally:
+            with self._slots:
+                self._waiting -= 1
 
     def submit(self, key: Any, fn: Callable[..., Any], *args: Any, after: Sequence[Any] = (), **kwargs: Any):
-        """Queue ``fn(*args, **kwargs)`` once per ``key``; returns its future. A job with ``after`` (futures
-        or :class:`QueuedRun`) enters the queue once they are all done, so it never holds a slot waiting."""
+        """Queue ``fn(*args, **kwargs)`` once per ``key``; returns its :class:`SharedJob`. A job with
+        ``after`` (other jobs) enters the queue once they are all done, so it never holds a slot waiting."""
         from concurrent.futures import Future
 
+        fn = self._gated(fn)
         with self._lock:
             if key in self._jobs:
                 return self._jobs[key]
             if not after:
-                self._jobs[key] = self._pool.submit(fn, *args, **kwargs)
+                self._jobs[key] = SharedJob(self, self._pool.submit(fn, *args, **kwargs))
                 return self._jobs[key]
             outer: Future = Future()
-            self._jobs[key] = outer
+            self._jobs[key] = SharedJob(self, outer)
         pending = [getattr(dep, "future", dep) for dep in after]
         remaining = [len(pending)]
 
@@ -162,7 +197,29 @@ class DemoRuns:
 
         for dep in pending:
             dep.add_done_callback(one_done)
-        return outer
+        return self._jobs[key]
+
+    def tmp_dir(self, name: str) -> Path:
+        """A new directory of the session's temp dir for a job's files."""
+        return self._tmp.mktemp(name)
+
+    def close(self) -> None:
+        """Drop the jobs not started yet and wait for those under way (each ends within its timeout)."""
+        with self._slots:
+            self._closing = True
+            self._slots.notify_all()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class DemoRuns(SharedJobs):
+    """:class:`SharedJobs` and demo runs (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout
+    dumps in ``<out>/rollouts``; one per distinct preset, steps, overrides, config and environment)."""
+
+    def __init__(self, tmp_path_factory, parallel: int = 2):
+        from verl_offpolicy.cpu.demo import run_demo
+
+        super().__init__(tmp_path_factory, parallel)
+        self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
 
     def start(
         self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, name: str = "run",
@@ -178,36 +235,36 @@ class DemoRuns:
             if key in self._jobs:
                 return self._jobs[key]
         out, stream = self.tmp_dir(name), io.StringIO() if console else None
-        future = self.submit(
-            ("future",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
+        job = self.submit(
+            ("job",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
             overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
             stream=stream or False, plot=plot, env={**self.environ, **env},
         )
         with self._lock:
-            self._jobs[key] = QueuedRun(out, future, stream)
+            self._jobs[key] = QueuedRun(self, job.future, out, stream)
             return self._jobs[key]
-
-    def tmp_dir(self, name: str) -> Path:
-        """A new directory of the session's temp dir for a job's files."""
-        return self._tmp.mktemp(name)
-
-    def close(self) -> None:
-        """Drop the jobs not started yet and wait for those under way (each ends within its timeout)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass(frozen=True)
-class QueuedRun:
-    """A demo run queued in :class:`DemoRuns`: its output directory (known at once), its future, and the
-    stream that receives its console lines if they are kept."""
+class SharedJob:
+    """A job queued in :class:`SharedJobs` and its future."""
 
-    output_dir: Path
+    owner: SharedJobs
     future: Any
-    console: Optional[Any] = None
 
     def result(self):
-        """Wait for the run; its :class:`~verl_offpolicy.cpu.demo.DemoResult`, or its error raised."""
-        return self.future.result()
+        """Wait for the job (:meth:`SharedJobs.wait`); its result, or its error raised."""
+        return self.owner.wait(self.future)
+
+
+@dataclass(frozen=True)
+class QueuedRun(SharedJob):
+    """A demo run queued in :class:`DemoRuns`: also its output directory (known at once) and the stream
+    that receives its console lines if they are kept. ``result()``: its
+    :class:`~verl_offpolicy.cpu.demo.DemoResult`."""
+
+    output_dir: Path = None
+    console: Optional[Any] = None
 
 
 def checkpoint_of(result, step: int) -> Path:
