@@ -14,8 +14,8 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def demo_runs(tmp_path_factory):
     """The session's long jobs, shared across test modules (``tests.cpu_harness.DemoRuns``: one at a time
-    beside the tests, two while a test waits for one):
-    e.g. the scheduler's and the overlapped mode's tests ask for the same colocated runs."""
+    beside the tests, two while a test waits for one); e.g. the scheduler's and the overlapped mode's
+    tests ask for the same colocated runs."""
     from tests.cpu_harness import DemoRuns
 
     runs = DemoRuns(tmp_path_factory)

@@ -99,9 +99,9 @@ def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str
 
 class SharedJobs:
     """The session's long jobs, shared by the end-to-end tests of every module (:meth:`submit`: doctor, a
-    resumed run; :class:`DemoRuns` adds demo runs). conftest queues the jobs that the selected tests will ask for at the session's start (a
-    module's ``SHARED_JOBS``), and runs the end-to-end tests last: the jobs run in the background while the
-    rest of the suite runs in the test process. A run keeps about one of two cores busy (its start-up is a
+    resumed run; :class:`DemoRuns` adds demo runs). conftest queues the jobs that the selected tests will
+    ask for at the session's start (a module's ``SHARED_JOBS``), and runs the end-to-end tests last: the
+    jobs run in the background while the rest of the suite runs in the test process. A run keeps about one of two cores busy (its start-up is a
     chain of processes importing verl one after the other), and so does the test process: while it runs
     tests, ``parallel - 1`` jobs go at once; while it waits for a job (:meth:`SharedJob.result`),
     ``parallel``. A job that failed raises the same error for every test that asks for it, without being

@@ -603,15 +603,13 @@ def _run_locked(
             listening=listening,
             pass_fds=[lock.fd],
         )
-    except DemoError as exc:
+        if returncode != 0:
+            raise DemoError(f"main_ppo exited with status {returncode}; end of {output_dir / LOG_NAME}:\n{tail(output_dir / LOG_NAME)}")
+    except DemoError as exc:  # a timeout (run_subprocess) or a failed run
         exc.ray_temp_dir = ray_temp_dir
         raise
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
-    if returncode != 0:
-        error = DemoError(f"main_ppo exited with status {returncode}; end of {output_dir / LOG_NAME}:\n{tail(output_dir / LOG_NAME)}")
-        error.ray_temp_dir = ray_temp_dir
-        raise error
 
     by_step = read_metrics(metrics_path)
     metrics = [{"step": s, **m} for s, m in sorted(by_step.items()) if s >= 1 and TRAIN_SCORE in m]
