@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
-from verl_offpolicy.cpu.demo import run_demo
+from verl_offpolicy.demo.run import run_demo
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 STANDALONE = ["+cpu_rollout=standalone"]
 

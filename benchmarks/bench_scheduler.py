@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from _results import command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
-from verl_offpolicy.cpu.demo import run_demo
+from verl_offpolicy.demo.run import run_demo
 STORAGE_PROCESS = "SimpleStorageUnit"
 
 

@@ -7,7 +7,7 @@ first and last 5 steps, the greedy validation reward before and after, and the r
     python benchmarks/demo_presets.py [--presets grpo opmd agro agro:algorithm.offpolicy.beta=0.1] [--steps 40]
 
 A run is ``<preset>`` or ``<preset>:<override>[,<override>...]`` (Hydra overrides for that run only).
-``agro`` runs with the demo's β = 0.01 for this task (``verl_offpolicy.cpu.demo_models``, the tiny model's ``task_overrides``);
+``agro`` runs with the demo's β = 0.01 for this task (``verl_offpolicy.demo.models``, the tiny model's ``task_overrides``);
 ``agro:algorithm.offpolicy.beta=0.1`` shows the preset's β.
 
 Writes benchmarks/results/demo_presets.md and one reward-curve PNG per preset next to it.
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
-from verl_offpolicy.cpu.demo import run_demo
+from verl_offpolicy.demo.run import run_demo
 
 
 def main(argv=None) -> int:

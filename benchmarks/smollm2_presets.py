@@ -27,7 +27,10 @@ from pathlib import Path
 
 import psutil
 
-from verl_offpolicy.cpu.demo import METRICS_NAME, TRAIN_SCORE, DemoError, read_metrics, run_demo, validation_key
+from verl_offpolicy.demo.errors import DemoError
+from verl_offpolicy.demo.output_dir import METRICS_NAME
+from verl_offpolicy.demo.results import TRAIN_SCORE, read_metrics, validation_key
+from verl_offpolicy.demo.run import run_demo
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
         + (f" --test-freq {args.test_freq}" if args.test_freq else "")
         + (f" --deadline {args.deadline}`" if args.deadline else "`"),
         "",
-        "Demo settings (`verl_offpolicy.cpu.demo_models`): single-digit sums, 4 prompts x 4 samples per step,"
+        "Demo settings (`verl_offpolicy.demo.models`): single-digit sums, 4 prompts x 4 samples per step,"
         " 48 response tokens, lr 1e-5, seed 0; validation: greedy, 16 held-out problems, scored by math-verify.",
         "",
         "| preset | steps | train reward step 1 | last step | greedy val. before | after | s/step | peak RSS (GB) | run (s) | note |",

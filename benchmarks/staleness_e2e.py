@@ -2,7 +2,7 @@
 
 Each run is verl's real ``main_ppo`` (Ray, FSDP2 worker, agent loop, reward loop, hf rollout) on the
 tiny model and the "repeat the symbol" task, through
-``verl_offpolicy.cpu.demo.run_demo(preset=..., config_name="offpolicy_trainer", overrides=[
+``verl_offpolicy.demo.run.run_demo(preset=..., config_name="offpolicy_trainer", overrides=[
 "algorithm.offpolicy.sync_interval=S", "algorithm.offpolicy.sync_offset=D", ...], seed=...)``.
 The seed sets the tiny model's init, the data order and the rollout sampler.
 
@@ -111,7 +111,8 @@ def _git_commit() -> str:
 
 def run_one(preset: str, setting: tuple[int, int], seed: int, steps: int, timeout: float, stream: bool) -> dict:
     """One run_demo; returns the JSON record (raises DemoError on failure or timeout)."""
-    from verl_offpolicy.cpu.demo import TRAIN_SCORE, run_demo
+    from verl_offpolicy.demo.results import TRAIN_SCORE
+    from verl_offpolicy.demo.run import run_demo
 
     s, d = setting
     name = run_name(preset, setting, seed, steps)

@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from verl_offpolicy.configs import STOCK_CONFIGS
-from verl_offpolicy.cpu.demo import CPU_ENGINES
-from verl_offpolicy.cpu.process import run_captured
+from verl_offpolicy.demo.command import CPU_ENGINES
+from verl_offpolicy.demo.process import run_captured
 from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
 
@@ -157,7 +157,7 @@ class ActorHarness:
         from verl.workers.utils.losses import ppo_loss
 
         if model_path is None or tokenizer_path is None:
-            from verl_offpolicy.cpu.tiny import TinyModelSpec, build_tiny
+            from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
 
             paths = build_tiny(Path(workdir) / "tiny", TinyModelSpec(seed=seed))
             model_path, tokenizer_path = paths["model_path"], paths["tokenizer_path"]

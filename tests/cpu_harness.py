@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from tests.actor_harness import ActorHarness, IsolatedRunError, run_isolated  # noqa: F401
-from verl_offpolicy.cpu.process import run_captured
+from verl_offpolicy.demo.process import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
 def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None) -> list[str]:
     """The ``main_ppo`` command of a demo run in ``out`` (seed 0, verl's rollout dumps in ``out/rollouts``)
     with a Ray session dir of its own: what :func:`run_resumed` starts."""
-    from verl_offpolicy.cpu.demo import DEFAULT_CONFIG_NAME, build_inputs, demo_command
+    from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, build_inputs, demo_command
 
     out.mkdir(parents=True, exist_ok=True)
     return demo_command(
@@ -212,11 +212,11 @@ class SharedJobs:
 
 
 class DemoRuns(SharedJobs):
-    """:class:`SharedJobs` and demo runs (:func:`verl_offpolicy.cpu.demo.run_demo`, seed 0, verl's rollout
+    """:class:`SharedJobs` and demo runs (:func:`verl_offpolicy.demo.run.run_demo`, seed 0, verl's rollout
     dumps in ``<out>/rollouts``; one per distinct preset, steps, overrides, config and environment)."""
 
     def __init__(self, tmp_path_factory, parallel: int = 2):
-        from verl_offpolicy.cpu.demo import run_demo
+        from verl_offpolicy.demo.run import run_demo
 
         super().__init__(tmp_path_factory, parallel)
         self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
@@ -261,7 +261,7 @@ class SharedJob:
 class QueuedRun(SharedJob):
     """A demo run queued in :class:`DemoRuns`: also its output directory (known at once) and the stream
     that receives its console lines if they are kept. ``result()``: its
-    :class:`~verl_offpolicy.cpu.demo.DemoResult`."""
+    :class:`~verl_offpolicy.demo.results.DemoResult`."""
 
     output_dir: Path = None
     console: Optional[Any] = None
@@ -285,7 +285,9 @@ def run_resumed(
     exited 0 and return (log text, metrics by step)."""
     import shutil
 
-    from verl_offpolicy.cpu.demo import cpu_env, read_metrics, run_subprocess
+    from verl_offpolicy.demo.environment import cpu_env
+    from verl_offpolicy.demo.launch import run_subprocess
+    from verl_offpolicy.demo.results import read_metrics
 
     ray_dir = _ray_temp_dir(command)
     try:
@@ -392,7 +394,7 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from verl_offpolicy.cpu.tiny import build_tiny
+    from verl_offpolicy.demo.tiny import build_tiny
 
     paths = build_tiny(Path(workdir) / "tiny")
     server, cfg = _server(paths["model_path"], paths["tokenizer_path"])
@@ -579,7 +581,7 @@ def platform_facts() -> dict[str, Any]:
     import torch.distributed as dist
 
     from verl.plugin.platform import get_platform
-    from verl_offpolicy.cpu.process import is_loopback
+    from verl_offpolicy.cpu.platform import is_loopback
     from verl.utils import distributed
     from verl.workers.engine import EngineRegistry
     from tests.actor_harness import init_single_process_env
@@ -771,7 +773,7 @@ def bf16_exact_tiny(workdir: str) -> dict[str, str]:
     import torch
     from transformers import LlamaForCausalLM
 
-    from verl_offpolicy.cpu.tiny import TinyModelSpec, build_tiny
+    from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
 
     paths = build_tiny(Path(workdir) / "tiny_bf16", TinyModelSpec(seed=0))
     marker = Path(workdir) / "tiny_bf16" / "rounded"

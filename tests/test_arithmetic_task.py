@@ -1,4 +1,4 @@
-"""The arithmetic word-problem task (verl_offpolicy.cpu.arithmetic) and its math-verify reward.
+"""The arithmetic word-problem task (verl_offpolicy.demo.arithmetic) and its math-verify reward.
 
 Expected values are hand-derived: pair counts (1-digit sums: 9 x 9 = 81 pairs; 1-digit differences
 with a >= b: 9 + 8 + ... + 1 = 45), the answers read back from each question's own numbers, and
@@ -10,7 +10,7 @@ import re
 import pandas as pd
 import pytest
 
-from verl_offpolicy.cpu import arithmetic
+from verl_offpolicy.demo import arithmetic
 from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 
@@ -25,7 +25,7 @@ def test_pair_counts_by_hand():
 
 
 def test_problem_text_by_hand():
-    text = arithmetic.problem_text("add", 3, 5, "Mia", "She", "apples", 0)
+    text = arithmetic.problem_text("add", 3, 5, name="Mia", pronoun="She", obj="apples", template=0)
     assert text == "Mia has 3 apples. She buys 5 more apples. How many apples does Mia have now?"
     assert arithmetic.answer("add", 3, 5) == 8
     assert arithmetic.answer("sub", 9, 4) == 5
@@ -100,7 +100,7 @@ def test_parquet_round_trip(tmp_path):
 def test_reward_is_the_recipes_math_verify_module():
     """The task's reward function is the GPU recipes' math-verify reward, scoring a row's ground truth."""
     assert arithmetic.REWARD_FUNCTION_PATH == "pkg://verl_offpolicy.rewards.math_verify_reward"
-    row = arithmetic.make_row("add", 3, 5, __import__("random").Random(0), "test", 0)
+    row = arithmetic.make_row("add", 3, 5, __import__("random").Random(0), split="test", index=0)
     truth = row["reward_model"]["ground_truth"]
     assert compute_score(arithmetic.DATA_SOURCE, "3 + 5 = 8, so the answer is \\boxed{8}.", truth) == 1.0
     assert compute_score(arithmetic.DATA_SOURCE, "The answer is \\boxed{9}.", truth) == 0.0

@@ -9,9 +9,10 @@ import pytest
 
 from tests.hydra_utils import VALID_SIZES
 from tests.test_presets import SPEC
-from verl_offpolicy.cpu.process import is_loopback, session_processes
 from verl_offpolicy.cli import main, preset_header, preset_names
 from verl_offpolicy.configs import PRIMARY_CONFIGS
+from verl_offpolicy.cpu.platform import is_loopback
+from verl_offpolicy.demo.process import session_processes
 
 # The console script pip installs next to this environment's python (PATH may not include it).
 EXE = str(Path(sys.executable).parent / "verl-offpolicy")
@@ -129,7 +130,7 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
     every 0.1 s."""
     import time
 
-    from verl_offpolicy.cpu.process import listening_addresses
+    from verl_offpolicy.demo.process import listening_addresses
 
     proc = subprocess.Popen([EXE, "doctor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ if env is None else env))

@@ -1,7 +1,7 @@
 """CI end-to-end: stock ``python -m verl.trainer.main_ppo`` on the CPU.
 
 verl's real pipeline (Ray, v1 trainer with TransferQueue, FSDP2 ActorRolloutRefWorker, agent loop,
-reward loop, hf rollout with weight sync) through :func:`verl_offpolicy.cpu.demo.run_demo`, which
+reward loop, hf rollout with weight sync) through :func:`verl_offpolicy.demo.run.run_demo`, which
 kills the run (process group and its Ray session) if it exceeds the timeout: GRPO learning the task
 (one run proves the pipeline's checks and the learning), two presets of ours through main_ppo with
 verl's rollout correction, the timeout, and the console script interrupted.
@@ -21,8 +21,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from verl_offpolicy.cpu.demo import DemoError, DemoResult, OutputDirLock, run_demo
-from verl_offpolicy.cpu.process import is_loopback, kill_process_tree, session_processes, spawn
+from verl_offpolicy.cpu.platform import is_loopback
+from verl_offpolicy.demo.errors import DemoError
+from verl_offpolicy.demo.output_dir import OutputDirLock
+from verl_offpolicy.demo.process import kill_process_tree, session_processes, spawn
+from verl_offpolicy.demo.results import DemoResult
+from verl_offpolicy.demo.run import run_demo
 
 STEPS = 2
 # A 2-step run takes ~75 s on an idle 2-core machine (about 60 s of start-up); 240 s killed runs still
@@ -51,7 +55,7 @@ def check_completed(result: DemoResult, steps: int = STEPS) -> None:
 
 def check_console(out: str, result: DemoResult, steps: int) -> None:
     """What a person saw: every start-up phase once, in order, seconds rising; then the plain summary above the JSON."""
-    from verl_offpolicy.cpu.progress import PHASES
+    from verl_offpolicy.demo.progress import PHASES
 
     phases = [line for line in out.splitlines() if re.match(r"\[cpu-demo\] +[\d.]+ s  ", line)]
     assert len(phases) == len(PHASES), out

@@ -5,7 +5,7 @@ import pytest
 from tests.cpu_harness import assert_named_with_fix, run_main_ppo
 from verl_offpolicy.cpu.guards import check_cpu_config, required_ray_cpus, validate_cpu_config, CPUConfigError
 from tests.actor_harness import compose_cpu_config
-from verl_offpolicy.cpu.tiny import build_tiny
+from verl_offpolicy.demo.tiny import build_tiny
 
 GUARD_TIMEOUT = 120  # a guard failure must be quick: no Ray, no workers
 
@@ -163,6 +163,6 @@ def test_missing_loopback_environment_is_warned_with_the_variable(monkeypatch, c
     ],
 )
 def test_is_loopback_reads_psutil_addresses(address, loopback):
-    from verl_offpolicy.cpu.process import is_loopback
+    from verl_offpolicy.cpu.platform import is_loopback
 
     assert is_loopback(address) is loopback

@@ -105,21 +105,20 @@ def test_sampling_of_a_request_does_not_depend_on_its_batch():
 
 
 def test_request_seeds_are_reproducible_and_distinct_per_occurrence():
-    from types import SimpleNamespace
-
-    from verl_offpolicy.cpu.hf_server import HFRolloutServer
-
-    def server(global_steps):
-        return SimpleNamespace(_occurrences={}, config=SimpleNamespace(seed=7), replica_rank=0, global_steps=global_steps)
+    """A server's seeds (HFRolloutServer.request_seeds): config seed 7, replica 0, weights version 3."""
+    from verl_offpolicy.cpu.sampling import RequestSeeds
 
     key = _key(temperature=1.0)
-    a, b = server(3), server(3)
-    seeds_a = [HFRolloutServer._request_seed(a, key, [1, 2, 3]) for _ in range(4)]
-    seeds_b = [HFRolloutServer._request_seed(b, key, [1, 2, 3]) for _ in range(4)]
+    a, b = RequestSeeds(7, 0), RequestSeeds(7, 0)
+    seeds_a = [a.next(key, [1, 2, 3], 3) for _ in range(4)]
+    seeds_b = [b.next(key, [1, 2, 3], 3) for _ in range(4)]
     assert seeds_a == seeds_b and len(set(seeds_a)) == 4  # same sequence in a fresh server, distinct samples
-    assert HFRolloutServer._request_seed(server(4), key, [1, 2, 3]) != seeds_a[0]  # new weights, new draws
-    assert HFRolloutServer._request_seed(a, _key(temperature=0), [1, 2, 3]) == 0  # greedy consumes nothing
-    assert a._occurrences[(key, (1, 2, 3))] == 4
+    assert RequestSeeds(7, 0).next(key, [1, 2, 3], 4) != seeds_a[0]  # new weights, new draws
+    assert a.next(_key(temperature=0), [1, 2, 3], 3) == 0  # greedy consumes nothing
+    assert a.occurrences(key, [1, 2, 3]) == 4
     # an explicit per-request seed (seeded_single_turn_agent) replaces the occurrence count
-    explicit = [HFRolloutServer._request_seed(server(3), key, [1, 2, 3], seed=s) for s in (5, 5, 6)]
+    explicit = [RequestSeeds(7, 0).next(key, [1, 2, 3], 3, seed=s) for s in (5, 5, 6)]
     assert explicit[0] == explicit[1] != explicit[2]
+    # a weight update starts every prompt's count again
+    a.reset()
+    assert a.occurrences(key, [1, 2, 3]) == 0 and a.next(key, [1, 2, 3], 3) == seeds_a[0]

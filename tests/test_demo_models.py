@@ -3,7 +3,7 @@ settings land on main_ppo's command line between the preset and the caller's ove
 (``run_overrides``, the tail of ``demo_command``'s command line)."""
 
 from verl_offpolicy.cli import main
-from verl_offpolicy.cpu.demo import preset_overrides, run_overrides
+from verl_offpolicy.demo.command import preset_overrides, run_overrides
 
 
 def test_unknown_model_is_one_clear_error(capsys, tmp_path):

@@ -1,7 +1,7 @@
-"""The demo's start-up phases and plain summary (verl_offpolicy.cpu.progress), on lines copied from a
+"""The demo's start-up phases and plain summary (verl_offpolicy.demo.progress), on lines copied from a
 real demo log (verl 0.9.1, Ray, the hf rollout; colour codes as Ray prints them)."""
 
-from verl_offpolicy.cpu.progress import PHASES, StartupPhases, plain_summary
+from verl_offpolicy.demo.progress import PHASES, StartupPhases, plain_summary
 
 # In the order a real run printed them, with noise lines in between.
 REAL_LINES = [

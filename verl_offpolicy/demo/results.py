@@ -1,0 +1,130 @@
+"""What a finished run measured: verl's file logger (JSONL) read back into per-step metrics, the
+validation rewards, the timings, and :class:`DemoResult` with its summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from verl_offpolicy.cpu.platform import is_loopback
+
+TRAIN_SCORE = "critic/score/mean"
+STEP_TIME = "timing_s/step"
+PROBS_DIFF_MAX = "training/rollout_probs_diff_max"
+PROBS_DIFF_MEAN = "training/rollout_probs_diff_mean"
+
+
+def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """verl FileLogger JSONL -> {step: merged metrics} (a step may be logged more than once)."""
+    steps: dict[int, dict[str, Any]] = {}
+    path = Path(path)
+    if not path.exists():
+        return steps
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        record = json.loads(line)
+        steps.setdefault(int(record["step"]), {}).update(record["data"])
+    return steps
+
+
+_VAL_KEY = re.compile(r"^val-(core|aux)/[^@]+/(reward|acc)/mean@\d+$")
+
+
+def validation_key(metrics: dict[str, Any]) -> Optional[str]:
+    """The mean validation reward key if logged: ``val-(core|aux)/<data_source>/(reward|acc)/mean@<n>``.
+
+    verl names the custom reward ``reward`` (``val-aux``) and, for a float score, also ``acc``
+    (``val-core``); both hold the same mean. ``reward`` is preferred.
+    """
+    keys = sorted((k for k in metrics if _VAL_KEY.match(k)), key=lambda k: ("/reward/" not in k, k))
+    return keys[0] if keys else None
+
+
+def training_metrics(by_step: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One dict per training step (step >= 1 with a train score), in step order, with its ``step``."""
+    return [{"step": s, **m} for s, m in sorted(by_step.items()) if s >= 1 and TRAIN_SCORE in m]
+
+
+def validation_rewards(by_step: dict[int, dict[str, Any]]) -> dict[int, float]:
+    """step -> mean validation reward (greedy), for the steps that logged one (step 0: before training)."""
+    validation = {}
+    for s, m in sorted(by_step.items()):
+        key = validation_key(m)
+        if key is not None:
+            validation[s] = float(m[key])
+    return validation
+
+
+def run_timings(metrics: list[dict[str, Any]], *, total_s: float, subprocess_s: float, first_step_s: Optional[float]) -> dict[str, float]:
+    """Seconds: in all, of the subprocess, per step (mean) and of start-up (launch to the end of step 1,
+    minus step 1; only if the first step's line was seen at ``first_step_s``)."""
+    step_times = [m[STEP_TIME] for m in metrics if STEP_TIME in m]
+    timings = {
+        "total_s": round(total_s, 2),
+        "subprocess_s": round(subprocess_s, 2),
+        "mean_step_s": round(sum(step_times) / len(step_times), 3) if step_times else float("nan"),
+    }
+    if first_step_s is not None and step_times:
+        timings["startup_s"] = round(first_step_s - step_times[0], 2)
+    return timings
+
+
+def rollout_vs_trainer_gap(metrics: list[dict[str, Any]]) -> dict[str, float]:
+    """Largest and mean |p_rollout - p_actor| over the run, if verl logged them (else empty)."""
+    diffs = [m[PROBS_DIFF_MAX] for m in metrics if PROBS_DIFF_MAX in m]
+    if not diffs:
+        return {}
+    return {
+        "rollout_probs_diff_max": max(diffs),
+        "rollout_probs_diff_mean": sum(m[PROBS_DIFF_MEAN] for m in metrics) / len(metrics),
+    }
+
+
+@dataclass
+class DemoResult:
+    output_dir: str
+    command: list[str]
+    metrics: list[dict[str, Any]]  # one dict per training step (step >= 1), with "step"
+    validation: dict[int, float]  # step -> mean validation reward (greedy); step 0 = before training
+    timings: dict[str, float]
+    plot_path: Optional[str]
+    log_path: str
+    metrics_path: str
+    rollout_vs_trainer: dict[str, float] = field(default_factory=dict)
+    ray_temp_dir: Optional[str] = None  # the run's own Ray session dir (removed after the run)
+    listening: list[str] = field(default_factory=list)  # TCP listen addresses at the first training step
+
+    @property
+    def rewards(self) -> list[float]:
+        return [m[TRAIN_SCORE] for m in self.metrics if TRAIN_SCORE in m]
+
+    @property
+    def reward_start(self) -> float:
+        return self.rewards[0]
+
+    @property
+    def reward_end(self) -> float:
+        return self.rewards[-1]
+
+    def summary(self) -> dict[str, Any]:
+        rewards = self.rewards
+        window = max(1, min(3, len(rewards) // 3))
+        return {
+            "steps": len(self.metrics),
+            "reward_first": rewards[0] if rewards else None,
+            "reward_last": rewards[-1] if rewards else None,
+            f"reward_first{window}_mean": sum(rewards[:window]) / window if rewards else None,
+            f"reward_last{window}_mean": sum(rewards[-window:]) / window if rewards else None,
+            "validation": self.validation,
+            "timings": self.timings,
+            "rollout_vs_trainer": self.rollout_vs_trainer,
+            "listening_sockets": len(self.listening),
+            "listening_not_loopback": [a for a in self.listening if not is_loopback(a)],
+            "plot": self.plot_path,
+        }
