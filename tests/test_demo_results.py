@@ -1,0 +1,62 @@
+"""What a finished demo run reports (verl_offpolicy.demo.results) and its per-step console line
+(verl_offpolicy.demo.progress.progress_line), on a metrics file in verl's FileLogger format
+(one JSON record per line: {"step": n, "data": {...}}; a step may be logged more than once)."""
+
+import json
+import math
+
+from verl_offpolicy.demo.progress import progress_line
+from verl_offpolicy.demo.results import (
+    read_metrics,
+    rollout_vs_trainer_gap,
+    run_timings,
+    training_metrics,
+    validation_rewards,
+)
+
+VAL = "val-aux/verl_offpolicy/repeat/reward/mean@1"
+RECORDS = [
+    {"step": 0, "data": {VAL: 0.05, "val-core/verl_offpolicy/repeat/acc/mean@1": 0.05}},  # before training
+    {"step": 1, "data": {"critic/score/mean": 0.1, "timing_s/step": 10.0}},
+    {"step": 1, "data": {"training/rollout_probs_diff_max": 0.002, "training/rollout_probs_diff_mean": 0.001}},
+    {"step": 2, "data": {"critic/score/mean": 0.3, "timing_s/step": 4.0, VAL: 0.5,
+                         "training/rollout_probs_diff_max": 0.004, "training/rollout_probs_diff_mean": 0.003}},
+]
+
+
+def _metrics_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in RECORDS) + "\n\n")
+    return path
+
+
+def test_steps_are_merged_and_validation_read_per_step(tmp_path):
+    by_step = read_metrics(_metrics_file(tmp_path))
+    assert sorted(by_step) == [0, 1, 2]
+    metrics = training_metrics(by_step)  # step 0 holds no train score
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[0]["training/rollout_probs_diff_max"] == 0.002  # the second record of step 1 merged in
+    assert validation_rewards(by_step) == {0: 0.05, 2: 0.5}
+    assert read_metrics(tmp_path / "missing.jsonl") == {}
+
+
+def test_timings_and_rollout_gap(tmp_path):
+    metrics = training_metrics(read_metrics(_metrics_file(tmp_path)))
+    # start-up: launch -> end of step 1 (30 s) minus step 1 itself (10 s)
+    timings = run_timings(metrics, total_s=50.123, subprocess_s=45.678, first_step_s=30.0)
+    assert timings == {"total_s": 50.12, "subprocess_s": 45.68, "mean_step_s": 7.0, "startup_s": 20.0}
+    assert "startup_s" not in run_timings(metrics, total_s=1, subprocess_s=1, first_step_s=None)
+    assert math.isnan(run_timings([], total_s=1, subprocess_s=1, first_step_s=None)["mean_step_s"])
+    assert rollout_vs_trainer_gap(metrics) == {"rollout_probs_diff_max": 0.004, "rollout_probs_diff_mean": 0.002}
+    assert rollout_vs_trainer_gap([{"step": 1}]) == {}
+
+
+def test_progress_line_of_verls_step_line():
+    line = (
+        "(TaskRunnerV1 pid=19104) step:3 - actor/pg_loss:np.float64(-0.0123456) - critic/score/mean:0.109375 - "
+        f"timing_s/step:2.4956220470 - training/rollout_probs_diff_max:0.00012345 - {VAL}:0.75"
+    )
+    assert progress_line(line) == "[cpu-demo] step 3: reward=0.1094 step_s=2.496 pg_loss=-0.01235 |p_rollout-p_actor|max=0.0001234 val=0.75"
+    assert progress_line("ValueError: bad key") == "[cpu-demo] ValueError: bad key"
+    assert progress_line("UserWarning: FutureWarning: something") is None
+    assert progress_line("INFO: nothing to see") is None
