@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, TextIO
 
-from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, build_inputs, demo_command
+from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_inputs, demo_command
 from verl_offpolicy.demo.environment import cpu_env, run_files_env
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.launch import run_subprocess, tail
@@ -73,6 +73,20 @@ class DemoRun:
     @property
     def metrics_path(self) -> Path:
         return self.output_dir / METRICS_NAME
+
+    def command(self, inputs: DemoInputs, ray_temp_dir: str) -> list[str]:
+        """This run's ``main_ppo`` command line (:func:`~verl_offpolicy.demo.command.demo_command`)."""
+        return demo_command(
+            inputs,
+            output_dir=self.output_dir,
+            preset=self.preset,
+            steps=self.steps,
+            seed=self.seed,
+            overrides=self.overrides,
+            config_name=self.config_name,
+            ray_temp_dir=ray_temp_dir,
+            model=self.model,
+        )
 
 
 def run_demo(
@@ -156,17 +170,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
         run.metrics_path.unlink()
     # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
     ray_temp_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
-    command = demo_command(
-        inputs,
-        output_dir=run.output_dir,
-        preset=run.preset,
-        steps=run.steps,
-        seed=run.seed,
-        overrides=run.overrides,
-        config_name=run.config_name,
-        ray_temp_dir=ray_temp_dir,
-        model=run.model,
-    )
+    command = run.command(inputs, ray_temp_dir)
     _say(
         console,
         f"[cpu-demo] output: {run.output_dir}; running {' '.join(command[:4])} ... (log: {run.log_path})\n"
