@@ -3,8 +3,8 @@
 A family module (``opmd.py``, ``agro.py``, ``rec.py``, ...) registers its estimators and losses with verl's
 own decorators (``@register_adv_est("name")``, ``@register_policy_loss("name")``) around a one-line call of
 the formula in :mod:`verl_offpolicy.core`, and defines its startup rules next to them:
-``LOSS_RULES`` (each tests its own ``loss_mode``) and ``ESTIMATOR_RULES`` (each tests its own
-``adv_estimator``), functions ``rule(view: ConfigView) -> None``. Shared pieces: :mod:`.adapters`
+``FIRST_RULES`` (for every loss of ours), ``LOSS_RULES`` (each tests its own ``loss_mode``) and
+``ESTIMATOR_RULES`` (each tests its own ``adv_estimator``), functions ``rule(view: ConfigView) -> None``. Shared pieces: :mod:`.adapters`
 (prepare/broadcast/aggregate) and :mod:`.kl_reward` (the rules of estimators on verl's KL-in-reward).
 
 Nothing else lists the names: :func:`declared_names` reads them from the family modules' decorators
@@ -64,15 +64,12 @@ def family_modules() -> tuple[str, ...]:
 
 
 def rules() -> tuple:
-    """This part's rule group, in order: the actor's clip ratios (every loss of ours), then each family's
-    ``LOSS_RULES``, then each family's ``ESTIMATOR_RULES`` (families in file-name order)."""
+    """This part's rule group, in order: each family's ``FIRST_RULES`` (rules every loss of ours must pass,
+    e.g. the actor's clip ratios), then each family's ``LOSS_RULES``, then each family's
+    ``ESTIMATOR_RULES`` (families in file-name order; the family modules are imported here, by name)."""
     import importlib
 
-    from verl_offpolicy.glue.algorithms.rec import check_actor_clip_ratios
-
     families = [importlib.import_module(name) for name in family_modules()]
-    return (
-        check_actor_clip_ratios,
-        *(rule for family in families for rule in getattr(family, "LOSS_RULES", ())),
-        *(rule for family in families for rule in getattr(family, "ESTIMATOR_RULES", ())),
+    return tuple(
+        rule for stage in ("FIRST_RULES", "LOSS_RULES", "ESTIMATOR_RULES") for family in families for rule in getattr(family, stage, ())
     )

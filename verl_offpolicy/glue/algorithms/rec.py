@@ -70,7 +70,7 @@ def check_sequence_ratio_aggregation(view: ConfigView) -> None:
         )
 
 
-# check_actor_clip_ratios applies to every loss of ours: the algorithms part runs it first.
+FIRST_RULES = (check_actor_clip_ratios,)  # ε of the actor, for every loss of ours (any may set clip_mode)
 LOSS_RULES = (check_sequence_ratio_aggregation,)
 
 # ---------------------------------------------------------------------- loss

@@ -42,7 +42,7 @@ from verl_offpolicy.glue.scheduler.trainer import (
 )
 
 
-class ColocatedTrainer(OffPolicyTrainer):
+class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
     """The rollout sleeps while the trainer trains; one wake-up and weight sync per version that generates."""
 
     def __init__(self, config):

@@ -41,7 +41,7 @@ from verl_offpolicy.glue.scheduler.trainer import (
 )
 
 
-class OverlappedTrainer(OffPolicyTrainer):
+class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
     """The rollout generates on its own pool while the trainer trains; one weight push per version."""
 
     # verl's PPOTrainer._setup builds no colocated replicas (and a pure Actor worker) when this is False.

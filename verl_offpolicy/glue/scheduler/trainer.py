@@ -17,7 +17,8 @@ version, so verl's own TransferQueue checkpoint saves and restores it (no batch 
 The trainer and its queue hold one :class:`~verl_offpolicy.core.schedule.Schedule` (``self.schedule``).
 
 One name is registered (``offpolicy``); :class:`OffPolicyTrainer` builds the class of the configured
-mode, verl's way of one small subclass per mode (``trainer_sync.py``, ``trainer_colocate_async.py``):
+mode, verl's way of one small subclass per mode (``trainer_sync.py``, ``trainer_colocate_async.py``).
+Both mode modules are imported with this one (``glue/registration.py``, after verl's ``trainer_base``):
 
 - :class:`~verl_offpolicy.glue.scheduler.colocated.ColocatedTrainer` (``actor_rollout_ref.hybrid_engine=true``):
   the rollout shares the trainer's devices and is awake only to generate;
@@ -154,16 +155,22 @@ def is_overlapped(config) -> bool:
 class OffPolicyTrainer(PPOTrainer):
     """verl's v1 trainer with staleness-controlled rollouts (``docs/scheduler.md``); builds the mode's class.
 
-    ``OffPolicyTrainer(config)`` returns a :class:`ColocatedTrainer` or an :class:`OverlappedTrainer`
-    (:func:`is_overlapped`), so verl's one registered name serves both modes.
+    A mode class declares the ``actor_rollout_ref.hybrid_engine`` value it serves
+    (``class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True)``); ``OffPolicyTrainer(config)``
+    returns an instance of the class of the configured mode, so verl's one registered name serves both.
     """
+
+    MODES: dict[bool, type[OffPolicyTrainer]] = {}  # hybrid_engine -> the mode's class
+
+    def __init_subclass__(cls, *, hybrid_engine: bool, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if hybrid_engine in OffPolicyTrainer.MODES:
+            raise TypeError(f"hybrid_engine={hybrid_engine} is served by {OffPolicyTrainer.MODES[hybrid_engine].__name__}")
+        OffPolicyTrainer.MODES[hybrid_engine] = cls
 
     def __new__(cls, config=None, *args, **kwargs):
         if cls is OffPolicyTrainer:
-            from verl_offpolicy.glue.scheduler.colocated import ColocatedTrainer
-            from verl_offpolicy.glue.scheduler.overlapped import OverlappedTrainer
-
-            cls = OverlappedTrainer if is_overlapped(config) else ColocatedTrainer
+            cls = OffPolicyTrainer.MODES[not is_overlapped(config)]  # the mode modules register at import
         return super().__new__(cls)
 
     def __init__(self, config):
