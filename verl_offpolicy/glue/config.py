@@ -7,7 +7,9 @@
   ``PolicyLossConfig`` plus the parameters of the ``opmd``/``pmd``/``rec`` losses. verl converts it
   on the driver in ``validate_config`` (``ActorConfig``), so ``__post_init__`` fails at startup.
 
-Errors name the full key and the allowed values.
+Errors name the full key and the allowed values. :class:`ConfigView` is a whole composed config as the
+startup rules of every part read it (:mod:`verl_offpolicy.glue.validation`); the rules that combine
+sections live with their owners (``glue/algorithms/<family>.py``, ``glue/scheduler/checks.py``).
 """
 
 from __future__ import annotations

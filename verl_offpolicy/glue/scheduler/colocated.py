@@ -47,7 +47,6 @@ class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
 
     def __init__(self, config):
         self._rollout_version: int | None = None  # weights version the awake rollout holds; None = asleep
-        self._generated_this_step = 0
         super().__init__(config)
 
     # ------------------------------------------------------------------ hooks
@@ -65,10 +64,10 @@ class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
             self._rollout_at(self.global_steps)
 
     def _make_batch_ready(self) -> dict:
+        """Version t − 1 generates every batch of that version in one call (else the rollout sleeps)."""
         step = self.global_steps
         version = step - 1
         steps = self._steps_generated_at(version, self._queued_steps())
-        self._generated_this_step = len(steps)
         start = time.perf_counter()
         if steps:
             self._generate(version, steps)
