@@ -36,12 +36,8 @@ EAGER_REGISTRATIONS: tuple[str, ...] = (
 DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py).
     "verl.trainer.ppo.core_algos": algorithms.family_modules(),
-    # The scheduler trainer: its base (the registered name) and one class per mode.
-    "verl.trainer.ppo.v1.trainer_base": (
-        "verl_offpolicy.glue.scheduler.trainer",
-        "verl_offpolicy.glue.scheduler.colocated",
-        "verl_offpolicy.glue.scheduler.overlapped",
-    ),
+    # The scheduler trainer's registered base; it imports its mode classes when it builds one.
+    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.

@@ -17,8 +17,7 @@ version, so verl's own TransferQueue checkpoint saves and restores it (no batch 
 The trainer and its queue hold one :class:`~verl_offpolicy.core.schedule.Schedule` (``self.schedule``).
 
 One name is registered (``offpolicy``); :class:`OffPolicyTrainer` builds the class of the configured
-mode, verl's way of one small subclass per mode (``trainer_sync.py``, ``trainer_colocate_async.py``).
-Both mode modules are imported with this one (``glue/registration.py``, after verl's ``trainer_base``):
+mode, verl's way of one small subclass per mode (``trainer_sync.py``, ``trainer_colocate_async.py``):
 
 - :class:`~verl_offpolicy.glue.scheduler.colocated.ColocatedTrainer` (``actor_rollout_ref.hybrid_engine=true``):
   the rollout shares the trainer's devices and is awake only to generate;
@@ -30,6 +29,7 @@ Each mode's docstring is its table of verl hooks and what they do to the rollout
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -160,7 +160,10 @@ class OffPolicyTrainer(PPOTrainer):
     returns an instance of the class of the configured mode, so verl's one registered name serves both.
     """
 
-    MODES: dict[bool, type[OffPolicyTrainer]] = {}  # hybrid_engine -> the mode's class
+    # hybrid_engine -> the module of the mode's class, imported when a trainer of that mode is built (the mode
+    # modules import this one, so none of them is imported while verl's trainer_base imports this module)
+    MODE_MODULES = {True: "verl_offpolicy.glue.scheduler.colocated", False: "verl_offpolicy.glue.scheduler.overlapped"}
+    MODES: dict[bool, type[OffPolicyTrainer]] = {}  # hybrid_engine -> the mode's class (set as each is defined)
 
     def __init_subclass__(cls, *, hybrid_engine: bool, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -170,7 +173,9 @@ class OffPolicyTrainer(PPOTrainer):
 
     def __new__(cls, config=None, *args, **kwargs):
         if cls is OffPolicyTrainer:
-            cls = OffPolicyTrainer.MODES[not is_overlapped(config)]  # the mode modules register at import
+            hybrid_engine = not is_overlapped(config)
+            importlib.import_module(OffPolicyTrainer.MODE_MODULES[hybrid_engine])
+            cls = OffPolicyTrainer.MODES[hybrid_engine]
         return super().__new__(cls)
 
     def __init__(self, config):
