@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _results import replace_block  # benchmarks/_results.py (this script's folder is on sys.path)
 
-from verl_offpolicy.glue.metrics import staleness_key
+from verl_offpolicy.glue.scheduler.metrics import staleness_key
 
 RESULTS = Path(__file__).parent / "results"
 RUNS_DIR = RESULTS / "staleness_e2e"

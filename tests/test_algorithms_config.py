@@ -166,7 +166,7 @@ def test_offpolicy_section_defaults_match_the_spec():
     ],
 )
 def test_tau_is_one_hyperparameter_for_estimator_and_loss(estimator, baseline, algo_tau, loss_mode, loss_tau, accepted):
-    from verl_offpolicy.glue.config import check_tau_coupling
+    from verl_offpolicy.glue.algorithms.opmd import check_tau_coupling
 
     offpolicy = OffPolicyConfig(tau=algo_tau, baseline=baseline)
     loss = OffPolicyLossConfig(loss_mode=loss_mode, tau=loss_tau)

@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn, kl_penalty
 from verl.utils import as_torch_index
 from verl_offpolicy.core.advantages import red_drop_advantage
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig
-from verl_offpolicy.glue.estimators import _layout
+from verl_offpolicy.glue.algorithms.red import _layout
 
 F64 = torch.float64
 

@@ -29,7 +29,7 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.workers.utils.losses import ppo_loss
 from verl_offpolicy.core.losses import m2po_threshold, token_log_ratio
 from verl_offpolicy.glue.config import CLIP_MODES, REGULARIZERS, WEIGHTS
-from verl_offpolicy.glue.m2po import mini_batch_scope
+from verl_offpolicy.glue.algorithms.m2po import mini_batch_scope
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
 from verl_offpolicy.tabular import actor
 
@@ -385,7 +385,7 @@ def test_anchor_lag_metric_ignores_minus_inf_on_masked_tokens():
     # offpolicy/anchor_log_ratio/mean over the nested batch the trainer holds: responses of 2 and 1 tokens,
     # the second token of the first masked with an anchor log-prob of −inf. Gaps on the two response
     # tokens: −1 − (−1.5) = 0.5 and −0.2 − (−0.7) = 0.5 → mean 0.5 (inf·0 = NaN before the fix)
-    from verl_offpolicy.glue.trainer import _masked_mean_gap
+    from verl_offpolicy.glue.scheduler.trainer import _masked_mean_gap
 
     proximal = nested([torch.tensor([-1.0, -2.0]), torch.tensor([-0.2])])
     anchored = nested([torch.tensor([-1.5, -math.inf]), torch.tensor([-0.7])])

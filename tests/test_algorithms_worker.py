@@ -78,7 +78,7 @@ def test_each_loss_moves_a_real_fsdp2_actor_in_the_direction_of_the_advantage(tm
 @pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_m2po_mask_is_the_same_for_one_or_four_micro_batches_on_a_real_fsdp2_actor(tmp_path):
-    """M2PO's mask is chosen over the whole mini-batch (the engine pre-pass of glue/m2po.py).
+    """M2PO's mask is chosen over the whole mini-batch (the engine pre-pass of glue/algorithms/m2po.py).
 
     Batch of tests.cpu_harness.M2PO_SHIFTS: over the mini-batch exactly the 3 extreme tokens of 24 go
     (pg_clipfrac 3/24 = 0.125, the mean of the micro-batches' 3/6, 0, 0, 0); a mask chosen per micro-batch

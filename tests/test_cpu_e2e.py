@@ -144,7 +144,7 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
 def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(preset_runs, case):
     """Two presets through stock main_ppo: our trainer, loss and estimator were the ones used, with verl's
     decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss
-    by them: ``glue/losses.py::_aggregate``, common to every loss of ours)."""
+    by them: ``glue/algorithms/adapters.py::aggregate``, common to every loss of ours)."""
     preset = PRESET_RUNS[case][0]
     result = preset_runs(case)
     check_completed(result)

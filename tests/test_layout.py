@@ -1,6 +1,7 @@
 """The package's layering, read from the source (every import statement, function-local ones too):
-no import cycles between verl_offpolicy's modules, and the process-management module stays free of
-verl, torch and the rest of the package (the demo, doctor and the tests import it)."""
+no import cycles between verl_offpolicy's modules, the scheduler part imports nothing of the CPU backend
+nor of the demo tooling, and the process-management module stays free of verl, torch and the rest of the
+package (the demo, doctor and the tests import it)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,32 @@ def test_the_cpu_backend_imports_nothing_of_the_demo_tooling():
     assert len(backend) >= 10 and "verl_offpolicy.demo.run" in graph  # the scan sees both parts
     upward = {name: sorted(n for n in graph[name] if n == "verl_offpolicy.demo" or n.startswith("verl_offpolicy.demo.")) for name in backend}
     assert {name: found for name, found in upward.items() if found} == {}
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every package module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_scheduler_part_imports_nothing_of_the_cpu_backend_or_the_demo():
+    """verl_offpolicy.glue.scheduler* runs on any backend: it reaches no verl_offpolicy.cpu* or
+    verl_offpolicy.demo* module, directly or through the modules it imports."""
+    graph = _graph()
+    scheduler = sorted(name for name in graph if name.startswith("verl_offpolicy.glue.scheduler"))
+    assert "verl_offpolicy.glue.scheduler.trainer" in scheduler  # the scan sees the part
+    assert "verl_offpolicy.glue.scheduler.checks" in _reachable(graph, "verl_offpolicy.glue.scheduler.trainer")
+    forbidden = ("verl_offpolicy.cpu", "verl_offpolicy.demo")
+    reached = {name: sorted(m for m in _reachable(graph, name) if m.startswith(forbidden)) for name in scheduler}
+    assert reached == {name: [] for name in scheduler}
+
+
+def test_reachable_follows_imports_transitively():
+    assert _reachable({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}
 
 
 def test_process_management_imports_no_verl_torch_or_other_package_module():

@@ -1,10 +1,10 @@
-"""The trainer's metric helpers (``verl_offpolicy/glue/metrics.py``): staleness under verl's names; ours only where verl has no name. The end-to-end check that a real run logs
+"""The trainer's metric helpers (``verl_offpolicy/glue/scheduler/metrics.py``): staleness under verl's names; ours only where verl has no name. The end-to-end check that a real run logs
 them is ``tests/test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec``."""
 
 import re
 from pathlib import Path
 
-from verl_offpolicy.glue import metrics
+from verl_offpolicy.glue.scheduler import metrics
 
 VERL_TRAINER_BASE = Path(__import__("verl").__file__).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
@@ -29,7 +29,7 @@ def test_our_metrics_carry_what_verl_lacks():
 
 
 def test_docs_table_lists_every_metric_and_no_second_staleness():
-    """docs/scheduler.md's one metrics table names every metric of glue/metrics.py, verl's and ours."""
+    """docs/scheduler.md's one metrics table names every metric of glue/scheduler/metrics.py, verl's and ours."""
     text = DOCS.read_text()
     names = [v for k, v in vars(metrics).items() if k.isupper() and isinstance(v, str) and "/" in v]
     for name in names:

@@ -20,7 +20,7 @@ from tests.cpu_harness import (
 )
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.demo.errors import DemoError
-from verl_offpolicy.glue.overlap import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version, observed_versions
+from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
 
 # ------------------------------------------------------------------------------ observed version

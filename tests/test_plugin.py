@@ -33,11 +33,11 @@ def after_import_verl():
     code = """
 import json, sys, verl
 watched = ["verl.trainer.ppo.core_algos", "verl.trainer.ppo.v1.trainer_base", "verl.workers.rollout",
-           "verl_offpolicy.glue.losses", "verl_offpolicy.glue.trainer"]
+           "verl_offpolicy.glue.algorithms.rec", "verl_offpolicy.glue.scheduler.trainer"]
 after_import = [m for m in watched if m in sys.modules]
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 losses = "rec" in POLICY_LOSS_REGISTRY
-trainer_early = "verl_offpolicy.glue.trainer" in sys.modules
+trainer_early = "verl_offpolicy.glue.scheduler.trainer" in sys.modules
 from verl.trainer.ppo.v1 import get_trainer_cls
 trainer = get_trainer_cls("offpolicy").__name__
 from verl_offpolicy.glue.registration import expected_names, registration_failure
@@ -115,9 +115,9 @@ print(before, "rec" in POLICY_LOSS_REGISTRY)
 BROKEN = """
 import sys
 # Make one of our registration modules fail to import, as a broken install would.
-sys.modules["verl_offpolicy.glue.losses"] = None
+sys.modules["verl_offpolicy.glue.algorithms.rec"] = None
 """
-CAUSE = "import of verl_offpolicy.glue.losses halted; None in sys.modules"
+CAUSE = "import of verl_offpolicy.glue.algorithms.rec halted; None in sys.modules"
 
 
 @pytest.mark.slow  # a fresh process imports verl

@@ -77,15 +77,15 @@ def test_huge_interval_or_offset_costs_only_the_runs_steps(s, d):
 
 @pytest.mark.timeout(60)
 def test_trainer_generation_is_bounded_by_total_steps():
-    """The scheduler trainer's own step selection (called on a bare instance: no Ray, no workers)."""
+    """The scheduler trainer's step selection (its public helper: no Ray, no workers, no half-built trainer)."""
     from verl_offpolicy.glue.config import OffPolicyConfig
-    from verl_offpolicy.glue.trainer import OffPolicyTrainer
+    from verl_offpolicy.glue.scheduler.trainer import steps_to_generate
 
-    trainer = OffPolicyTrainer.__new__(OffPolicyTrainer)
-    trainer.schedule = OffPolicyConfig(sync_interval=10**12, sync_offset=3).schedule
-    trainer.total_training_steps = 5
-    assert list(trainer._steps_generated_at(0)) == [1, 2, 3, 4, 5]
-    assert trainer._generates_after(0) and not trainer._generates_after(10**12)
+    schedule = OffPolicyConfig(sync_interval=10**12, sync_offset=3).schedule
+    assert steps_to_generate(schedule, 0, total_steps=5) == [1, 2, 3, 4, 5]
+    assert steps_to_generate(schedule, 0, total_steps=5, queued={1, 2}) == [3, 4, 5]
+    # generates after version 0, nothing after version 10**12 within the run's 5 steps
+    assert steps_to_generate(schedule, 0, total_steps=5) and not steps_to_generate(schedule, 10**12, total_steps=5)
 
 
 @pytest.mark.parametrize("steps", [0, -3, 2.5, True])

@@ -7,7 +7,9 @@
   ``PolicyLossConfig`` plus the parameters of the ``opmd``/``pmd``/``rec`` losses. verl converts it
   on the driver in ``validate_config`` (``ActorConfig``), so ``__post_init__`` fails at startup.
 
-Errors name the full key and the allowed values.
+Errors name the full key and the allowed values. :class:`ConfigView` is a whole composed config as the
+startup rules of every part read it (:mod:`verl_offpolicy.glue.validation`); the rules that combine
+sections live with their owners (``glue/algorithms/<family>.py``, ``glue/scheduler/checks.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
 REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
 # The default τ of each consumer (docs/algorithms.md), used while ``tau`` is left unset (null).
 DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01, "pairwise_opmd": 1.0}
-# The losses that read ``policy_loss.tau``.
-TAU_LOSSES = ("opmd", "pmd")
 
 ALGO_PREFIX = "algorithm.offpolicy"
 LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss"
@@ -41,7 +41,7 @@ def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
 
 
-def _check_number(key: str, value: Any, *, positive: bool = False, non_negative: bool = False) -> None:
+def check_number(key: str, value: Any, *, positive: bool = False, non_negative: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{key} must be a finite number, got {value!r}")
     if positive and value <= 0:
@@ -53,14 +53,6 @@ def _check_number(key: str, value: Any, *, positive: bool = False, non_negative:
 def resolve_tau(tau: float | None, consumer: str) -> float:
     """τ as ``consumer`` (an estimator or loss name) uses it: ``tau`` if set, else ``DEFAULT_TAU[consumer]``."""
     return DEFAULT_TAU.get(consumer, 1.0) if tau is None else tau
-
-
-def clip_ratios(actor: Any) -> tuple[float, float]:
-    """(ε_low, ε_high) of an actor config (verl's ``ActorConfig`` or its DictConfig section):
-    ``clip_ratio_low`` / ``clip_ratio_high``, each falling back to ``clip_ratio`` when null."""
-    clip_ratio = getattr(actor, "clip_ratio", None)
-    low, high = getattr(actor, "clip_ratio_low", None), getattr(actor, "clip_ratio_high", None)
-    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
 
 
 @dataclass
@@ -98,11 +90,11 @@ class OffPolicyConfig:
 
     def __post_init__(self):
         if self.tau is not None:
-            _check_number(f"{ALGO_PREFIX}.tau", self.tau)
+            check_number(f"{ALGO_PREFIX}.tau", self.tau)
         _check_choice(f"{ALGO_PREFIX}.baseline", self.baseline, OPMD_BASELINES)
-        _check_number(f"{ALGO_PREFIX}.shift", self.shift)
-        _check_number(f"{ALGO_PREFIX}.temperature", self.temperature, positive=True)
-        _check_number(f"{ALGO_PREFIX}.beta", self.beta, positive=True)
+        check_number(f"{ALGO_PREFIX}.shift", self.shift)
+        check_number(f"{ALGO_PREFIX}.temperature", self.temperature, positive=True)
+        check_number(f"{ALGO_PREFIX}.beta", self.beta, positive=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"{ALGO_PREFIX}.seed must be an integer, got {self.seed!r}")
         if not isinstance(self.on_policy, bool):
@@ -135,7 +127,7 @@ class OffPolicyConfig:
     def check_for_estimator(self, adv_estimator: str) -> None:
         """Checks that depend on which estimator reads this section."""
         if self.estimator_reads_tau(adv_estimator):
-            _check_number(
+            check_number(
                 f"{ALGO_PREFIX}.tau (used by adv_estimator={adv_estimator})", self.tau_for(adv_estimator), positive=True
             )
 
@@ -202,16 +194,16 @@ class OffPolicyLossConfig(PolicyLossConfig):
         if self.loss_mode in POLICY_LOSSES:
             require_registration("policy_loss", self.loss_mode)
         if self.loss_mode == "pmd":
-            _check_number(f"{LOSS_PREFIX}.tau (loss_mode=pmd)", self.resolved_tau, positive=True)
+            check_number(f"{LOSS_PREFIX}.tau (loss_mode=pmd)", self.resolved_tau, positive=True)
         else:
-            _check_number(f"{LOSS_PREFIX}.tau", self.resolved_tau, non_negative=True)
+            check_number(f"{LOSS_PREFIX}.tau", self.resolved_tau, non_negative=True)
         _check_choice(f"{LOSS_PREFIX}.clip_mode", self.clip_mode, CLIP_MODES)
         _check_choice(f"{LOSS_PREFIX}.weight", self.weight, WEIGHTS)
         _check_choice(f"{LOSS_PREFIX}.regularizer", self.regularizer, REGULARIZERS)
-        _check_number(f"{LOSS_PREFIX}.regularizer_coef", self.regularizer_coef, non_negative=True)
-        _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
-        _check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
-        _check_number(f"{LOSS_PREFIX}.m2po_threshold", self.m2po_threshold, positive=True)
+        check_number(f"{LOSS_PREFIX}.regularizer_coef", self.regularizer_coef, non_negative=True)
+        check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
+        check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
+        check_number(f"{LOSS_PREFIX}.m2po_threshold", self.m2po_threshold, positive=True)
 
 
     @property
@@ -220,77 +212,77 @@ class OffPolicyLossConfig(PolicyLossConfig):
         return resolve_tau(self.tau, self.loss_mode)
 
 
-def check_tau_coupling(offpolicy: OffPolicyConfig, adv_estimator: str, loss_config: OffPolicyLossConfig) -> None:
-    """τ is one hyperparameter: a loss that reads τ must use ``algorithm.offpolicy.tau``'s value.
-
-    The presets interpolate ``policy_loss.tau: ${algorithm.offpolicy.tau}``; overriding the loss's key
-    alone would split them silently. Compared: the loss's resolved τ with the estimator's resolved τ
-    when the estimator reads τ too, else with ``algorithm.offpolicy.tau`` when it is set.
-    """
-    if loss_config.loss_mode not in TAU_LOSSES:
-        return
-    if offpolicy.estimator_reads_tau(adv_estimator):
-        expected, reader = offpolicy.tau_for(adv_estimator), f", also read by adv_estimator={adv_estimator}"
-    elif offpolicy.tau is not None:
-        expected, reader = offpolicy.tau, ""
-    else:
-        return
-    if loss_config.resolved_tau != expected:
-        raise ValueError(
-            f"{LOSS_PREFIX}.tau={loss_config.tau} (loss_mode={loss_config.loss_mode}) and {ALGO_PREFIX}.tau="
-            f"{offpolicy.tau}{reader} differ (τ {loss_config.resolved_tau} vs {expected}): τ is one hyperparameter, "
-            f"the presets interpolate the loss's from {ALGO_PREFIX}.tau; set {ALGO_PREFIX}.tau only and remove "
-            f"the override of {LOSS_PREFIX}.tau"
-        )
+# ---------------------------------------------------------------------- the view the startup rules read
 
 
-AGRO_KL_PENALTIES = ("kl", "k1")
+class OffPolicyConfigError(ValueError):
+    """An inconsistent verl-offpolicy configuration; the message says what to change."""
 
 
-def check_kl_in_reward(algorithm: Any, coef: float, estimator: str, coef_key: str) -> None:
-    """``estimator``'s R = r − coef·log(π/π_ref) must be verl's KL-in-reward: kl_penalty=kl, fixed kl_coef = coef.
+def select(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg``'s value at the dotted ``key`` (``default`` if absent)."""
+    from omegaconf import OmegaConf
 
-    ``algorithm`` is verl's algorithm section (DictConfig, dataclass or dict); only the keys it has
-    are checked (the composed config has them all). Raises ``ValueError`` listing what to set.
-    """
-    fixes = []
-    if algorithm.get("use_kl_in_reward", True) is False:
-        fixes.append(
-            f"algorithm.use_kl_in_reward=true ({estimator} needs a reference policy and R = r − {coef_key}·log(π/π_ref))"
-        )
-    kl_penalty = algorithm.get("kl_penalty", "kl")
-    if kl_penalty not in AGRO_KL_PENALTIES:
-        fixes.append(f"algorithm.kl_penalty=kl (got {kl_penalty})")
-    kl_ctrl = algorithm.get("kl_ctrl", None) or {}
-    if kl_ctrl.get("type", "fixed") != "fixed":
-        fixes.append(f"algorithm.kl_ctrl.type=fixed (got {kl_ctrl.get('type')})")
-    kl_coef = kl_ctrl.get("kl_coef", coef)
-    if kl_coef != coef:
-        fixes.append(
-            f"algorithm.kl_ctrl.kl_coef={coef} to equal {ALGO_PREFIX}.{coef_key} (got kl_coef={kl_coef}); "
-            f"the presets interpolate kl_coef from {coef_key}"
-        )
-    if fixes:
-        raise ValueError(f"adv_estimator={estimator} is inconsistent; set " + "; ".join(fixes))
+    return OmegaConf.select(cfg, key, default=default)
 
 
-def check_agro_reward(algorithm: Any, beta: float) -> None:
-    """AGRO's R = r − β·log(π/π_ref): :func:`check_kl_in_reward` with β = ``algorithm.offpolicy.beta``."""
-    check_kl_in_reward(algorithm, beta, "agro", "beta")
+def loss_section(cfg: Any) -> OffPolicyLossConfig | None:
+    """The actor's policy-loss section as our typed config, or None if it is not ours."""
+    from omegaconf import OmegaConf
 
-
-def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config: OffPolicyLossConfig) -> None:
-    """Checks that need the actor's ε: non-negative ε, and ring ε′ ≥ ε."""
-    _check_number("actor_rollout_ref.actor.clip_ratio_low", clip_ratio_low, non_negative=True)
-    _check_number("actor_rollout_ref.actor.clip_ratio_high", clip_ratio_high, non_negative=True)
-    if loss_config.clip_mode == "ring":
-        if loss_config.ring_clip_ratio_low < clip_ratio_low:
-            raise ValueError(
-                f"{LOSS_PREFIX}.ring_clip_ratio_low={loss_config.ring_clip_ratio_low} must be >= "
-                f"actor_rollout_ref.actor.clip_ratio_low={clip_ratio_low} (ring ε′ ≥ ε)"
+    node = select(cfg, "actor_rollout_ref.actor.policy_loss")
+    if node is None:
+        return None
+    values = OmegaConf.to_container(node, resolve=True)
+    target = values.pop("_target_", "")
+    if not target.endswith("OffPolicyLossConfig"):
+        if values.get("loss_mode") in POLICY_LOSSES:
+            raise OffPolicyConfigError(
+                f"{LOSS_PREFIX}.loss_mode={values['loss_mode']} is a verl-offpolicy loss but {LOSS_PREFIX}._target_ "
+                f"is {target!r}: set {LOSS_PREFIX}._target_=verl_offpolicy.glue.config.OffPolicyLossConfig "
+                "or use a preset (+algorithm=<preset>)"
             )
-        if loss_config.ring_clip_ratio_high < clip_ratio_high:
-            raise ValueError(
-                f"{LOSS_PREFIX}.ring_clip_ratio_high={loss_config.ring_clip_ratio_high} must be >= "
-                f"actor_rollout_ref.actor.clip_ratio_high={clip_ratio_high} (ring ε′ ≥ ε)"
-            )
+        return None
+    values.pop("rollout_correction", None)  # verl's own nested dataclass, validated by verl
+    return OffPolicyLossConfig(**values)
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    """A whole composed config as the startup rules read it: the raw config and its typed sections.
+
+    Every rule group (``RULES`` of :mod:`verl_offpolicy.glue.algorithms`, ...) is a tuple of functions
+    ``rule(view) -> None`` that raise :class:`OffPolicyConfigError` (or the section's ``ValueError``).
+    """
+
+    cfg: Any
+    offpolicy: OffPolicyConfig
+    loss: OffPolicyLossConfig | None  # None: the policy loss is verl's own
+
+    @classmethod
+    def of(cls, cfg: Any) -> "ConfigView":
+        """Build and validate the typed sections (``algorithm.offpolicy`` first, then the policy loss)."""
+        offpolicy = offpolicy_section(select(cfg, "algorithm"))
+        offpolicy.check_for_estimator(select(cfg, "algorithm.adv_estimator"))
+        return cls(cfg, offpolicy, loss_section(cfg))
+
+    def select(self, key: str, default: Any = None) -> Any:
+        return select(self.cfg, key, default)
+
+    @property
+    def adv_estimator(self) -> str | None:
+        return self.select("algorithm.adv_estimator")
+
+    @property
+    def trainer_mode(self) -> str | None:
+        return self.select("trainer.v1.trainer_mode")
+
+    @property
+    def loss_mode(self) -> str | None:
+        """The selected policy loss, ours or verl's."""
+        return self.loss.loss_mode if self.loss is not None else self.select(f"{LOSS_PREFIX}.loss_mode")
+
+    @property
+    def bypass(self) -> bool:
+        """verl's ``algorithm.rollout_correction.bypass_mode`` (the rollout log-probs in old_log_prob)."""
+        return bool(self.select("algorithm.rollout_correction.bypass_mode", False))

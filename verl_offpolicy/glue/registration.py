@@ -19,6 +19,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from verl_offpolicy.glue import algorithms
+
 logger = logging.getLogger("verl_offpolicy")
 
 # Run at ``import verl``: the CPU platform must be registered before verl's first get_platform().
@@ -32,15 +34,17 @@ EAGER_REGISTRATIONS: tuple[str, ...] = (
 # ``import verl`` (in every Ray worker of every GPU job) imports nothing more than it already does.
 # An entry is a module (registering at import) or "module:function".
 DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
-    "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.estimators", "verl_offpolicy.glue.losses"),
-    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.trainer",),
+    # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py).
+    "verl.trainer.ppo.core_algos": algorithms.family_modules(),
+    # The scheduler trainer's registered base; it imports its mode classes when it builds one.
+    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
-    # m2po's whole-mini-batch pre-pass (runs only for loss_mode=m2po): verl_offpolicy.glue.m2po.
+    # m2po's whole-mini-batch pre-pass (runs only for loss_mode=m2po): verl_offpolicy.glue.algorithms.m2po.
     "verl.workers.engine.fsdp.transformer_impl": (
         "verl_offpolicy.cpu.platform:install_unpinned_offload",
-        "verl_offpolicy.glue.m2po:install_mini_batch_pre_pass",
+        "verl_offpolicy.glue.algorithms.m2po:install_mini_batch_pre_pass",
     ),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the Megatron engine's CUDA shims, installed when one is built.
     "verl.workers.engine.megatron.transformer_impl": ("verl_offpolicy.cpu.registration:register_megatron_shims",),
@@ -101,8 +105,9 @@ def _in_trainer_registry(name: str) -> bool:
     return name in TRAINER_REGISTRY
 
 
-ADV_ESTIMATORS = ("opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro", "pairwise_opmd")
-POLICY_LOSSES = ("opmd", "pmd", "rec", "topr", "m2po", "pairwise_opmd")
+# Read from the algorithms part's decorators (one source: the adapter that registers the name).
+ADV_ESTIMATORS = algorithms.declared_names(algorithms.ESTIMATOR_DECORATOR)
+POLICY_LOSSES = algorithms.declared_names(algorithms.LOSS_DECORATOR)
 TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there

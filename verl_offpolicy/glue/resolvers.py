@@ -1,7 +1,9 @@
-"""OmegaConf resolvers used by the presets, registered at ``import verl`` in every process.
+"""OmegaConf resolvers used by the presets, registered at ``import verl`` in every process, and their rule.
 
 verl's driver and its ``TaskRunner`` resolve the config after ``import verl``, which runs our
 ``verl.plugins`` entry point (``EAGER_REGISTRATIONS`` of :mod:`verl_offpolicy.glue.registration`).
+``RULES``: a mini-batch size this resolver computed must split into verl's micro-batches
+(:func:`check_preset_mini_batch`).
 """
 
 from __future__ import annotations
@@ -29,3 +31,42 @@ def register_resolvers() -> None:
     """Register :data:`MINI_BATCH_RESOLVER` once per process."""
     if not OmegaConf.has_resolver(MINI_BATCH_RESOLVER):
         OmegaConf.register_new_resolver(MINI_BATCH_RESOLVER, mini_batch_size)
+
+
+def check_preset_mini_batch(view) -> None:
+    """A mini-batch from the presets' resolver (PMD: ≥ 16 updates per batch) must split into verl's micro-batches.
+
+    verl asserts at the first update that each update's responses (ppo_mini_batch_size × rollout.n)
+    divide by the data-parallel size and, per rank, by ppo_micro_batch_size_per_gpu (FSDP, no dynamic
+    batch size). Only checked when the mini-batch size is the preset's (a size set explicitly is the user's).
+    """
+    from verl_offpolicy.glue.config import OffPolicyConfigError  # not at import: this module runs at `import verl`
+
+    actor = "actor_rollout_ref.actor"
+    node = view.select(actor)
+    if node is None:
+        return
+    raw = OmegaConf.to_container(node, resolve=False).get("ppo_mini_batch_size")
+    if not (isinstance(raw, str) and MINI_BATCH_RESOLVER in raw) or view.select(f"{actor}.use_dynamic_bsz", False):
+        return
+    if view.select(f"{actor}.strategy", "fsdp") not in ("fsdp", "fsdp2"):
+        return
+    mini = view.select(f"{actor}.ppo_mini_batch_size")
+    n = view.select("actor_rollout_ref.rollout.n", 1)
+    gpus = view.select("trainer.nnodes", 1) * view.select("trainer.n_gpus_per_node", 1)
+    ranks = max(1, gpus // (view.select(f"{actor}.ulysses_sequence_parallel_size", 1) or 1))
+    micro = view.select(f"{actor}.ppo_micro_batch_size_per_gpu")
+    responses = mini * n
+    if responses % ranks == 0 and (not micro or (responses // ranks) % micro == 0):
+        return
+    raise OffPolicyConfigError(
+        f"{actor}.ppo_mini_batch_size={mini} (the preset's split of data.train_batch_size="
+        f"{view.select('data.train_batch_size')} into several optimizer updates) × actor_rollout_ref.rollout.n={n} = "
+        f"{responses} responses per update do not split into {ranks} data-parallel rank(s) × "
+        f"{actor}.ppo_micro_batch_size_per_gpu={micro}: set {actor}.ppo_micro_batch_size_per_gpu to a divisor of "
+        f"{responses // ranks if responses % ranks == 0 else 'the responses per rank'}, set {actor}.ppo_mini_batch_size "
+        f"explicitly, or set {actor}.use_dynamic_bsz=true"
+    )
+
+
+RULES = (check_preset_mini_batch,)

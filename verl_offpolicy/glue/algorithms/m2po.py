@@ -19,6 +19,9 @@ The authors' public code (github.com/Infini-AI-Lab/M2PO, ``verl/trainer/ppo/core
 ρ < 1) and maps the cut to PPO clip bounds; we follow the paper's algorithm as the spec states it
 (all tokens of the mini-batch, masked, importance-weighted without clipping), with the default budget
 0.04 of the authors' scripts (``M2_budget=0.04``).
+
+This module is M2PO's whole part (docs/algo/m2po.md): the loss adapter, the pre-pass and the rule that
+the engine runs it (:func:`check_m2po_strategy`).
 """
 
 from __future__ import annotations
@@ -28,10 +31,17 @@ import functools
 from typing import Any, Callable, Iterator
 
 import torch
+from torch import Tensor
+
+from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
+from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
+from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
 
 LOSS_MODE = "m2po"
+# Engines whose forward_backward_batch carries the whole-mini-batch pre-pass (install_mini_batch_pre_pass).
+M2PO_STRATEGIES = ("fsdp", "fsdp2")
 # id(actor config) -> θ* of the mini-batch being trained (set by the pre-pass, read by the loss).
 _THRESHOLDS: dict[int, float] = {}
 
@@ -109,3 +119,64 @@ def install_mini_batch_pre_pass() -> bool:
     forward_backward_batch._verl_offpolicy_m2po = True
     engine_cls.forward_backward_batch = forward_backward_batch
     return True
+
+
+def check_m2po_strategy(view: ConfigView) -> None:
+    """m2po's mask needs the pre-pass, which only verl's FSDP engines run (:data:`M2PO_STRATEGIES`)."""
+    if view.loss is None or view.loss.loss_mode != LOSS_MODE:
+        return
+    actor = "actor_rollout_ref.actor"
+    strategy = view.select(f"{actor}.strategy", "fsdp")
+    if strategy not in M2PO_STRATEGIES:
+        raise OffPolicyConfigError(
+            f"{LOSS_PREFIX}.loss_mode=m2po chooses its mask over the whole mini-batch with a pre-pass of verl's "
+            f"FSDP engine, which {actor}.strategy={strategy} does not run: set {actor}.strategy to one of "
+            f"{', '.join(M2PO_STRATEGIES)} or choose another loss"
+        )
+
+
+LOSS_RULES = (check_m2po_strategy,)
+
+
+def _whole_mini_batch(log_prob: Tensor, config: Any) -> bool:
+    """True if this call holds every sequence of the optimizer mini-batch (or is not inside verl's engine)."""
+    info = getattr(config, "global_batch_info", None) or {}
+    global_size = info.get("global_batch_size")
+    if global_size is None:
+        return True
+    return info.get("dp_size", 1) == 1 and log_prob.shape[0] == global_size
+
+
+@register_policy_loss("m2po")
+def compute_policy_loss_m2po(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """ℓ_t = −M_t·ρ_t·A·log π_t, M_t = [(log ρ_t)² < θ*], θ* from the whole mini-batch's second moment.
+
+    θ* comes from the engine's pre-pass over the mini-batch (:func:`install_mini_batch_pre_pass`); a call that
+    holds the whole mini-batch (one micro-batch on one rank, or a direct call) computes it from its own
+    tokens. A micro-batch without the pre-pass is an error, never a silently per-micro-batch mask.
+    """
+    loss_config = our_loss_config("m2po", config)
+    check_dtype("m2po", log_prob)
+    mask = response_mask.bool()
+    threshold = mini_batch_threshold(config)
+    if threshold is None:
+        if not _whole_mini_batch(log_prob, config):
+            raise RuntimeError(
+                f"{LOSS_PREFIX}.loss_mode=m2po: this call holds {log_prob.shape[0]} of the mini-batch's "
+                f"{config.global_batch_info.get('global_batch_size')} sequences, but the whole-mini-batch pre-pass "
+                "(verl_offpolicy.glue.algorithms.m2po, installed on verl's FSDP engine) did not run: m2po needs "
+                "actor_rollout_ref.actor.strategy=fsdp or fsdp2"
+            )
+        log_ratio_sq = core.token_log_ratio(log_prob, old_log_prob, mask)[mask].square()
+        threshold = core.m2po_threshold(log_ratio_sq, loss_config.m2po_threshold)
+    loss_mat, keep, log_ratio, ratio = core.m2po_loss(log_prob, old_log_prob, advantages, mask, threshold)
+    loss = aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
+    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio))

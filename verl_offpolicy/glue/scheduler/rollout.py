@@ -1,6 +1,6 @@
 """The overlapped mode's rollout: a standalone replica pool fed through verl's checkpoint-engine API.
 
-With ``actor_rollout_ref.hybrid_engine=false`` the ``offpolicy`` trainer (:mod:`.trainer`) generates
+With ``actor_rollout_ref.hybrid_engine=false`` the ``offpolicy`` trainer (:mod:`.overlapped`) generates
 on rollout replicas that have a resource pool of their own (verl's ``RolloutReplica.init_standalone``),
 so batch B_t is generated while the trainer trains earlier steps. :class:`StandaloneRollout` owns
 those replicas and the ``CheckpointEngineManager`` that pushes the trainer's weights to them with the

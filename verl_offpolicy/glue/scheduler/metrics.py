@@ -5,7 +5,7 @@ computes ``training/off_policy/trajectory_staleness/{mean,max,min}`` = (t − 1)
 that generated each trajectory), from the version tag the rollout server puts on each trajectory (the
 ``global_steps`` the trainer passes to ``update_weights``), plus ``trajectory_staleness_worst/*`` and
 ``trajectory_spans/*``. This package does not log a second copy: the trainer checks the same version tags
-against the schedule before it trains a batch (:func:`verl_offpolicy.glue.overlap.check_observed_version`),
+against the schedule before it trains a batch (:func:`verl_offpolicy.glue.scheduler.rollout.check_observed_version`),
 and logs under ``offpolicy/`` only what verl has no name for.
 """
 

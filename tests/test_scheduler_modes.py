@@ -1,0 +1,91 @@
+"""The scheduler trainer's two modes (docs/scheduler.md): one registered name, one small class per mode.
+
+Built through verl's own entry point (``get_trainer_cls(trainer_mode)(config=...)``, what ``main_ppo``
+does); the constructor needs neither Ray nor workers. Also: the hook tables in the mode classes'
+docstrings are the classes' shape, and docs/scheduler.md's table of startup rules names real functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.hydra_utils import VALID_SIZES
+from tests.test_overlapped import OVERLAPPED
+from verl_offpolicy.glue.compose import compose_preset
+from verl_offpolicy.glue.config import OffPolicyConfigError
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
+
+
+def _trainer(preset: str, extra: list[str]):
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    return get_trainer_cls("offpolicy")(config=compose_preset(preset, overrides=[*VALID_SIZES, *extra]))
+
+
+def _modes():
+    from verl_offpolicy.glue.scheduler.colocated import ColocatedTrainer
+    from verl_offpolicy.glue.scheduler.overlapped import OverlappedTrainer
+
+    return ColocatedTrainer, OverlappedTrainer
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_the_registered_name_builds_the_class_of_the_configured_mode(overlapped):
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    colocated_cls, overlapped_cls = _modes()
+    trainer = _trainer("opmd", OVERLAPPED + ["algorithm.offpolicy.sync_offset=1"] if overlapped else [])
+    assert type(trainer) is (overlapped_cls if overlapped else colocated_cls)
+    assert isinstance(trainer, get_trainer_cls("offpolicy"))
+    assert (trainer.schedule.sync_interval, trainer.schedule.sync_offset) == (1, 1 if overlapped else 0)
+    # verl's _setup builds colocated replicas exactly in the colocated mode
+    assert getattr(trainer, "_enable_hybrid_replicas", True) is not overlapped
+
+
+def test_the_constructor_validates_a_config_no_callback_saw():
+    with pytest.raises(OffPolicyConfigError, match="overlapped mode.*ratio_anchor=behaviour"):
+        _trainer("rec_oneside_nois", OVERLAPPED + ["algorithm.offpolicy.ratio_anchor=behaviour"])
+
+
+def _table_hooks(cls) -> list[str]:
+    """The hooks named in the first column of the class module's docstring table."""
+    doc = importlib.import_module(cls.__module__).__doc__
+    return re.findall(r"^``(\w+)``", doc, flags=re.MULTILINE)
+
+
+def test_each_mode_class_defines_the_hooks_of_its_table():
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from verl_offpolicy.glue.scheduler.trainer import OffPolicyTrainer
+
+    for cls in _modes():
+        hooks = _table_hooks(cls)
+        assert len(hooks) >= 5, (cls, hooks)
+        for hook in hooks:
+            assert hasattr(PPOTrainer, hook), f"{hook} is not a verl PPOTrainer hook"
+            owner = next(c for c in cls.__mro__ if hook in vars(c))
+            assert owner in (cls, OffPolicyTrainer), f"{cls.__name__}.{hook} comes from {owner.__name__}"
+        assert not hasattr(cls, "overlapped")  # no mode flag: the class is the mode
+
+
+def _documented_rules() -> list[str]:
+    """The dotted names (under verl_offpolicy.glue) in the first column of the 'Rejected at startup' table."""
+    section = DOC.read_text().split("## Rejected at startup", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [name for row in rows for name in re.findall(r"`([\w.]+)`", row.split("|")[1])]
+
+
+def test_the_scheduler_docs_table_of_startup_rules_matches_the_code():
+    from verl_offpolicy.glue.scheduler import checks
+
+    documented = _documented_rules()
+    for dotted in documented:
+        module, _, attr = f"verl_offpolicy.glue.{dotted}".rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), f"docs/scheduler.md names {dotted}, which does not exist"
+    scheduler_rules = {f"scheduler.checks.{rule.__name__}" for rule in (*checks.ROLLOUT_CORRECTION_RULES, *checks.RULES)}
+    assert scheduler_rules <= set(documented), sorted(scheduler_rules - set(documented))

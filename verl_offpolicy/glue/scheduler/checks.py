@@ -1,0 +1,207 @@
+"""The scheduler part's startup rules: the staleness scheduler, verl's rollout correction, verl's async modes.
+
+``RULES`` is this part's rule group, in the order :func:`verl_offpolicy.glue.validation.validate_offpolicy_config`
+runs it; each rule reads a :class:`~verl_offpolicy.glue.config.ConfigView` and raises
+:class:`~verl_offpolicy.glue.config.OffPolicyConfigError` naming the keys to change. The trainer
+(:mod:`.trainer`) is what these rules protect; this module imports no trainer, so the startup
+validation stays cheap.
+"""
+
+from __future__ import annotations
+
+from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
+from verl_offpolicy.glue.registration import POLICY_LOSSES
+
+SCHEDULER_TRAINER = "offpolicy"
+# verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): see check_verl_async_modes.
+VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+PAIRWISE_OPMD = "pairwise_opmd"
+
+
+def check_rollout_correction(view: ConfigView) -> None:
+    """Which of verl's ``algorithm.rollout_correction`` settings combine with our anchors, losses and estimators.
+
+    verl 0.9.1's v1 trainer computes the IS weights (TIS, IcePop/MIS: ``rollout_is``) and rejection masks
+    (``rollout_rs``, e.g. Geo-RS) only in decoupled mode (bypass_mode=false), from π_old/π_rollout with π_old
+    the proximal log-prob, and only when the batch has the rollout log-probs; our losses multiply their
+    per-token loss by the weights. In bypass mode it only puts the rollout log-probs in old_log_prob (the
+    legacy trainer also swaps the loss for its own ``bypass_mode`` loss). Rejected, naming both keys: a
+    setting verl would silently skip, a correction applied twice (the IS weight π_prox/π_rollout already
+    covers the gap that a rollout anchor, or a behaviour anchor on stale batches, puts in the loss's
+    ratio), and any reweighting of pairwise_opmd (its exact group gradient has no per-sample weight).
+    """
+    offpolicy, loss = view.offpolicy, view.loss
+    rollout_is = view.select(f"{ROLLOUT_CORRECTION}.rollout_is")
+    rollout_rs = view.select(f"{ROLLOUT_CORRECTION}.rollout_rs")
+    bypass = view.bypass
+    ours = loss is not None and loss.loss_mode in POLICY_LOSSES
+    loss_mode = view.loss_mode
+    corrections = [f"{ROLLOUT_CORRECTION}.{key}={value}" for key, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)) if value is not None]
+    if corrections and not view.select("actor_rollout_ref.rollout.calculate_log_probs", False):
+        raise OffPolicyConfigError(
+            f"{' and '.join(corrections)} need the inference engine's log-probs, but "
+            "actor_rollout_ref.rollout.calculate_log_probs=false (verl would skip the correction silently): "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if bypass and ours:
+        if not view.select("trainer.use_v1", False):
+            raise OffPolicyConfigError(
+                f"{ROLLOUT_CORRECTION}.bypass_mode=true with trainer.use_v1=false replaces {LOSS_PREFIX}.loss_mode="
+                f"{loss_mode} by verl's own bypass_mode loss: set trainer.use_v1=true or bypass_mode=false"
+            )
+        if corrections:
+            raise OffPolicyConfigError(
+                f"{ROLLOUT_CORRECTION}.bypass_mode=true with {' and '.join(corrections)}: verl computes these only in "
+                f"decoupled mode or inside its own bypass_mode loss, so {LOSS_PREFIX}.loss_mode={loss_mode} would train "
+                f"without them; set {ROLLOUT_CORRECTION}.bypass_mode=false (decoupled) or remove the correction"
+            )
+        loss_type = view.select(f"{ROLLOUT_CORRECTION}.loss_type", "ppo_clip")
+        if loss_type != "ppo_clip":
+            raise OffPolicyConfigError(
+                f"{ROLLOUT_CORRECTION}.loss_type={loss_type} selects verl's bypass_mode loss, which "
+                f"{LOSS_PREFIX}.loss_mode={loss_mode} replaces: remove it (leave ppo_clip) or use verl's loss"
+            )
+    if view.adv_estimator == PAIRWISE_OPMD and corrections:
+        raise OffPolicyConfigError(
+            f"algorithm.adv_estimator={PAIRWISE_OPMD} with {' and '.join(corrections)}: the pairwise gradient is exact "
+            "for any data without a per-sample weight or rejection (fully off-policy); remove the correction"
+        )
+    if bypass or rollout_is is None:
+        return
+    stale = offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0
+    if offpolicy.ratio_anchor == "rollout" or (offpolicy.ratio_anchor == "behaviour" and stale):
+        where = "the rollout log-probs" if offpolicy.ratio_anchor == "rollout" else "the behaviour log-probs of stale batches"
+        raise OffPolicyConfigError(
+            f"{ROLLOUT_CORRECTION}.rollout_is={rollout_is} weights by π_proximal/π_rollout, and "
+            f"algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor} measures the loss's ratio against {where}: the "
+            "gap between the two policies would be corrected twice. Set algorithm.offpolicy.ratio_anchor=proximal "
+            f"(verl's decoupled three-policy form) or {ROLLOUT_CORRECTION}.rollout_is=null"
+        )
+
+
+def check_verl_async_modes(view: ConfigView) -> None:
+    """What a preset can keep under verl's ``colocate_async``/``separate_async`` trainers.
+
+    Their staleness is bounded by a threshold, not scheduled, and a sync aborts in-flight requests and
+    resumes them under the new weights, so one response can span two versions: no single set of
+    generating weights exists to compute a ``behaviour`` anchor at. The token-level behaviour log-probs
+    are the rollout's own (``ratio_anchor=rollout``, which verl provides as ``rollout_correction.bypass_mode``).
+    """
+    trainer_mode = view.trainer_mode
+    if not (view.select("trainer.use_v1", False) and trainer_mode in VERL_ASYNC_TRAINERS):
+        return
+    offpolicy = view.offpolicy
+    prefix = f"trainer.v1.trainer_mode={trainer_mode} (verl's asynchronous trainer)"
+    if offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0:
+        raise OffPolicyConfigError(
+            f"{prefix} bounds staleness by trainer.v1.sampler.max_off_policy_threshold and cannot follow "
+            f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}: set "
+            f"sync_interval=1 sync_offset=0, or trainer.v1.trainer_mode={SCHEDULER_TRAINER} for a scheduled staleness"
+        )
+    if offpolicy.ratio_anchor == "behaviour":
+        raise OffPolicyConfigError(
+            f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: partial rollouts are resumed under "
+            "new weights, so a response has no single generating version to recompute log-probs at; set "
+            "ratio_anchor=rollout with algorithm.rollout_correction.bypass_mode=true (the rollout's own log-probs, "
+            "token by token) or ratio_anchor=proximal"
+        )
+    bypass = view.bypass
+    if (offpolicy.ratio_anchor == "rollout") != bypass:
+        raise OffPolicyConfigError(
+            f"{prefix} puts the rollout log-probs into old_log_prob exactly when "
+            f"algorithm.rollout_correction.bypass_mode=true: set ratio_anchor=rollout together with bypass_mode=true, "
+            f"or proximal with bypass_mode=false (got ratio_anchor={offpolicy.ratio_anchor}, bypass_mode={bypass})"
+        )
+    if offpolicy.on_policy:
+        raise OffPolicyConfigError(
+            f"{prefix} trains on responses of earlier weights (and partial rollouts), but "
+            "algorithm.offpolicy.on_policy=true (on-policy AGRO) needs fresh samples at every update; use preset agro "
+            "(off-policy form) or trainer.v1.trainer_mode=offpolicy"
+        )
+
+
+def _uses_scheduler(view: ConfigView) -> bool:
+    return bool(view.select("trainer.use_v1", False)) and view.trainer_mode == SCHEDULER_TRAINER
+
+
+def check_scheduler_selected(view: ConfigView) -> None:
+    """Staleness control and non-proximal ratio anchors are provided by the ``offpolicy`` trainer."""
+    if view.select("trainer.use_v1", False) and view.trainer_mode in VERL_ASYNC_TRAINERS:
+        return  # check_verl_async_modes
+    offpolicy = view.offpolicy
+    needs_scheduler = (
+        offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0 or offpolicy.ratio_anchor != "proximal"
+    )
+    if needs_scheduler and not _uses_scheduler(view):
+        raise OffPolicyConfigError(
+            f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}, "
+            f"ratio_anchor={offpolicy.ratio_anchor} need verl-offpolicy's scheduler: set trainer.use_v1=true and "
+            f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} (got use_v1={view.select('trainer.use_v1')}, "
+            f"trainer_mode={view.trainer_mode})"
+        )
+
+
+def check_overlapped(view: ConfigView) -> None:
+    """The scheduler's overlapped mode (``hybrid_engine=false``): a rollout pool, a weight transport, an anchor."""
+    if not _uses_scheduler(view) or view.select("actor_rollout_ref.hybrid_engine", True):
+        return
+    rollout = "actor_rollout_ref.rollout"
+    prefix = f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = view.select(f"{rollout}.{key}", 0)
+        if not isinstance(value, int) or value < 1:
+            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
+    backend = view.select(f"{rollout}.checkpoint_engine.backend")
+    if backend == "naive":
+        raise OffPolicyConfigError(
+            f"{prefix} pushes weights to the rollout pool through a checkpoint engine, and naive only serves a "
+            f"colocated rollout: set {rollout}.checkpoint_engine.backend to verl's nccl/nixl/... on GPUs, or "
+            f"cpu_mailbox on the CPU path (+cpu_rollout=standalone)"
+        )
+    if view.offpolicy.ratio_anchor == "behaviour":
+        raise OffPolicyConfigError(
+            f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: when a batch arrives the trainer "
+            "has already moved past the weights that generated it; set ratio_anchor=rollout (each batch is generated "
+            "entirely at one version here, so the rollout's log-probs are the behaviour policy's) or proximal"
+        )
+
+
+# Features of verl that the scheduler's per-version batches cannot serve: key -> why.
+UNSUPPORTED_WITH_SCHEDULER = {
+    "algorithm.filter_groups.enable": "DAPO group filtering refills groups, which would break the per-version batches",
+    "skip.rollout_tq.enable": "rollout skipping replays dumped rollouts instead of the scheduled generation",
+}
+
+
+def check_scheduler_features(view: ConfigView) -> None:
+    """What the ``offpolicy`` trainer replaces or cannot combine with: verl's features, sampler and anchors."""
+    if not _uses_scheduler(view):
+        return
+    for key, why in UNSUPPORTED_WITH_SCHEDULER.items():
+        if view.select(key, False):
+            raise OffPolicyConfigError(
+                f"{key}=true is not supported with trainer.v1.trainer_mode={SCHEDULER_TRAINER} ({why}); set {key}=false"
+            )
+    if view.select("trainer.v1.sampler.custom_sampler.path"):
+        raise OffPolicyConfigError(
+            f"trainer.v1.sampler.custom_sampler is set, but trainer.v1.trainer_mode={SCHEDULER_TRAINER} uses its own "
+            "sampler (the staleness FIFO); remove trainer.v1.sampler.custom_sampler.path/name"
+        )
+    ratio_anchor = view.offpolicy.ratio_anchor
+    if view.bypass and ratio_anchor != "rollout":
+        raise OffPolicyConfigError(
+            "algorithm.rollout_correction.bypass_mode=true already sets old_log_prob to the rollout log-probs; "
+            f"set algorithm.offpolicy.ratio_anchor=rollout or bypass_mode=false (got ratio_anchor={ratio_anchor})"
+        )
+    if ratio_anchor == "rollout" and not view.select("actor_rollout_ref.rollout.calculate_log_probs", False):
+        raise OffPolicyConfigError(
+            "algorithm.offpolicy.ratio_anchor=rollout needs the inference engine's log-probs: "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true (or choose ratio_anchor=behaviour|proximal)"
+        )
+
+
+# verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
+ROLLOUT_CORRECTION_RULES = (check_rollout_correction,)
+# The trainer mode: verl's async modes, or the scheduler with its overlapped mode and its features.
+RULES = (check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features)

@@ -1,0 +1,148 @@
+"""The overlapped mode of the ``offpolicy`` trainer (``actor_rollout_ref.hybrid_engine=false``).
+
+The same schedule, batches and versions as the colocated mode, but the rollout runs on a resource pool
+of its own (:class:`~verl_offpolicy.glue.scheduler.rollout.StandaloneRollout`) and generates while the
+trainer trains; weights reach it through verl's checkpoint-engine API
+(``actor_rollout_ref.rollout.checkpoint_engine.backend``), once per version:
+
+====================  =====================================================================================
+hook (verl PPOTrainer) what happens to the rollout
+====================  =====================================================================================
+``on_init_end``       push the current version (0, or the step a checkpoint resumed)
+``on_train_begin``    submit the batches of that version not already queued, one agent-loop call per batch,
+                      in schedule order (the FIFO never holds more than s + d batches, finished or not)
+``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports
+``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
+                      request is aborted or resumed under new weights), push version t, submit its batches
+``_save_checkpoint``  wait until nothing is in flight, then save (the FIFO is checkpointed finished)
+====================  =====================================================================================
+
+``ratio_anchor=behaviour`` is rejected in this mode at startup (the trainer has moved past the generating
+weights when a batch arrives); ``rollout`` is the behaviour policy's own log-probs here, since every
+batch is generated entirely at one version (checked: ``offpolicy/observed_version``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import transfer_queue as tq
+
+from verl.utils.debug import marked_timer
+
+from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
+from verl_offpolicy.glue.scheduler.trainer import (
+    BEHAVIOUR_TAG,
+    STEP_TAG,
+    TRAIN,
+    VERSION_TAG,
+    OffPolicyTrainer,
+    QueuedBatch,
+)
+
+
+class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
+    """The rollout generates on its own pool while the trainer trains; one weight push per version."""
+
+    # verl's PPOTrainer._setup builds no colocated replicas (and a pure Actor worker) when this is False.
+    _enable_hybrid_replicas = False
+
+    def __init__(self, config):
+        self.standalone: StandaloneRollout | None = None
+        self._last_submission: tuple[int, int] | None = None  # (version, batches) of the last submission
+        super().__init__(config)
+
+    # ------------------------------------------------------------------ the standalone rollout
+
+    def _setup(self):
+        super()._setup()
+        self.standalone = StandaloneRollout(self.config, self.actor_rollout_wg)
+
+    def get_llm_client(self):
+        return self.standalone.client()
+
+    def _rollout_server_managers(self) -> list:
+        managers = super()._rollout_server_managers()
+        if self.standalone is not None:
+            managers.append(self.standalone.server_manager)
+        return managers
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_init_end(self):
+        self.standalone.push(self.global_steps)
+
+    def on_train_begin(self):
+        self._submit(self.global_steps - 1)  # fit() has advanced global_steps to the first step to train
+
+    def on_step_end(self):
+        if not self._generates_after(self.global_steps):
+            return
+        with marked_timer("update_weights", self.timing_raw, color="red"):
+            sync_wait = self._wait_in_flight()  # nothing of the previous version in flight: nothing aborted
+            metrics = self.standalone.push(self.global_steps)
+        self._submit(self.global_steps)
+        self._pending_sync_metrics = {**metrics, "offpolicy/sync_wait_s": sync_wait}
+
+    def _save_checkpoint(self):
+        # Nothing in flight at a checkpoint: the saved FIFO holds finished batches only, so a resumed run
+        # never regenerates a batch under other weights (verl would re-issue in-flight prompts).
+        self._wait_in_flight()
+        super()._save_checkpoint()
+
+    # ------------------------------------------------------------------ submission and waiting
+
+    def _submit(self, version: int) -> None:
+        """Submit every batch of ``version`` not yet queued, in schedule order."""
+        steps = self._steps_generated_at(version, self._queued_steps())
+        if not steps:
+            return
+        if len(self.replay_buffer.batches) + len(steps) > self.schedule.capacity:
+            raise RuntimeError(
+                f"offpolicy scheduler: submitting {len(steps)} batches of version {version} would hold "
+                f"{len(self.replay_buffer.batches) + len(steps)} > s + d = {self.schedule.capacity} batches"
+            )
+        for step in steps:
+            assert self.schedule.version(step) == version
+            chunk = self._next_train_batch()
+            uids = [str(u) for u in chunk["uid"]]
+            tq.kv_batch_put(
+                keys=uids, partition_id=TRAIN, tags=[{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids)
+            )
+            self._submit_batch_to_rollout(chunk)
+            self.replay_buffer.push(QueuedBatch(step=step, version=version, uids=uids, behaviour=False))
+        self.replay_buffer.last_generation_size = len(steps)
+        self._last_submission = (version, len(steps))
+
+    def _wait_in_flight(self) -> float:
+        """Block until every submitted batch finished; returns the seconds waited."""
+        start = time.perf_counter()
+        uids = {uid for entry in self.replay_buffer.batches for uid in entry.uids}
+        if uids:
+            self._wait_for_generation(uids, self.standalone.version)
+        return time.perf_counter() - start
+
+    def _make_batch_ready(self) -> dict:
+        """Wait for B_t only (generated since version v(t) was pushed)."""
+        step = self.global_steps
+        entry = self.replay_buffer.head(step)
+        if entry is None:
+            raise RuntimeError(
+                f"offpolicy scheduler: no batch was submitted for step {step} "
+                f"(queued steps: {[b.step for b in self.replay_buffer.batches]})"
+            )
+        start = time.perf_counter()
+        with marked_timer("gen", self.timing_raw, color="red"):
+            self._wait_for_generation(set(entry.uids), entry.version)
+        version, batches = self._last_submission if self._last_submission else (None, 0)
+        submitted = version == step - 1
+        metrics = {
+            "offpolicy/wait_s": time.perf_counter() - start,
+            "offpolicy/rollout_calls": float(submitted),
+            "offpolicy/generated_batches": float(batches if submitted else 0),
+            "offpolicy/weight_pushes": float(self.standalone.pushes),
+        }
+        busy = self.standalone.busy_fraction()
+        if busy is not None:
+            metrics["offpolicy/rollout_busy_fraction"] = busy
+        return metrics

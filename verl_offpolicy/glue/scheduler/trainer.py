@@ -1,0 +1,317 @@
+"""The staleness-controlled trainer, ``trainer.v1.trainer_mode=offpolicy``: what both modes share.
+
+It is verl's v1 ``PPOTrainer`` (stock FSDP/Megatron workers, TransferQueue, agent loop) with the
+schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
+
+- right before step ``version + 1`` trains, if ``version`` is a multiple of ``sync_interval`` s, the
+  rollout generates every batch of that version at the current weights (s batches; s + d at version 0);
+- the batches wait in a FIFO of at most s + d batches and are trained in generation order;
+- ``ratio_anchor=behaviour``: right after generation the training engine computes the log-probs of
+  every batch that will be trained stale (staleness > 0) at the generating weights; the loss then
+  uses them as ``old_log_prob``. ``rollout`` uses the inference engine's log-probs, ``proximal``
+  keeps verl's recomputation. KL-in-reward (AGRO's regularised reward) always uses the proximal
+  log-prob: the swap happens after the advantage is computed.
+
+The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
+version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
+The trainer and its queue hold one :class:`~verl_offpolicy.core.schedule.Schedule` (``self.schedule``).
+
+One name is registered (``offpolicy``); :class:`OffPolicyTrainer` builds the class of the configured
+mode, verl's way of one small subclass per mode (``trainer_sync.py``, ``trainer_colocate_async.py``):
+
+- :class:`~verl_offpolicy.glue.scheduler.colocated.ColocatedTrainer` (``actor_rollout_ref.hybrid_engine=true``):
+  the rollout shares the trainer's devices and is awake only to generate;
+- :class:`~verl_offpolicy.glue.scheduler.overlapped.OverlappedTrainer` (``hybrid_engine=false``): the
+  rollout has a pool of its own and generates while the trainer trains.
+
+Each mode's docstring is its table of verl hooks and what they do to the rollout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import transfer_queue as tq
+from transfer_queue import KVBatchMeta
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+
+from verl_offpolicy.core.schedule import Schedule
+from verl_offpolicy.glue.config import offpolicy_section
+from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
+from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, queue_metrics
+from verl_offpolicy.glue.scheduler.rollout import check_observed_version
+from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+TRAIN = "train"
+STEP_TAG = "offpolicy_step"
+VERSION_TAG = "offpolicy_version"
+BEHAVIOUR_TAG = "offpolicy_behaviour"
+BEHAVIOUR_FIELD = "behaviour_log_probs"
+GENERATION_POLL_SECONDS = 0.05
+PROGRESS_LOG_SECONDS = 60.0
+# A batch not generated within this many seconds fails the run (a dead or stuck rollout never hangs it).
+GENERATION_TIMEOUT_S = float(os.environ.get("VERL_OFFPOLICY_GENERATION_TIMEOUT", "3600"))
+
+
+@dataclass
+class QueuedBatch:
+    """One training batch waiting in the FIFO."""
+
+    step: int  # the training step that consumes it
+    version: int  # trainer steps the generating weights had seen
+    uids: list[str]  # its prompt groups
+    behaviour: bool  # behaviour log-probs were stored (batches trained stale)
+
+
+class StalenessQueue(ReplayBuffer):
+    """Sampler of the ``offpolicy`` trainer: the FIFO of generated batches, head first.
+
+    Validation sampling keeps verl's behaviour. A training sample returns exactly the prompt groups
+    generated for this step, materialised with verl's own ``ReplayBuffer`` helpers (same key order
+    as the stock sync sampler).
+    """
+
+    def __init__(self, schedule: Schedule, **kwargs):
+        super().__init__(poll_interval=GENERATION_POLL_SECONDS, **kwargs)
+        self.schedule = schedule
+        self.batches: list[QueuedBatch] = []
+        self.current: QueuedBatch | None = None  # the batch being trained
+        self.last_generation_size = 0
+
+    def push(self, batch: QueuedBatch) -> None:
+        self.batches.append(batch)
+        self.batches.sort(key=lambda b: b.step)
+
+    def head(self, step: int) -> QueuedBatch | None:
+        return self.batches[0] if self.batches and self.batches[0].step == step else None
+
+    def restore(self) -> None:
+        """Rebuild the FIFO from the prompt tags TransferQueue restored from a checkpoint."""
+        by_step: dict[int, QueuedBatch] = {}
+        for uid, tag in (tq.kv_list(TRAIN) or {}).get(TRAIN, {}).items():
+            if not tag.get("is_prompt", False) or STEP_TAG not in tag:
+                continue
+            step = tag[STEP_TAG]
+            entry = by_step.setdefault(step, QueuedBatch(step, tag[VERSION_TAG], [], False))
+            entry.uids.append(uid)
+            entry.behaviour = bool(tag.get(BEHAVIOUR_TAG, False))
+        self.batches = sorted(by_step.values(), key=lambda b: b.step)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        if partition_id != TRAIN:
+            return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        entry = self.head(global_steps)
+        if entry is None:
+            raise RuntimeError(
+                f"offpolicy scheduler: no batch queued for step {global_steps} "
+                f"(queued steps: {[b.step for b in self.batches]})"
+            )
+        self._sync_metadata_from_transfer_queue()
+        entry_uids = set(entry.uids)
+        terminal = self.finished_keys[TRAIN] | self.failure_keys[TRAIN]
+        sampleable = terminal if terminal == entry_uids else terminal & entry_uids
+        if sampleable != entry_uids:
+            raise RuntimeError(
+                f"offpolicy scheduler: {len(entry_uids - sampleable)} prompt groups of step {global_steps} "
+                "have not finished generating"
+            )
+        selected, snapshot, _ = self._select_prompt_uids(TRAIN, sampleable, batch_size)
+        if not any(key.split("_")[0] in entry_uids for key in snapshot):
+            raise RuntimeError(
+                f"offpolicy scheduler: every prompt group of step {global_steps} failed to generate "
+                "(see the agent loop worker log)"
+            )
+        batch = self._materialize_batch(TRAIN, selected, snapshot)
+        self.batches.remove(entry)
+        self.current = entry
+        staleness = self.schedule.staleness(global_steps)
+        assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
+        return batch, queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size)
+
+
+def steps_to_generate(schedule: Schedule, version: int, total_steps: int, queued=()) -> list[int]:
+    """The steps of a run of ``total_steps`` whose batches are generated at ``version`` and are not in
+    ``queued`` yet, in schedule order (bounded by the run's steps: O(1) in s and d)."""
+    queued = set(queued)
+    return [t for t in schedule.generation_steps(version, total_steps=total_steps) if t not in queued]
+
+
+def is_overlapped(config) -> bool:
+    """The overlapped mode is selected by ``actor_rollout_ref.hybrid_engine=false``."""
+    return not bool(config.actor_rollout_ref.get("hybrid_engine", True))
+
+
+@register_trainer(SCHEDULER_TRAINER)
+class OffPolicyTrainer(PPOTrainer):
+    """verl's v1 trainer with staleness-controlled rollouts (``docs/scheduler.md``); builds the mode's class.
+
+    A mode class declares the ``actor_rollout_ref.hybrid_engine`` value it serves
+    (``class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True)``); ``OffPolicyTrainer(config)``
+    returns an instance of the class of the configured mode, so verl's one registered name serves both.
+    """
+
+    # hybrid_engine -> the module of the mode's class, imported when a trainer of that mode is built (the mode
+    # modules import this one, so none of them is imported while verl's trainer_base imports this module)
+    MODE_MODULES = {True: "verl_offpolicy.glue.scheduler.colocated", False: "verl_offpolicy.glue.scheduler.overlapped"}
+    MODES: dict[bool, type[OffPolicyTrainer]] = {}  # hybrid_engine -> the mode's class (set as each is defined)
+
+    def __init_subclass__(cls, *, hybrid_engine: bool, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if hybrid_engine in OffPolicyTrainer.MODES:
+            raise TypeError(f"hybrid_engine={hybrid_engine} is served by {OffPolicyTrainer.MODES[hybrid_engine].__name__}")
+        OffPolicyTrainer.MODES[hybrid_engine] = cls
+
+    def __new__(cls, config=None, *args, **kwargs):
+        if cls is OffPolicyTrainer:
+            hybrid_engine = not is_overlapped(config)
+            importlib.import_module(OffPolicyTrainer.MODE_MODULES[hybrid_engine])
+            cls = OffPolicyTrainer.MODES[hybrid_engine]
+        return super().__new__(cls)
+
+    def __init__(self, config):
+        # The Hydra callback validated this config in the driver; the trainer runs in verl's TaskRunner
+        # (another process) and may get a config composed without our callback (verl's own yaml plus
+        # overrides), which no startup validation saw: validated once more here, once in this process.
+        validate_offpolicy_config(config)
+        self.offpolicy = offpolicy_section(config.algorithm)
+        self.schedule = self.offpolicy.schedule
+        self._warned_unobserved = False
+        super().__init__(config)
+
+    # ------------------------------------------------------------------ the mode's part of a step
+
+    def _make_batch_ready(self) -> dict:
+        """Make B_t (``global_steps``) ready to sample; return the step's scheduler metrics."""
+        raise NotImplementedError
+
+    def prepare_step(self) -> dict:
+        metrics = self._make_batch_ready()
+        metrics.update(self._observed_version_metrics(self.replay_buffer.head(self.global_steps)))
+        return metrics
+
+    def on_sample_end(self):
+        if self.curr_step_profile:
+            self._stop_rollout_profiling()
+
+    # ------------------------------------------------------------------ schedule
+
+    def _steps_generated_at(self, version: int, queued=()) -> list[int]:
+        """The steps of this run generated at ``version`` and not queued yet (:func:`steps_to_generate`)."""
+        return steps_to_generate(self.schedule, version, self.total_training_steps, queued)
+
+    def _generates_after(self, version: int) -> bool:
+        return len(self._steps_generated_at(version)) > 0
+
+    def _queued_steps(self) -> set[int]:
+        return {b.step for b in self.replay_buffer.batches}
+
+    def _observed_version_metrics(self, entry: QueuedBatch) -> dict:
+        """The version the rollout reports for the head batch's trajectories, checked against the schedule."""
+        items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+        uids = set(entry.uids)
+        tags = [t for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids]
+        observed = check_observed_version(entry.step, entry.version, tags)
+        if observed is None:
+            if not self._warned_unobserved:
+                self._warned_unobserved = True
+                logger.warning(
+                    "offpolicy scheduler: rollout %s reports no weights version (extra_fields['global_steps']): the "
+                    "observed-version check and offpolicy/observed_version are off",
+                    self.config.actor_rollout_ref.rollout.name,
+                )
+            return {}
+        low, high = observed
+        return {"offpolicy/observed_version/min": float(low), "offpolicy/observed_version/max": float(high)}
+
+    # ------------------------------------------------------------------ sampler and checkpoint
+
+    def _build_replay_buffer(self) -> StalenessQueue:
+        sampler_config = self.config.trainer.v1.sampler
+        return StalenessQueue(
+            schedule=self.schedule,
+            trainer_mode=self.trainer_mode,
+            trainer_config=self.config.trainer.v1.get(self.trainer_mode, {}),
+            max_off_policy_threshold=None,
+            max_off_policy_strategy=sampler_config.max_off_policy_strategy,
+            sampler_kwargs=sampler_config.sampler_kwargs,
+            refill_fn=self._add_prompts_to_generate,
+        )
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()  # restores TransferQueue, hence the queued prompt tags
+        self.replay_buffer.restore()
+        if self.replay_buffer.batches:
+            logger.info(
+                "offpolicy scheduler: restored %d queued batches for steps %s",
+                len(self.replay_buffer.batches),
+                [b.step for b in self.replay_buffer.batches],
+            )
+
+    # ------------------------------------------------------------------ generation
+
+    def _wait_for_generation(self, uids: set[str], version: int) -> None:
+        started = last_report = time.time()
+        while True:
+            items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+            status = defaultdict(int)
+            for uid in uids:
+                status[items.get(uid, {}).get("status", "missing")] += 1
+            if status["finished"] + status["failure"] == len(uids):
+                if status["failure"]:
+                    logger.warning("offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version)
+                return
+            if time.time() - started > GENERATION_TIMEOUT_S:
+                raise RuntimeError(
+                    f"offpolicy scheduler: {len(uids) - status['finished'] - status['failure']} of {len(uids)} prompt "
+                    f"groups of version {version} not generated after {GENERATION_TIMEOUT_S:.0f}s ({dict(status)}); "
+                    "see the rollout and agent-loop worker logs, or raise VERL_OFFPOLICY_GENERATION_TIMEOUT"
+                )
+            if time.time() - last_report > PROGRESS_LOG_SECONDS:
+                last_report = time.time()
+                logger.info(
+                    "offpolicy scheduler: generating version %d for %.0f s: %s", version, last_report - started, dict(status)
+                )
+            time.sleep(GENERATION_POLL_SECONDS)
+
+    # ------------------------------------------------------------------ ratio anchor
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        # The advantage (and AGRO's KL-in-reward) uses the proximal old_log_probs; the loss gets the anchor.
+        batch = super()._compute_advantage(batch, metrics)
+        anchor = self.offpolicy.ratio_anchor
+        if anchor == "proximal":
+            return batch
+        keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
+        if anchor == "rollout":
+            source = "rollout_log_probs"
+        elif self.replay_buffer.current.behaviour:
+            source = BEHAVIOUR_FIELD
+        else:
+            return batch  # trained at staleness 0: behaviour weights are the proximal weights
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[source, "old_log_probs", "response_mask"])
+        proximal = data.pop("old_log_probs")
+        anchored = data.pop(source)
+        metrics[ANCHOR_LOG_RATIO] = _masked_mean_gap(proximal, anchored, data["response_mask"])
+        data["old_log_probs"] = anchored
+        tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=data.select("old_log_probs"))
+        return batch
+
+
+def _masked_mean_gap(proximal, anchored, response_mask) -> float:
+    """Mean over response tokens of log π_proximal − log π_anchor (how far the anchor lags).
+
+    Masked tokens are selected away (not multiplied by 0), so an anchor log-prob of −inf there is ignored.
+    """
+    gap = (proximal.values() - anchored.values()).float()
+    mask = response_mask.values().float() if response_mask.is_nested else response_mask.float()
+    return float(gap.masked_fill(mask == 0, 0.0).sum() / mask.sum().clamp(min=1.0))
