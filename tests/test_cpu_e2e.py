@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.jobs import queued_at_start
 from verl_offpolicy.cpu.demo import DemoError, DemoResult, OutputDirLock, run_demo
 from verl_offpolicy.cpu.process import is_loopback, kill_process_tree, session_processes, spawn
 
@@ -78,33 +79,20 @@ PRESET_RUNS = {
 }
 
 
-def queue_learn_run(demo_runs):
-    """The learning run: the demo's defaults (40 steps of 8 prompts x 16 samples, validation every 10
-    steps), its console lines kept."""
+@queued_at_start(scope="module")
+def learn_run(demo_runs):
+    """The learning run (its result, its console lines): the demo's defaults (40 steps of 8 prompts x 16
+    samples, validation every 10 steps), its console lines kept."""
     return demo_runs.start("grpo", LEARN_STEPS, [], "ppo_trainer", LEARN_TIMEOUT, name="learn", plot=True, console=True)
 
 
-def queue_preset_runs(demo_runs):
-    """The runs of :data:`PRESET_RUNS`, by case."""
-    return {
+@queued_at_start(scope="module")
+def preset_runs(demo_runs):
+    """The result of the run of a case of :data:`PRESET_RUNS`."""
+    runs = {
         case: demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
         for case, (preset, config_name, correction) in PRESET_RUNS.items()
     }
-
-
-SHARED_JOBS = {"learn_run": queue_learn_run, "preset_runs": queue_preset_runs}  # queued at the session's start (conftest)
-
-
-@pytest.fixture(scope="module")
-def learn_run(demo_runs):
-    """The learning run (its result, its console lines)."""
-    return queue_learn_run(demo_runs)
-
-
-@pytest.fixture(scope="module")
-def preset_runs(demo_runs):
-    """The result of the run of a case of :data:`PRESET_RUNS`."""
-    runs = queue_preset_runs(demo_runs)
     return lambda case: runs[case].result()
 
 
