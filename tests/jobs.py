@@ -4,7 +4,7 @@
   leaves room for them (one at a time while it runs tests, two while a test waits for one), with
   ``after=`` chains; :class:`SharedJob`: a queued job and its future.
 - :func:`queued_at_start`: declares a fixture whose body only queues jobs; conftest calls it at the
-  session's start for the selected tests that use it (:func:`queueing_fixture`), so the jobs run in
+  session's start for the selected tests that use it (:func:`queue_at_start`), so the jobs run in
   the background from the first test on.
 
 Nothing here knows what a job does (tests/scenario_runs.py: demo runs).
@@ -17,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import pytest
 
@@ -170,11 +170,6 @@ def queued_at_start(scope: str = "function") -> Callable[[Callable[..., Any]], A
     return declare
 
 
-def queueing_fixture(module: str, name: str) -> Optional[Callable[..., Any]]:
-    """The function of fixture ``name`` of test module ``module`` if it is :func:`queued_at_start`, else None."""
-    return _QUEUED_AT_START.get((module, name))
-
-
 def queue_at_start(request: Any) -> None:
     """Call every :func:`queued_at_start` fixture that a selected test of ``request``'s session uses, in
     the order of the tests (each once per module), its arguments from ``request.getfixturevalue``."""
@@ -182,7 +177,7 @@ def queue_at_start(request: Any) -> None:
     for item in request.session.items:
         module = getattr(getattr(item, "module", None), "__name__", None)
         for name in getattr(item, "fixturenames", ()):
-            fn = queueing_fixture(module, name)
+            fn = _QUEUED_AT_START.get((module, name))
             if fn is not None:
                 queues.setdefault((module, name), fn)
     for fn in queues.values():
