@@ -81,8 +81,8 @@ PRESET_RUNS = {
 
 @queued_at_start(scope="module")
 def learn_run(demo_runs):
-    """The learning run (its result, its console lines): the demo's defaults (40 steps of 8 prompts x 16
-    samples, validation every 10 steps), its console lines kept."""
+    """The learning run (its result, its console lines kept): the demo's defaults (40 steps of 8 prompts
+    x 16 samples, validation every 10 steps)."""
     return demo_runs.start("grpo", LEARN_STEPS, [], "ppo_trainer", LEARN_TIMEOUT, name="learn", plot=True, console=True)
 
 
