@@ -2,8 +2,13 @@
 jobs conftest queues at the session's start (``queued_at_start`` fixtures of the selected tests only)."""
 
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from tests.jobs import SharedJobs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Jobs:
@@ -99,28 +104,31 @@ QUEUEING_MODULE = """
 """
 
 
-def _session_log(pytester, tmp_path_factory, *args: str) -> list[str]:
-    """Run the queueing module under the suite's own conftest hooks and fixtures; the session's log."""
+def _session_log(pytester, monkeypatch, *args: str) -> list[str]:
+    """Run the queueing module in a fresh pytest process under the suite's own conftest hooks and fixtures
+    (in-process, its modules would be dropped after the run and re-imported by the next one, which numpy
+    refuses); the session's log."""
     import json
+    import os
 
-    from tests.scenario_runs import DemoRuns
-
-    DemoRuns(tmp_path_factory).close()  # its imports now: the inner session's new modules are dropped after it
-    pytester.makeini("[pytest]\nmarkers =\n    e2e: end to end\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))  # our `tests`
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\nmarkers =\n    e2e: end to end\n")
     pytester.makeconftest(
         "from tests.conftest import _queue_long_jobs, _restore_environment, demo_runs, pytest_collection_modifyitems  # noqa: F401\n"
     )
     pytester.makepyfile(test_queueing=textwrap.dedent(QUEUEING_MODULE))
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=300)
     result.assert_outcomes(passed=2 if not args else 1, deselected=0 if not args else 1)
     return json.loads((pytester.path / "log.json").read_text())
 
 
-def test_the_session_queues_every_selected_tests_jobs_at_its_start_and_runs_e2e_tests_last(pytester, tmp_path_factory):
+@pytest.mark.slow
+def test_the_session_queues_every_selected_tests_jobs_at_its_start_and_runs_e2e_tests_last(pytester, monkeypatch):
     """Both fixtures' bodies run before the first test, in the order of the tests (e2e last), then again
     as fixtures (returning the same jobs)."""
-    assert _session_log(pytester, tmp_path_factory) == ["second", "first", "second", "test_second", "first", "test_first"]
+    assert _session_log(pytester, monkeypatch) == ["second", "first", "second", "test_second", "first", "test_first"]
 
 
-def test_a_test_selected_alone_queues_only_its_own_fixtures_jobs(pytester, tmp_path_factory):
-    assert _session_log(pytester, tmp_path_factory, "-k", "test_first") == ["first", "first", "test_first"]
+@pytest.mark.slow
+def test_a_test_selected_alone_queues_only_its_own_fixtures_jobs(pytester, monkeypatch):
+    assert _session_log(pytester, monkeypatch, "-k", "test_first") == ["first", "first", "test_first"]
