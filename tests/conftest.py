@@ -4,6 +4,10 @@ import os
 
 import pytest
 
+from tests.jobs import queue_at_start
+
+pytest_plugins = ("pytester",)  # tests/test_jobs.py runs sessions of its own under these hooks
+
 
 def pytest_collection_modifyitems(items):
     """End-to-end tests run last (in their order): until then the test process runs the rest of the suite
@@ -13,10 +17,10 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def demo_runs(tmp_path_factory):
-    """The session's long jobs, shared across test modules (``tests.cpu_harness.DemoRuns``: one at a time
+    """The session's long jobs, shared across test modules (``tests.scenario_runs.DemoRuns``: one at a time
     beside the tests, two while a test waits for one); e.g. the scheduler's and the overlapped mode's
     tests ask for the same colocated runs."""
-    from tests.cpu_harness import DemoRuns
+    from tests.scenario_runs import DemoRuns
 
     runs = DemoRuns(tmp_path_factory)
     yield runs
@@ -26,19 +30,10 @@ def demo_runs(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _queue_long_jobs(request):
     """At the session's start, queue the long jobs of every fixture that a selected test uses, in the order
-    the tests will ask for them: they run in the background from the first test on. A test module names
-    them in ``SHARED_JOBS`` (fixture name -> function that queues that fixture's jobs in ``demo_runs``,
-    the one its fixture calls too: queueing twice returns the same jobs)."""
-    queues = {}
-    for item in request.session.items:
-        jobs = getattr(item.module, "SHARED_JOBS", {})
-        for name in item.fixturenames:
-            if name in jobs:
-                queues.setdefault((item.module.__name__, name), jobs[name])
-    if queues:
-        demo_runs = request.getfixturevalue("demo_runs")
-        for queue in queues.values():
-            queue(demo_runs)
+    the tests will ask for them: they run in the background from the first test on. Such a fixture is
+    declared with ``tests.jobs.queued_at_start``; its body only queues (queueing twice returns the same
+    jobs)."""
+    queue_at_start(request)
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """One real verl ``TrainingWorker`` update (FSDP2 engine, tiny local model, CPU) per loss of ours.
 
 The worker is built as ``ActorRolloutRefWorker`` builds its actor and trains through verl's
-``ppo_loss`` with our registered loss (``tests.cpu_harness.offpolicy_loss_updates``, in a fresh
+``ppo_loss`` with our registered loss (``tests.scenario_losses.offpolicy_loss_updates``, in a fresh
 CPU process with a timeout). A +1-advantage response must become more likely and a −1 one less
 likely; a batch that the REC one-side mask removes entirely must leave the weights unchanged.
 """
@@ -58,7 +58,7 @@ MASKED = [
 @pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_each_loss_moves_a_real_fsdp2_actor_in_the_direction_of_the_advantage(tmp_path):
-    report = isolated("tests.cpu_harness:offpolicy_loss_updates", timeout=900, workdir=str(tmp_path), cases=ON_POLICY + MASKED)
+    report = isolated("tests.scenario_losses:offpolicy_loss_updates", timeout=900, workdir=str(tmp_path), cases=ON_POLICY + MASKED)
     for case in ON_POLICY:
         r = report[case["name"]]
         assert r["max_abs_change"] > 0, case["name"]
@@ -80,14 +80,14 @@ def test_each_loss_moves_a_real_fsdp2_actor_in_the_direction_of_the_advantage(tm
 def test_m2po_mask_is_the_same_for_one_or_four_micro_batches_on_a_real_fsdp2_actor(tmp_path):
     """M2PO's mask is chosen over the whole mini-batch (the engine pre-pass of glue/algorithms/m2po.py).
 
-    Batch of tests.cpu_harness.M2PO_SHIFTS: over the mini-batch exactly the 3 extreme tokens of 24 go
+    Batch of tests.scenario_losses.M2PO_SHIFTS: over the mini-batch exactly the 3 extreme tokens of 24 go
     (pg_clipfrac 3/24 = 0.125, the mean of the micro-batches' 3/6, 0, 0, 0); a mask chosen per micro-batch
     would also drop the moderate token (4/6 in the first micro-batch: 0.1667). The updated weights agree.
     Break-checked: with the cut taken from the first micro-batch only, the 4-micro-batch clipfrac is 0.1667.
     """
-    from tests.cpu_harness import M2PO_EXTREME_TOKENS
+    from tests.scenario_losses import M2PO_EXTREME_TOKENS
 
-    report = isolated("tests.cpu_harness:m2po_micro_batch_updates", timeout=900, workdir=str(tmp_path), micro_batch_sizes=[8, 2])
+    report = isolated("tests.scenario_losses:m2po_micro_batch_updates", timeout=900, workdir=str(tmp_path), micro_batch_sizes=[8, 2])
     one, four = report["8"], report["2"]
     assert one["max_abs_change"] > 1e-4
     for r in (one, four):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.hydra_utils import VALID_SIZES
+from tests.jobs import queued_at_start
 from tests.test_presets import SPEC
 from verl_offpolicy.cli import main, preset_header, preset_names
 from verl_offpolicy.configs import PRIMARY_CONFIGS
@@ -151,24 +152,16 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
 NO_PLUGINS = {"VERL_USE_EXTERNAL_PLUGINS": "none"}
 
 
-def queue_doctor_runs(demo_runs):
-    """The two full doctor runs (the session's environment; with ``NO_PLUGINS``) as long jobs of the
-    session: each spends most of its minute in one process at a time (start Ray, then a worker that
-    imports verl)."""
+@queued_at_start(scope="module")
+def doctor_runs(demo_runs):
+    """The futures of the two full doctor runs (the session's environment; with ``NO_PLUGINS``) as long jobs
+    of the session; each test waits for its own. Each run spends most of its minute in one process at a
+    time (start Ray, then a worker that imports verl)."""
     environ = demo_runs.environ
     return {
         "default": demo_runs.submit("doctor", run_doctor, env=environ),
         "no_plugins": demo_runs.submit("doctor_no_plugins", run_doctor, env={**environ, **NO_PLUGINS}),
     }
-
-
-SHARED_JOBS = {"doctor_runs": queue_doctor_runs}  # queued at the session's start (conftest)
-
-
-@pytest.fixture(scope="module")
-def doctor_runs(demo_runs):
-    """The futures of the two full doctor runs; each test waits for its own."""
-    return queue_doctor_runs(demo_runs)
 
 
 @pytest.mark.e2e

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.jobs import queued_at_start
 from verl_offpolicy.cpu.platform import is_loopback
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.output_dir import OutputDirLock
@@ -82,33 +83,20 @@ PRESET_RUNS = {
 }
 
 
-def queue_learn_run(demo_runs):
-    """The learning run: the demo's defaults (40 steps of 8 prompts x 16 samples, validation every 10
-    steps), its console lines kept."""
+@queued_at_start(scope="module")
+def learn_run(demo_runs):
+    """The learning run (its result, its console lines kept): the demo's defaults (40 steps of 8 prompts
+    x 16 samples, validation every 10 steps)."""
     return demo_runs.start("grpo", LEARN_STEPS, [], "ppo_trainer", LEARN_TIMEOUT, name="learn", plot=True, console=True)
 
 
-def queue_preset_runs(demo_runs):
-    """The runs of :data:`PRESET_RUNS`, by case."""
-    return {
+@queued_at_start(scope="module")
+def preset_runs(demo_runs):
+    """The result of the run of a case of :data:`PRESET_RUNS`."""
+    runs = {
         case: demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
         for case, (preset, config_name, correction) in PRESET_RUNS.items()
     }
-
-
-SHARED_JOBS = {"learn_run": queue_learn_run, "preset_runs": queue_preset_runs}  # queued at the session's start (conftest)
-
-
-@pytest.fixture(scope="module")
-def learn_run(demo_runs):
-    """The learning run (its result, its console lines)."""
-    return queue_learn_run(demo_runs)
-
-
-@pytest.fixture(scope="module")
-def preset_runs(demo_runs):
-    """The result of the run of a case of :data:`PRESET_RUNS`."""
-    runs = queue_preset_runs(demo_runs)
     return lambda case: runs[case].result()
 
 
@@ -144,7 +132,7 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
 def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(preset_runs, case):
     """Two presets through stock main_ppo: our trainer, loss and estimator were the ones used, with verl's
     decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss
-    by them: ``glue/algorithms/adapters.py::aggregate``, common to every loss of ours)."""
+    by them: ``glue/losses.py::_aggregate``, common to every loss of ours)."""
     preset = PRESET_RUNS[case][0]
     result = preset_runs(case)
     check_completed(result)

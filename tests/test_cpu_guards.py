@@ -130,7 +130,7 @@ def test_main_ppo_exits_before_ray_with_the_message(tiny, overrides, expected):
 def test_worker_without_cpu_platform_gets_the_fix_in_its_error():
     from tests.cpu_harness import isolated
 
-    message = isolated("tests.cpu_harness:adapter_outside_cpu_platform", timeout=120, cpu=False)
+    message = isolated("tests.scenario_platform:adapter_outside_cpu_platform", timeout=120, cpu=False)
     assert "VERL_PLATFORM=cpu" in message
     assert "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu" in message
 

@@ -92,7 +92,7 @@ print(json.dumps({
 def test_cpu_process_gets_platform_engine_and_gloo():
     from tests.cpu_harness import isolated
 
-    facts = isolated("tests.cpu_harness:platform_facts", timeout=TIMEOUT)
+    facts = isolated("tests.scenario_platform:platform_facts", timeout=TIMEOUT)
     assert facts == {
         "device_name": "cpu",
         "ray_resource_name": "GPU",

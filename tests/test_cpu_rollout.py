@@ -47,7 +47,7 @@ def test_sample_next_greedy_top_p_and_repetition_penalty():
 
 @pytest.mark.slow
 def test_server_generation_semantics_against_transformers(tmp_path):
-    report = isolated("tests.cpu_harness:rollout_server_semantics", timeout=TIMEOUT, workdir=str(tmp_path))
+    report = isolated("tests.scenario_rollout:rollout_server_semantics", timeout=TIMEOUT, workdir=str(tmp_path))
     assert report["batched_equals_single"]
     assert report["greedy_is_argmax"]
     assert report["max_tokens_respected"]
@@ -68,7 +68,7 @@ def test_server_generation_semantics_against_transformers(tmp_path):
 def test_rollout_logprobs_match_trainer_after_weight_sync(tmp_path):
     """Trainer (FSDP2 TrainingWorker) weights -> adapter -> Ray server; then both score the same tokens."""
     report = isolated(
-        "tests.cpu_harness:rollout_vs_trainer_after_sync", timeout=TIMEOUT, workdir=str(tmp_path), temperature=0.7
+        "tests.scenario_rollout:rollout_vs_trainer_after_sync", timeout=TIMEOUT, workdir=str(tmp_path), temperature=0.7
     )
     print(report)
     assert report["global_steps"] == 1

@@ -141,7 +141,7 @@ def test_the_reward_plot_writes_nothing_under_home(tmp_path):
 
 
 def test_tiny_models_built_in_threads_at_once_are_the_seeded_model(tmp_path):
-    """The tests' shared runs build their inputs in threads (``tests.cpu_harness.DemoRuns``): the tiny
+    """The tests' shared runs build their inputs in threads (``tests.scenario_runs.DemoRuns``): the tiny
     model's weights come from torch's global RNG, so builds at the same time must not interleave draws.
     Four threads build at once; every model equals a build made alone, and the caller's RNG is untouched."""
     import threading

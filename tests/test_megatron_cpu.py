@@ -25,7 +25,8 @@ import math
 import pytest
 import torch
 
-from tests.cpu_harness import assert_named_with_fix, bf16_exact_tiny, isolated, reference_loss_and_grads, whole_batch_loss
+from tests.cpu_harness import assert_named_with_fix, isolated
+from tests.scenario_megatron import bf16_exact_tiny, reference_loss_and_grads, whole_batch_loss
 
 MISSING = [m for m in ("megatron.core", "mbridge") if importlib.util.find_spec(m.split(".")[0]) is None]
 pytestmark = pytest.mark.skipif(
@@ -54,7 +55,7 @@ def runs(tmp_path_factory):
     old = {name: r["old_log_probs"] for name, r in reference.items()}
     engines = {
         engine: isolated(
-            "tests.cpu_harness:engine_loss_and_grads",
+            "tests.scenario_megatron:engine_loss_and_grads",
             timeout=1500,
             workdir=str(workdir),
             engine=engine,
@@ -123,7 +124,7 @@ def test_every_shim_has_its_failure_listed():
 @pytest.mark.parametrize("shim", sorted(WITHOUT_SHIM))
 def test_the_megatron_engine_fails_on_the_cpu_without_each_shim(tmp_path, shim):
     message, where = WITHOUT_SHIM[shim]
-    result = isolated("tests.cpu_harness:megatron_update_without_shim", timeout=800, workdir=str(tmp_path), omit=shim)
+    result = isolated("tests.scenario_megatron:megatron_update_without_shim", timeout=800, workdir=str(tmp_path), omit=shim)
     assert result["ok"] is False, f"verl's Megatron engine ran without the {shim} shim: the shim is not needed"
     assert message in result["error"], result
     assert result["raised_in"].startswith(where), result
@@ -131,14 +132,14 @@ def test_the_megatron_engine_fails_on_the_cpu_without_each_shim(tmp_path, shim):
 
 @pytest.mark.slow  # two fresh processes that import verl's Megatron engine
 def test_the_shims_are_installed_only_when_a_cpu_process_builds_a_megatron_engine():
-    gpu = isolated("tests.cpu_harness:megatron_shim_isolation", timeout=300, cpu=False)
+    gpu = isolated("tests.scenario_megatron:megatron_shim_isolation", timeout=300, cpu=False)
     assert gpu == {
         "megatron_engine_imported": True,
         "shim_module_imported": False,  # never imported outside VERL_PLATFORM=cpu
         "engine_init_wrapped": False,
         "tensor_cuda_remapped": False,
     }
-    cpu = isolated("tests.cpu_harness:megatron_shim_isolation", timeout=300)
+    cpu = isolated("tests.scenario_megatron:megatron_shim_isolation", timeout=300)
     assert cpu == {
         "megatron_engine_imported": True,
         "shim_module_imported": True,

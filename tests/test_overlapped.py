@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import (
+from tests.jobs import queued_at_start
+from tests.scenario_runs import (
     PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, start_resumed,
 )
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
@@ -111,13 +112,16 @@ def _start(demo_runs, mode, s, d):
     return opmd_run(demo_runs, s, d, mode, extra)
 
 
-def queue_runs(demo_runs):
-    """The opmd run of each mode at each (s, d), by (mode, s, d) (the colocated ones are the scheduler
-    tests' too), a colocated and an overlapped run at a time."""
-    return {(mode, s, d): _start(demo_runs, mode, s, d) for s, d in sorted(SPEC_VERSIONS) for mode in ("colocated", "overlapped")}
+@queued_at_start(scope="module")
+def runs(demo_runs):
+    """The result of the shared opmd run of a mode at (s, d) (the colocated ones are the scheduler tests'
+    too), queued a colocated and an overlapped run at a time."""
+    jobs = {(mode, s, d): _start(demo_runs, mode, s, d) for s, d in sorted(SPEC_VERSIONS) for mode in ("colocated", "overlapped")}
+    return lambda mode, s, d: jobs[(mode, s, d)].result()
 
 
-def queue_resumed_run(demo_runs):
+@queued_at_start()
+def resumed_run(demo_runs):
     """The overlapped (2, 1) run and, once it is done, the same run resumed from its step-2 checkpoint."""
     uninterrupted = _start(demo_runs, "overlapped", *RESUMED)
     resumed = start_resumed(
@@ -127,32 +131,12 @@ def queue_resumed_run(demo_runs):
     return uninterrupted, resumed
 
 
-def queue_wrong_version_run(demo_runs):
+@queued_at_start()
+def wrong_version_run(demo_runs):
     """An overlapped (1, 1) run whose weight pushes are tagged one version ahead (the fault hook
     ``PUSH_VERSION_FAULT_ENV``, in the run's environment, which Ray passes to the trainer)."""
     overrides = opmd_overrides(1, 1, "overlapped")
     return demo_runs.start("opmd", 2, overrides, PRIMARY_CONFIG, TIMEOUT, name="wrong_version", env={PUSH_VERSION_FAULT_ENV: "1"})
-
-
-# queued at the session's start (conftest)
-SHARED_JOBS = {"runs": queue_runs, "resumed_run": queue_resumed_run, "wrong_version_run": queue_wrong_version_run}
-
-
-@pytest.fixture(scope="module")
-def runs(demo_runs):
-    """The result of the shared opmd run of a mode at (s, d)."""
-    jobs = queue_runs(demo_runs)
-    return lambda mode, s, d: jobs[(mode, s, d)].result()
-
-
-@pytest.fixture
-def resumed_run(demo_runs):
-    return queue_resumed_run(demo_runs)
-
-
-@pytest.fixture
-def wrong_version_run(demo_runs):
-    return queue_wrong_version_run(demo_runs)
 
 
 def _content(result) -> dict[int, list[tuple]]:

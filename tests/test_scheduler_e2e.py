@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import (
+from tests.jobs import queued_at_start
+from tests.scenario_runs import (
     NO_VALIDATION, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, dumped_batches, dumped_uid_groups,
     opmd_run, schedule, start_resumed,
 )
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 REC_41 = NO_VALIDATION + schedule(4, 1)
 RESUME_STEP = 3
 # name -> (preset, overrides, config); the opmd runs at (1, 1) and (2, 1) are the overlapped tests'
-# colocated runs (tests/cpu_harness.py: opmd_run), shared through the session's demo_runs.
+# colocated runs (tests/scenario_runs.py: opmd_run), shared through the session's demo_runs.
 RUNS = {
     "stock_sync": ("grpo", SMALL, "ppo_trainer"),  # verl's own sync trainer and GRPO keys
     "grpo_s1d0": ("grpo", SMALL + schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
@@ -42,33 +43,21 @@ RUNS = {
 }
 
 
-def queue_runs(demo_runs):
-    """The runs of :data:`RUNS` by name, and the shared colocated opmd runs at (1, 1) and (2, 1) by (s, d)."""
-    runs = {key: demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key) for key, (preset, overrides, config_name) in RUNS.items()}
-    return runs | {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in [(1, 1), (2, 1)]}
+@queued_at_start(scope="module")
+def runs(demo_runs):
+    """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (1, 1) or (2, 1) by (s, d)."""
+    jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key) for key, (preset, overrides, config_name) in RUNS.items()}
+    jobs |= {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in [(1, 1), (2, 1)]}
+    return lambda key: jobs[key].result()
 
 
-def queue_resumed_run(demo_runs):
+@queued_at_start()
+def resumed_run(demo_runs):
     """The (4, 1) REC run and, once it is done, the same run resumed from its step-3 checkpoint."""
     preset, overrides, config_name = RUNS["rec_s4d1"]
     uninterrupted = demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name="rec_s4d1")
     # the resumed run: the same overrides less the checkpointing (REC_41)
     return uninterrupted, start_resumed(demo_runs, uninterrupted, RESUME_STEP, preset, STEPS, REC_41, config_name, TIMEOUT, name="rec_s4d1_resumed")
-
-
-SHARED_JOBS = {"runs": queue_runs, "resumed_run": queue_resumed_run}  # queued at the session's start (conftest)
-
-
-@pytest.fixture(scope="module")
-def runs(demo_runs):
-    """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (s, d)."""
-    jobs = queue_runs(demo_runs)
-    return lambda key: jobs[key].result()
-
-
-@pytest.fixture
-def resumed_run(demo_runs):
-    return queue_resumed_run(demo_runs)
 
 
 # The schedule of docs/scheduler.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):

@@ -1,5 +1,6 @@
 """The test suite's own rules: CI fails on an empty suite, every subprocess has a timeout, tests share
-helpers under public names, and every test that starts Ray, a training run or doctor is marked e2e."""
+helpers under public names, every test that starts Ray, a training run or doctor is marked e2e, and
+every fixture that queues the session's shared jobs queues them at the session's start."""
 
 import ast
 import functools
@@ -199,3 +200,37 @@ def test_every_test_that_starts_a_python_process_is_out_of_the_fast_tier():
         "test_smollm2.py::test_gguf_found_through_metadata_without_importing_the_module",
         "test_cpu_registration.py::test_cpu_process_can_start_verls_separate_async",
     } <= starting
+
+
+# ------------------------------------------------------------------ the session's shared jobs
+
+
+def _decorator_name(node: ast.AST) -> str:
+    """``queued_at_start`` of ``@queued_at_start(...)``, ``fixture`` of ``@pytest.fixture(...)``."""
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def test_every_fixture_that_queues_shared_jobs_is_queued_at_the_sessions_start():
+    """A test module's fixture that takes ``demo_runs`` is declared ``@queued_at_start`` (tests/jobs.py), not
+    ``@pytest.fixture``: conftest then queues its jobs at the session's start and they run beside the rest
+    of the suite, instead of starting when the first end-to-end test asks for them."""
+    queued, plain = set(), []
+    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
+        defs, _, _ = _module_defs(path.stem)
+        for name, node in defs.items():
+            if not isinstance(node, ast.FunctionDef) or "demo_runs" not in {a.arg for a in node.args.args}:
+                continue
+            decorators = {_decorator_name(d) for d in node.decorator_list}
+            if "queued_at_start" in decorators:
+                queued.add(f"{path.name}::{name}")
+            elif "fixture" in decorators:
+                plain.append(f"{path.name}::{name}")
+    assert plain == []
+    assert {
+        "test_scheduler_e2e.py::runs",
+        "test_overlapped.py::resumed_run",
+        "test_cpu_e2e.py::learn_run",
+        "test_verl_async_modes.py::async_runs",
+        "test_cli.py::doctor_runs",
+    } <= queued

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpu_harness import SMALL_DEMO
+from tests.jobs import queued_at_start
+from tests.scenario_runs import SMALL_DEMO
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.configs import preset_names
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -104,21 +105,13 @@ PRESET_FIX = {
 E2E_CASES = [("opmd", "colocate_async"), ("rec_oneside_nois", "separate_async")]
 
 
-def queue_async_runs(demo_runs):
-    """The runs of :data:`E2E_CASES`, by (preset, mode)."""
-    return {
+@queued_at_start(scope="module")
+def async_runs(demo_runs):
+    """The result of the run of a case of :data:`E2E_CASES`."""
+    runs = {
         (preset, mode): demo_runs.start(preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode)
         for preset, mode in E2E_CASES
     }
-
-
-SHARED_JOBS = {"async_runs": queue_async_runs}  # queued at the session's start (conftest)
-
-
-@pytest.fixture(scope="module")
-def async_runs(demo_runs):
-    """The result of the run of a case of :data:`E2E_CASES`."""
-    runs = queue_async_runs(demo_runs)
     return lambda preset, mode: runs[(preset, mode)].result()
 
 

@@ -1,0 +1,217 @@
+"""Scenarios of the hf rollout server, run in a fresh ``VERL_PLATFORM=cpu`` process
+(``isolated("tests.scenario_rollout:<function>")``); their results are JSON.
+
+- :func:`rollout_server_semantics`: generation of the server against an independent transformers pass.
+- :func:`rollout_vs_trainer_after_sync`: a real weight sync, then rollout vs trainer log-probs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from tests.actor_harness import ActorHarness
+from verl_offpolicy.cpu.platform import CPU_ENV
+
+
+def _server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
+    from verl.workers.rollout.replica import RolloutMode
+    from tests.actor_harness import compose_cpu_config
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer
+
+    cfg = compose_cpu_config(model_path, tokenizer_path, overrides)
+    server = HFRolloutServer(
+        config=cfg.actor_rollout_ref.rollout,
+        model_config=cfg.actor_rollout_ref.model,
+        rollout_mode=RolloutMode.HYBRID,
+        replica_rank=0,
+    )
+    return server, cfg
+
+
+def rollout_server_semantics(workdir: str) -> dict[str, Any]:
+    """Greedy/sampled generation of the hf server against an independent transformers forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_offpolicy.demo.tiny import build_tiny
+
+    paths = build_tiny(Path(workdir) / "tiny")
+    server, cfg = _server(paths["model_path"], paths["tokenizer_path"])
+    tok = server.model_config.tokenizer
+    reference = AutoModelForCausalLM.from_pretrained(paths["model_path"], attn_implementation="sdpa").eval()
+
+    def prompt(text: str) -> list[int]:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    prompts = [prompt("repeat c"), prompt("repeat a b"), prompt("repeat")]
+
+    def teacher_forced(prompt_ids: list[int], response: list[int], temperature: float) -> list[float]:
+        ids = torch.tensor([prompt_ids + response])
+        with torch.no_grad():
+            logits = reference(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        scale = temperature if temperature > 0 else 1.0
+        lp = torch.log_softmax(logits / scale, dim=-1)
+        return lp.gather(1, torch.tensor(response)[:, None]).squeeze(1).tolist()
+
+    async def run() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        # Concurrent requests (batched by the server, different prompt lengths = left padding) ...
+        batched = await asyncio.gather(
+            *[server.generate(p, dict(greedy, max_tokens=6), request_id=f"g{i}") for i, p in enumerate(prompts)]
+        )
+        # ... equal one-at-a-time requests.
+        single = [await server.generate(p, dict(greedy, max_tokens=6), request_id=f"s{i}") for i, p in enumerate(prompts)]
+        out["batched_equals_single"] = [b.token_ids for b in batched] == [s.token_ids for s in single]
+        # Greedy = argmax of the reference model, step by step.
+        greedy_ok = True
+        for p, o in zip(prompts, single, strict=True):
+            ids = list(p)
+            for t in o.token_ids:
+                with torch.no_grad():
+                    nxt = int(reference(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+                greedy_ok &= nxt == t
+                ids.append(t)
+        out["greedy_is_argmax"] = greedy_ok
+        out["max_tokens_respected"] = all(len(o.token_ids) <= 6 for o in single)
+        out["stop_reasons"] = sorted({o.stop_reason for o in single})
+        out["global_steps"] = single[0].extra_fields.get("global_steps")
+        # Sampled log-probs = log_softmax(logits / T) of the reference, for T = 0.7 and 1.0.
+        diffs = {}
+        for temperature in (0.7, 1.0):
+            params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 8}
+            samples = await asyncio.gather(
+                *[server.generate(p, dict(params), request_id=f"t{temperature}-{i}") for i, p in enumerate(prompts * 4)]
+            )
+            worst = 0.0
+            for p, s in zip(prompts * 4, samples, strict=True):
+                ref = teacher_forced(p, s.token_ids, temperature)
+                worst = max(worst, max(abs(a - b) for a, b in zip(ref, s.log_probs, strict=True)))
+            diffs[str(temperature)] = worst
+        out["sampled_logprob_max_diff"] = diffs
+        # top_k=1 is greedy whatever the temperature; logprobs=False returns None.
+        topk1 = await server.generate(prompts[0], {"temperature": 1.5, "top_k": 1, "max_tokens": 6}, request_id="k1")
+        out["top_k1_is_greedy"] = topk1.token_ids == single[0].token_ids
+        out["no_logprobs_when_not_asked"] = topk1.log_probs is None
+        # A weight update that misses parameters is refused; a full one tags global_steps.
+        state = {k: v.clone() for k, v in reference.state_dict().items()}
+        await server.update_weights_chunk(list(state.items())[:3])
+        try:
+            await server.finish_weight_update(global_steps=7)
+            out["partial_update_refused"] = False
+        except RuntimeError as exc:
+            out["partial_update_refused"] = "did not cover" in str(exc)
+        for name in state:
+            state[name] = state[name] * 0.5
+        await server.update_weights_chunk(list(state.items()))
+        await server.finish_weight_update(global_steps=7)
+        after = await server.generate(prompts[0], dict(greedy, max_tokens=6), request_id="after")
+        out["global_steps_after_update"] = after.extra_fields.get("global_steps")
+        new_ref = AutoModelForCausalLM.from_pretrained(paths["model_path"], attn_implementation="sdpa").eval()
+        new_ref.load_state_dict(state)
+        ids = list(prompts[0])
+        ok = True
+        for t in after.token_ids:
+            with torch.no_grad():
+                ok &= int(new_ref(input_ids=torch.tensor([ids])).logits[0, -1].argmax()) == t
+            ids.append(t)
+        out["generation_uses_new_weights"] = ok
+        # Abort: a parked request comes back aborted and empty when rejecting.
+        await server.abort_all_requests(reject_request=True)
+        rejected = await server.generate(prompts[0], dict(greedy), request_id="rej")
+        out["rejected_while_paused"] = rejected.stop_reason == "aborted" and rejected.token_ids == []
+        await server.resume_generation()
+        resumed = await server.generate(prompts[0], dict(greedy, max_tokens=6), request_id="res")
+        out["serves_after_resume"] = resumed.token_ids == after.token_ids
+        return out
+
+    return asyncio.run(run())
+
+
+def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_prompts: int = 8) -> dict[str, Any]:
+    """Real weight sync (trainer engine -> adapter -> Ray server), then compare log-probs.
+
+    The trainer (FSDP2 TrainingWorker) is updated once so its weights differ from the checkpoint the
+    rollout server loaded; the adapter streams ``engine.get_per_tensor_param()`` to the server as
+    verl's colocated ``update_weights(mode="naive")`` does; the server samples responses with
+    log-probs at ``temperature``; the trainer recomputes log-probs of the same tokens.
+    """
+    import ray
+    import torch
+
+    from verl.workers.rollout.replica import RolloutMode
+    from verl_offpolicy.cpu.hf_server import HFRolloutServer, server_actor_name
+    from verl_offpolicy.cpu.rollout import HFServerAdapter
+
+    harness = ActorHarness.create(
+        workdir, lr=5e-2, overrides=[f"actor_rollout_ref.rollout.temperature={temperature}"]
+    )
+    tok = harness.tokenizer
+    symbols = list("abcdefgh")[:num_prompts]
+    prompts = []
+    for s in symbols:
+        ids = tok.apply_chat_template([{"role": "user", "content": f"repeat {s}"}], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    # Move the trainer away from the checkpoint: one vanilla update.
+    targets = [tok.convert_tokens_to_ids([s] * 3 + ["</s>"]) for s in symbols]
+    harness.update(harness.make_batch(prompts, targets, [1.0] * len(prompts)))
+
+    cfg = harness.config
+    temp_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        runtime_env={"env_vars": dict(CPU_ENV)},
+        log_to_driver=False,
+    )
+    try:
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(name=server_actor_name(0), num_cpus=0)
+            .remote(
+                config=cfg.actor_rollout_ref.rollout,
+                model_config=cfg.actor_rollout_ref.model,
+                rollout_mode=RolloutMode.HYBRID,
+                replica_rank=0,
+            )
+        )
+        ray.get(server.ready.remote(), timeout=120)
+        params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 8}
+
+        def sample(tag: str):
+            refs = [server.generate.remote(p, dict(params), request_id=f"{tag}{i}") for i, p in enumerate(prompts * 2)]
+            return ray.get(refs, timeout=120)
+
+        def max_diff(outputs) -> float:
+            batch = harness.make_batch(prompts * 2, [o.token_ids for o in outputs], [0.0] * len(outputs))
+            trainer_lp = harness.log_probs(batch)
+            worst = 0.0
+            for i, o in enumerate(outputs):
+                rollout_lp = torch.tensor(o.log_probs)
+                worst = max(worst, float((trainer_lp[i, : len(o.log_probs)] - rollout_lp).abs().max()))
+            return worst
+
+        before = max_diff(sample("before"))
+        adapter = HFServerAdapter(config=cfg.actor_rollout_ref.rollout, model_config=cfg.actor_rollout_ref.model, device_mesh=None)
+        per_tensor, _ = harness.worker.engine.get_per_tensor_param()
+        asyncio.run(adapter.update_weights(per_tensor, global_steps=1))
+        outputs = sample("after")
+        after = max_diff(outputs)
+        return {
+            "max_abs_logprob_diff_before_sync": before,
+            "max_abs_logprob_diff_after_sync": after,
+            "global_steps": outputs[0].extra_fields.get("global_steps"),
+            "tokens_compared": sum(len(o.token_ids) for o in outputs),
+            "temperature": temperature,
+        }
+    finally:
+        ray.shutdown()
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
+

@@ -1,0 +1,206 @@
+"""The end-to-end tests' demo runs: their overrides, the session's shared runs and resumed runs, and
+what the tests read back from a run's output (verl's rollout dumps, checkpoints).
+
+- :class:`DemoRuns`: :class:`tests.jobs.SharedJobs` plus demo runs (:meth:`DemoRuns.start`, once per
+  configuration); conftest's ``demo_runs`` fixture is the session's one.
+- :func:`opmd_run`: the scheduler's and the overlapped mode's small ``opmd`` runs at (s, d).
+- :func:`start_resumed`: a run resumed from another run's checkpoint, queued once that run is done.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from tests.jobs import SharedJob, SharedJobs
+
+# Demo overrides of the end-to-end tests: no validation, 4 prompts x 4 samples per step (the demo's default is 8 x 16).
+NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+SMALL_DEMO = NO_VALIDATION + [
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+]
+
+
+PRIMARY_CONFIG = "offpolicy_trainer"
+SCHEDULED_STEPS = 6  # steps of the scheduler's shared runs: (4, 1) trains its first new version at step 6
+SHARED_RUN_TIMEOUT = 600
+STANDALONE = ["+cpu_rollout=standalone"]  # the overlapped mode's rollout on its own worker
+
+
+def schedule(s: int, d: int) -> list[str]:
+    """The overrides of ``sync_interval = s``, ``sync_offset = d``."""
+    return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
+
+
+def opmd_overrides(s: int, d: int, mode: str) -> list[str]:
+    """The overrides of the scheduler's small ``opmd`` runs at (s, d): 4 prompts x 4 samples, no
+    validation; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout)."""
+    assert mode in ("colocated", "overlapped"), mode
+    return SMALL_DEMO + schedule(s, d) + (STANDALONE if mode == "overlapped" else [])
+
+
+def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
+    """The future of the ``opmd`` run at (s, d) of the scheduler's and the overlapped mode's tests (one
+    per mode and setting, shared through :class:`DemoRuns`): :func:`opmd_overrides` + ``extra``, 6
+    steps, on our primary config."""
+    overrides = opmd_overrides(s, d, mode) + list(extra)
+    return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"opmd_{mode}_s{s}d{d}")
+
+
+def dumped_batches(rollout_dir: Path, steps) -> dict[int, list[tuple]]:
+    """Per step, the trained samples as sorted (prompt, response, score) from verl's rollout dumps
+    (``trainer.rollout_data_dir``). Uids are left out: they are uuid4, new in every run; the content is
+    what must match between runs."""
+    out = {}
+    for step in steps:
+        rows = [json.loads(line) for line in (Path(rollout_dir) / f"{step}.jsonl").read_text().splitlines()]
+        out[step] = sorted((r["input"], r["output"], r["score"]) for r in rows)
+    return out
+
+
+def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
+    """The prompt groups (uid prefixes) trained in ``steps``, from verl's rollout dumps."""
+    return {
+        json.loads(line)["uid"].split("_")[0]
+        for step in steps
+        for line in (Path(rollout_dir) / f"{step}.jsonl").read_text().splitlines()
+    }
+
+
+def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None) -> list[str]:
+    """The ``main_ppo`` command of a demo run in ``out`` (seed 0, verl's rollout dumps in ``out/rollouts``)
+    with a Ray session dir of its own: what :func:`run_resumed` starts."""
+    from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, build_inputs, demo_command
+
+    out.mkdir(parents=True, exist_ok=True)
+    return demo_command(
+        build_inputs(out, seed=0), output_dir=out, preset=preset, steps=steps, seed=0,
+        overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
+        config_name=config_name or DEFAULT_CONFIG_NAME, ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
+    )
+
+
+
+class DemoRuns(SharedJobs):
+    """:class:`SharedJobs` and demo runs (:func:`verl_offpolicy.demo.run.run_demo`, seed 0, verl's rollout
+    dumps in ``<out>/rollouts``; one per distinct preset, steps, overrides, config and environment)."""
+
+    def __init__(self, tmp_path_factory, parallel: int = 2):
+        from verl_offpolicy.demo.run import run_demo
+
+        super().__init__(tmp_path_factory, parallel)
+        self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
+
+    def start(
+        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, name: str = "run",
+        plot: bool = False, env: Optional[dict[str, str]] = None, console: bool = False,
+    ) -> QueuedRun:
+        """Queue the demo run (once per configuration). ``env``: variables set on top of :attr:`environ`;
+        ``console``: keep the run's console lines (``run_demo(stream=...)``) in :attr:`QueuedRun.console`."""
+        import io
+
+        env = dict(env or {})
+        key = ("run", preset, steps, tuple(overrides), config_name, plot, tuple(sorted(env.items())), console)
+        with self._lock:
+            if key in self._jobs:
+                return self._jobs[key]
+        out, stream = self.tmp_dir(name), io.StringIO() if console else None
+        job = self.submit(
+            ("job",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
+            overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
+            stream=stream or False, plot=plot, env={**self.environ, **env},
+        )
+        with self._lock:
+            self._jobs[key] = QueuedRun(self, job.future, out, stream)
+            return self._jobs[key]
+
+
+
+@dataclass(frozen=True)
+class QueuedRun(SharedJob):
+    """A demo run queued in :class:`DemoRuns`: also its output directory (known at once) and the stream
+    that receives its console lines if they are kept. ``result()``: its
+    :class:`~verl_offpolicy.demo.results.DemoResult`."""
+
+    output_dir: Path = None
+    console: Optional[Any] = None
+
+
+
+def checkpoint_of(result, step: int) -> Path:
+    """The ``global_step_<step>`` checkpoint a demo run saved (``trainer.save_freq``): the checkpoint an
+    interruption right after that step would leave, since verl writes the tracker file
+    (``latest_checkpointed_iteration.txt``) only once a checkpoint is complete."""
+    checkpoint = Path(result.output_dir) / "checkpoints" / f"global_step_{step}"
+    tracker = checkpoint.parent / "latest_checkpointed_iteration.txt"
+    assert checkpoint.is_dir() and tracker.exists(), f"no complete step-{step} checkpoint in {checkpoint.parent}"
+    return checkpoint
+
+
+def run_resumed(
+    command: Sequence[str], out: Path, timeout: float, env: Optional[dict[str, str]] = None
+) -> tuple[str, dict[int, dict[str, Any]]]:
+    """Run a resumed demo ``command`` to the end (log ``out/train.log``, metrics ``out/metrics.jsonl``;
+    its Ray session dir removed afterwards), from ``env`` (default: this process's environment); assert it
+    exited 0 and return (log text, metrics by step)."""
+    import shutil
+
+    from verl_offpolicy.demo.environment import cpu_env
+    from verl_offpolicy.demo.launch import run_subprocess
+    from verl_offpolicy.demo.results import read_metrics
+
+    ray_dir = _ray_temp_dir(command)
+    try:
+        returncode, _, _ = run_subprocess(
+            command, env=cpu_env(out / "metrics.jsonl", base=env), log_path=out / "train.log",
+            timeout=timeout, ray_marker=ray_dir, cwd=str(out),
+        )
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    log = (out / "train.log").read_text(errors="replace")
+    assert returncode == 0, log[-4000:]
+    return log, read_metrics(out / "metrics.jsonl")
+
+
+def start_resumed(
+    demo_runs: DemoRuns, reference: QueuedRun, step: int, preset: str, steps: int, overrides: Sequence[str],
+    config_name: str, timeout: float, name: str,
+):
+    """Queue a run that resumes ``reference``'s configuration (``overrides``, without its checkpointing) from
+    its step-``step`` checkpoint, once ``reference`` is done; its future gives (output dir, log, metrics by
+    step) (:func:`run_resumed`)."""
+
+    def job():
+        out = demo_runs.tmp_dir(name) / "resumed"
+        checkpoint = checkpoint_of(reference.result(), step)
+        command = demo_run_command(out, preset, steps, [*overrides, *resume_overrides(checkpoint)], config_name)
+        return (out, *run_resumed(command, out, timeout, env=demo_runs.environ))
+
+    return demo_runs.submit(("resumed", name), job, after=[reference])
+
+
+def resume_overrides(checkpoint: Path) -> list[str]:
+    """Overrides that resume a demo run from ``checkpoint`` (a ``global_step_<k>`` dir) and save nothing more."""
+    return [
+        f"trainer.default_local_dir={checkpoint.parent}",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={checkpoint}",
+        "trainer.save_freq=-1",
+    ]
+
+
+def _ray_temp_dir(command: Sequence[str]) -> str:
+    """The Ray session dir a demo command was built with (``demo_command(..., ray_temp_dir=...)``)."""
+    for arg in command:
+        if arg.startswith("+ray_kwargs.ray_init._temp_dir=") or arg.startswith("ray_kwargs.ray_init._temp_dir="):
+            return arg.split("=", 1)[1]
+    raise ValueError("the command has no Ray temp dir: build it with demo_command(..., ray_temp_dir=...)")
+
