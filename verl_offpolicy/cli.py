@@ -8,18 +8,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from verl_offpolicy.configs import preset_names, preset_text
-
-
-def preset_header(name: str) -> list[str]:
-    """The comment lines at the top of a preset file (its documentation)."""
-    lines = []
-    for line in preset_text(name).splitlines():
-        if not line.startswith("#"):
-            break
-        if not line.startswith("# @package"):
-            lines.append(line[1:].strip())
-    return lines
+from verl_offpolicy.configs import REPRODUCES, preset_header, preset_headers, preset_names  # noqa: F401 (preset_header: tests)
 
 
 # ----------------------------------------------------------------------------------------- doctor
@@ -161,12 +150,12 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def list_presets(args: argparse.Namespace) -> int:
-    for name in preset_names():
-        header = preset_header(name)
-        start = next(i for i, line in enumerate(header) if line.startswith("Reproduces:"))
-        print(name)
-        print(f"    {header[0]}")
-        print(f"    {' '.join(header[start:])}")
+    """Every preset: its name, then its setting and the paper setting it reproduces, from its header
+    (``verl_offpolicy.configs.preset_headers``, which the README's preset table is generated from too)."""
+    for header in preset_headers():
+        print(header.name)
+        print(f"    {header.setting}")
+        print(f"    {REPRODUCES} {header.reproduces}")
     return 0
 
 
