@@ -55,7 +55,7 @@ def check_finite_response(difference: Tensor, log_prob: Tensor, old_log_prob: Te
     def describe(row: int) -> str:
         token = int(bad[row].nonzero()[0, 0])
         return (
-            f"batch position {row}, token {token}: log_prob {float(log_prob[row, token])}, "
+            f"batch position {row}, token {token}: log_prob {float(log_prob[row, token].detach())}, "
             f"old_log_prob {float(old_log_prob[row, token])} ({int(bad[row].sum())} such token(s))"
         )
 
