@@ -44,6 +44,8 @@ def within(seconds: float):
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+    except TimeoutError as expired:  # the interrupted frame's traceback has no line number, which pytest cannot show
+        pytest.fail(str(expired), pytrace=False)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
