@@ -12,7 +12,10 @@ Conventions of the spec, kept by every function here:
   maximum M (c_i = r_i − M, which is exactly 0 for every member of such a group) and advantages are
   computed from c, e.g. r_i − r̄ = c_i − Σ_j c_j/K;
 - log-sum-exp is shifted by the group (or leave-one-out) maximum, so rewards of 1e4 with τ = 0.01
-  stay finite.
+  stay finite;
+- the arithmetic is floating point whatever the scores' dtype: integer and bool scores are converted
+  to float64 first (:func:`float_scores`), so [3, 0, 0, 0] gives [2.25, −0.75, −0.75, −0.75], never a
+  truncated [2, 0, 0, 0]; floating scores keep their dtype.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class Groups(NamedTuple):
 
     ids: Tensor
     count: Tensor
+
+
+def float_scores(scores: Tensor) -> Tensor:
+    """``scores`` as floating point: float64 for integer or bool scores (exact for integers up to 2⁵³), else unchanged."""
+    return scores if scores.is_floating_point() else scores.to(torch.float64)
 
 
 def make_groups(group_ids: Tensor, dtype: torch.dtype) -> Groups:
@@ -83,6 +91,7 @@ def opmd_advantage(scores: Tensor, group_ids: Tensor, baseline: str = "mean", ta
     Computed as A_i = c_i − q_g with q = Σ_j c_j/K (mean) or q = τ·(log Σ_j exp(c_j/τ) − log K)
     (logavgexp: the log-sum-exp shifted by the group maximum). A singleton has b = 0 (q = −M).
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
     if baseline == "mean":
@@ -109,6 +118,7 @@ def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float, clamp
     - if i is the unique maximum, with M₂ the largest other reward:
       A_i = r_i − M₂ − τ·(log Σ_{j≠i} exp((r_j − M₂)/τ) − log(K−1)).
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
     at_top = centred == 0
@@ -146,6 +156,7 @@ def asymre_advantage(scores: Tensor, group_ids: Tensor, shift: float) -> Tensor:
     A group of equal rewards gets A = −shift exactly: the shift is AsymRE's forward-KL pull
     (REINFORCE − c·log π ≡ shift −c), so it is not removed there.
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
     offset = segment_sum(centred, groups) / groups.count + shift
@@ -161,6 +172,7 @@ def red_weight_advantage(scores: Tensor, group_ids: Tensor, temperature: float) 
     rewards' dtype. A singleton has no group to weight against: its weight is 1 and A = r (spec:
     singletons get A = r).
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
     diff = centred - gather(segment_sum(centred, groups) / groups.count, groups)  # 0 for a singleton
@@ -179,6 +191,7 @@ def agro_advantage(scores: Tensor, group_ids: Tensor, beta: float, on_policy: bo
     (:func:`agro_onpolicy_offset`), makes (1/K)·Σ_i A_i·∇log π(y_i) an unbiased estimate of
     ∇(E_π[R] − Var_π(R)/(2β)) (R held fixed): E[D_i² − c_i | y_i] = (R_i − E_π R)² − Var_π R.
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     top, centred = centre_on_max(scores, groups)
     others = (groups.count - 1).clamp_min(1)
@@ -198,6 +211,7 @@ def pairwise_opmd_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Te
     Σ_{i<j}(a_i − a_j)² = K·Σ_i(a_i − ā)², the gradient of J/(1+τ)² is −Σ_i A_i·∇log π(y_i) with this A
     at the weights that computed a (OPMD report, section 2). A singleton group has no pair: A = 0.
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     _, centred = centre_on_max(scores, groups)
     deviation = centred - gather(segment_sum(centred, groups) / groups.count, groups)
@@ -257,6 +271,7 @@ def red_drop_advantage(
         group_seeds: [G] int64 in [0, 2³²), one seed per group id.
         occurrence: o_i from :func:`occurrence_in_group`, if the caller has it.
     """
+    scores = float_scores(scores)
     groups = make_groups(group_ids, scores.dtype)
     if scores.numel() == 0:  # an empty batch has no group to drop from (and no largest group)
         return scores.clone()

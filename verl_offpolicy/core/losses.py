@@ -7,7 +7,10 @@ loss matrices (aggregation over the batch is the caller's, with verl's ``agg_los
 and metric tensors. Padded tokens (m = 0) get a zero loss coefficient, so a response whose mask is
 all zero contributes nothing and produces no NaN (``log_prob`` must be finite on padding, as verl's
 zero padding is); ``old_log_prob`` may be anything on padding, even −inf: it is selected away
-before any arithmetic uses it.
+before any arithmetic uses it. On response tokens both log-probs must be finite: every loss forms
+log π_t − log π_old,t through :func:`token_log_ratio` or :func:`sequence_delta`, which raise a
+ValueError naming the samples with a NaN or ±inf there (:class:`NonFiniteLogProb`), never a NaN
+loss, an infinite one or a silently masked batch.
 
 Every ratio is finite by construction: a log-ratio is clamped to [−20, 20] (``LOG_RATIO_BOUND``, the
 bound of verl's own losses) before ``exp``, so ρ ∈ [e⁻²⁰, e²⁰] ≈ [2.1e−9, 4.9e8] even for a token with
@@ -30,9 +33,50 @@ from torch import Tensor
 LOG_RATIO_BOUND = 20.0
 
 
+_MAX_REPORTED = 5  # samples named in an error
+
+
+class NonFiniteLogProb(ValueError):
+    """A NaN or ±inf log-probability (current or old) on a response token."""
+
+
+def check_finite_response(difference: Tensor, log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> None:
+    """Raise :class:`NonFiniteLogProb` naming the samples whose log π_t − log π_old,t is NaN or ±inf on a response token.
+
+    ``difference`` is that difference with 0 on padding (where anything is allowed); it is NaN or ±inf
+    exactly where one of the log-probs is (or where finite ones overflow). One device sync when all is finite.
+    """
+    finite = torch.isfinite(difference)
+    if bool(finite.all()):
+        return
+    bad = mask & ~finite
+    rows = bad.any(-1).nonzero().flatten().tolist()
+
+    def describe(row: int) -> str:
+        token = int(bad[row].nonzero()[0, 0])
+        return (
+            f"batch position {row}, token {token}: log_prob {float(log_prob[row, token].detach())}, "
+            f"old_log_prob {float(old_log_prob[row, token])} ({int(bad[row].sum())} such token(s))"
+        )
+
+    listed = "; ".join(describe(row) for row in rows[:_MAX_REPORTED])
+    more = f"; and {len(rows) - _MAX_REPORTED} more" if len(rows) > _MAX_REPORTED else ""
+    raise NonFiniteLogProb(
+        f"policy loss: {len(rows)} sample(s) have a non-finite log-probability on a response token: {listed}{more}. "
+        "The loss needs finite log_prob and old_log_prob on every response token (padding may hold anything): "
+        "check the model's outputs and where old_log_prob comes from (a token the old policy gave probability 0 "
+        "cannot have been sampled from it)."
+    )
+
+
 def token_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> Tensor:
-    """log ρ_t = m·(log π_t − log π_old,t), detached (0 on padded tokens); not clamped."""
-    return torch.where(mask, log_prob.detach() - old_log_prob, 0.0)
+    """log ρ_t = m·(log π_t − log π_old,t), detached (0 on padded tokens); not clamped.
+
+    Raises :class:`NonFiniteLogProb` if a response token's log-probs are not finite (:func:`check_finite_response`).
+    """
+    log_ratio = torch.where(mask, log_prob.detach() - old_log_prob, 0.0)
+    check_finite_response(log_ratio, log_prob, old_log_prob, mask)
+    return log_ratio
 
 
 def clamp_log_ratio(log_ratio: Tensor) -> Tensor:
@@ -56,9 +100,13 @@ def opmd_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) ->
 
 
 def sequence_delta(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """(Δ_i = Σ_t m·(log π_t − log π_old,t) with its gradient, |y_i| ≥ 1): the regularised sequence terms' input."""
-    delta = torch.where(mask, log_prob - old_log_prob, 0.0).sum(-1)
-    return delta, mask.sum(-1).to(log_prob.dtype).clamp_min(1)
+    """(Δ_i = Σ_t m·(log π_t − log π_old,t) with its gradient, |y_i| ≥ 1): the regularised sequence terms' input.
+
+    Raises :class:`NonFiniteLogProb` if a response token's log-probs are not finite (:func:`check_finite_response`).
+    """
+    difference = torch.where(mask, log_prob - old_log_prob, 0.0)
+    check_finite_response(difference.detach(), log_prob, old_log_prob, mask)
+    return difference.sum(-1), mask.sum(-1).to(log_prob.dtype).clamp_min(1)
 
 
 def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
@@ -73,7 +121,7 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
     (an old log-prob of −1e4 adds 1e4 per token), and a clamp would cancel the gradient that pulls π back
     to π_old exactly where it is largest. Padded tokens are selected away before Δ's sum, so −inf there
     is harmless; −inf on a response token (the anchor gave it probability 0) is not a finite input and
-    makes Δ and L_i infinite.
+    raises (:func:`sequence_delta`).
     """
     delta, length = sequence_delta(log_prob, old_log_prob, mask)
     seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
@@ -153,7 +201,8 @@ def rec_loss(
     w_t: ``none`` → 1, ``importance_sampling`` → ρ_t, ``gspo_importance_sampling`` → ρ̄_i.
     reg_t: ``none`` → 0, ``forward-kl`` → −c·log π_t, ``k2`` → c·(log π_t − log π_old,t)², ``k2_seq`` →
     c·Δ_i²/|y_i|² (:func:`sequence_k2`: c·Δ_i²/|y_i| per response).
-    M_t, w_t are detached; the gradient is −M_t·w_t·A·∇log π_t + ∇reg_t.
+    M_t, w_t are detached; the gradient is −M_t·w_t·A·∇log π_t + ∇reg_t. A NaN or ±inf log-prob on a
+    response token raises (:func:`token_log_ratio`, before any term is formed): k2 and k2_seq would be inf.
     """
     log_ratio = token_log_ratio(log_prob, old_log_prob, mask)
     clamped_log_ratio = clamp_log_ratio(log_ratio)
@@ -218,9 +267,18 @@ def m2po_threshold(log_ratio_sq: Tensor, budget: float) -> float:
     ≤ τ_M2}. θ* is the midpoint between the largest kept value and v_(k+1) (robust to the last-bit
     differences between two forward passes of the same weights); a token is kept iff (log ρ_t)² < θ*.
     Nothing is dropped (θ* = inf) when the mean of all values is ≤ τ_M2 or there are none.
+
+    A NaN or inf value (from a non-finite log-prob) raises ValueError: it would make θ* NaN and drop every
+    token of the mini-batch. The values come from :func:`token_log_ratio`, which names the sample first.
     """
     values = torch.sort(log_ratio_sq.detach().double().flatten()).values
     n = values.numel()
+    if n and not math.isfinite(float(values[-1])):  # NaN and inf sort last
+        bad = int((~torch.isfinite(values)).sum())
+        raise ValueError(
+            f"m2po: {bad} of the mini-batch's {n} values (log π_t − log π_old,t)² are not finite: the trust-region "
+            "cut needs finite log-probs on every response token (check log_prob and old_log_prob)"
+        )
     if n == 0 or float(values.mean()) <= budget:
         return math.inf
     prefix_mean = values.cumsum(0) / torch.arange(1, n + 1, dtype=values.dtype)

@@ -10,10 +10,14 @@ Thread-safe: verl's reward loop calls ``compute_score`` from a thread pool
 (``signal.alarm``) raise. The comparison therefore runs in one long-lived scoring process per
 reward process (this file run as a script, started on first use; it reads its requests from a pipe
 and exits when the pipe closes), on that process's main thread, where math-verify's own timeouts
-work. Around each request a deadline (``timeout_seconds``, default :data:`TIMEOUT_SECONDS`,
-settable through ``reward.custom_reward_function.reward_kwargs``) covers what those timeouts cannot
-interrupt (one long C call, e.g. the integer power of ``9^{9^{9^{9}}}``): the scoring process is
-killed, the answer scores 0.0, and the next request starts a new one.
+work. Every step of scoring an answer (sending the response, finding its last box, parsing, comparing,
+reading the verdict) runs under one deadline per request (``timeout_seconds``, default
+:data:`TIMEOUT_SECONDS`, settable through ``reward.custom_reward_function.reward_kwargs``), which
+covers what math-verify's timeouts cannot interrupt (one long C call, e.g. the integer power of
+``9^{9^{9^{9}}}``): at the deadline the scoring process is killed, the answer scores 0.0 (with a
+warning), and the next request starts a new process. A scoring process that dies during an answer
+(e.g. killed by the OOM killer) is handled the same way: that answer scores 0.0 with a warning.
+Finding the last box is one linear scan (:func:`last_boxed`), so no response is slow to extract.
 
 Calls ``math_verify.parse``/``verify`` directly: verl's ``reward_score.math_verify`` wrapper uses a
 spawn process pool that silently returns 0.0 when imported without a ``__main__`` guard.
@@ -38,22 +42,49 @@ logger = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 30.0  # per answer, beyond math-verify's own 5 s timeouts for parsing and comparing
 STARTUP_TIMEOUT_SECONDS = 300.0  # the scoring process imports math-verify and sympy (slow on a busy machine)
 _BOXED = re.compile(r"\\boxed\s*\{")
+_BRACE = re.compile(r"[{}]")
 _READY = "ready"
 
 
 def last_boxed(text: str) -> Optional[str]:
-    """The content of the last ``\\boxed{...}`` of ``text`` (nested braces kept), or None if there is none
-    or its braces do not close."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i]
+    """The content of the last ``\\boxed{...}`` of ``text`` whose braces close (nested braces kept), or None.
+
+    A box whose braces do not close is skipped for the box before it (``\\boxed{3} \\boxed{4`` gives
+    ``3``). One linear scan: every opening brace is paired with its closing brace by a stack
+    (:func:`_closing_braces`), then the boxes are tried from the last one.
+    """
+    opens = [match.end() - 1 for match in _BOXED.finditer(text)]  # position of each box's "{"
+    if not opens:
+        return None
+    closing = _closing_braces(text, opens[0], set(opens))
+    for brace in reversed(opens):
+        if brace in closing:
+            return text[brace + 1 : closing[brace]]
     return None
+
+
+def _closing_braces(text: str, start: int, wanted: set[int]) -> dict[int, int]:
+    """{position of a "{" in ``wanted``: position of the "}" closing it}, braces paired from ``start`` on.
+
+    The "}" closing the "{" at p is the first one after p at which the braces since p balance; a stack of
+    the open braces pairs every "{" with that "}" in one pass (a "}" with nothing open is skipped).
+    """
+    stack: list[int] = []
+    closing: dict[int, int] = {}
+    for match in _BRACE.finditer(text, start):
+        if match.group() == "{":
+            stack.append(match.start())
+        elif stack:
+            brace = stack.pop()
+            if brace in wanted:
+                closing[brace] = match.start()
+    return closing
+
+
+def boxed_answer(response: str) -> Optional[str]:
+    """The answer to score: the last closed box's content, or None if there is none or it is blank."""
+    answer = last_boxed(response)
+    return answer if answer is not None and answer.strip() else None
 
 
 def equivalent(answer: str, ground_truth: str) -> bool:
@@ -72,6 +103,10 @@ class ScoreTimeout(RuntimeError):
     """The scoring process did not answer in time (it was killed)."""
 
 
+class ScorerDied(RuntimeError):
+    """The scoring process died while it held an answer (e.g. killed by the OOM killer)."""
+
+
 class _ScoringProcess:
     """The scoring process of this reward process: one request at a time, a deadline for each."""
 
@@ -87,15 +122,43 @@ class _ScoringProcess:
             bufsize=0,
             close_fds=True,
         )
-        if self._read_line(STARTUP_TIMEOUT_SECONDS) != _READY:
+        os.set_blocking(self.proc.stdin.fileno(), False)  # a write never waits past the deadline
+        try:
+            ready = self._read_line(time.monotonic() + STARTUP_TIMEOUT_SECONDS)
+        except ScorerDied as died:
+            raise RuntimeError(f"math_verify_reward: the scoring process did not start: {died}") from None
+        if ready != _READY:
             self.stop()
             raise RuntimeError(f"math_verify_reward: the scoring process did not start within {STARTUP_TIMEOUT_SECONDS:.0f}s")
 
-    def _read_line(self, timeout: float) -> Optional[str]:
-        """One line from the scoring process, or None at the deadline."""
+    def _died(self) -> ScorerDied:
+        """The scoring process has gone: reap it (the next request starts a new one) and say how it ended."""
+        assert self.proc is not None
+        code = self.proc.wait()
+        self.proc = None
+        return ScorerDied(f"the scoring process exited with status {code} (its error, if any, is above)")
+
+    def _write(self, data: bytes, deadline: float) -> bool:
+        """Send ``data`` to the scoring process; False at the deadline. Raises ScorerDied if it has gone."""
+        assert self.proc is not None and self.proc.stdin is not None
+        fd = self.proc.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                return False
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:  # the pipe filled up since select: wait again
+                continue
+            except BrokenPipeError:
+                raise self._died() from None
+        return True
+
+    def _read_line(self, deadline: float) -> Optional[str]:
+        """One line from the scoring process, or None at the deadline. Raises ScorerDied if it has gone."""
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
         data = b""
         while not data.endswith(b"\n"):
             remaining = deadline - time.monotonic()
@@ -103,9 +166,7 @@ class _ScoringProcess:
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:
-                code = self.proc.wait()
-                self.proc = None
-                raise RuntimeError(f"math_verify_reward: the scoring process exited with status {code} (its error is above)")
+                raise self._died()
             data += chunk
         return data.decode().strip()
 
@@ -115,13 +176,17 @@ class _ScoringProcess:
             proc.kill()
             proc.wait()
 
-    def equivalent(self, answer: str, ground_truth: str, timeout: float) -> bool:
+    def score(self, response: str, ground_truth: str, timeout: float) -> bool:
+        """Is the last box of ``response`` equivalent to ``ground_truth``? Every step within ``timeout`` seconds.
+
+        Raises ScoreTimeout (the process was killed at the deadline) or ScorerDied (it died meanwhile).
+        """
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self._start()
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps({"answer": answer, "ground_truth": ground_truth}) + "\n").encode())
-            line = self._read_line(timeout)
+            deadline = time.monotonic() + timeout
+            request = (json.dumps({"response": response, "ground_truth": ground_truth}) + "\n").encode()
+            line = self._read_line(deadline) if self._write(request, deadline) else None
             if line is None:
                 self.stop()
                 raise ScoreTimeout(f"no answer within {timeout:.0f}s")
@@ -133,15 +198,34 @@ atexit.register(_SCORER.stop)
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, timeout_seconds: float = TIMEOUT_SECONDS) -> float:
-    """1.0 if the response's last ``\\boxed{...}`` is mathematically equivalent to ``ground_truth``, else 0.0."""
-    answer = last_boxed(solution_str)
-    if answer is None or not answer.strip():
-        return 0.0
+    """1.0 if the response's last ``\\boxed{...}`` is mathematically equivalent to ``ground_truth``, else 0.0.
+
+    0.0 with a warning if the scoring process does not answer within ``timeout_seconds`` or dies meanwhile.
+    """
     try:
-        return 1.0 if _SCORER.equivalent(answer, str(ground_truth), timeout_seconds) else 0.0
+        return 1.0 if _SCORER.score(str(solution_str), str(ground_truth), timeout_seconds) else 0.0
     except ScoreTimeout:
-        logger.warning("math_verify_reward: comparing %r with %r took over %.0f s; scored 0", answer[:80], ground_truth, timeout_seconds)
-        return 0.0
+        logger.warning(
+            "math_verify_reward: scoring a response (%d characters, ground truth %r) took over %.0f s; scored 0",
+            len(str(solution_str)), ground_truth, timeout_seconds,
+        )
+    except ScorerDied as died:
+        logger.warning(
+            "math_verify_reward: %s while scoring a response (%d characters, ground truth %r); scored 0, "
+            "the next answer starts a new scoring process", died, len(str(solution_str)), ground_truth,
+        )
+    return 0.0
+
+
+def _verdict(request: dict) -> bool:
+    """The scoring process's verdict on one request: its response's boxed answer equals the ground truth."""
+    answer = boxed_answer(request["response"])
+    if answer is None:
+        return False
+    try:
+        return equivalent(answer, request["ground_truth"])
+    except Exception:  # noqa: BLE001 - an unparsable answer is a wrong answer
+        return False
 
 
 def _serve() -> None:
@@ -153,12 +237,7 @@ def _serve() -> None:
     out.write(f"{_READY}\n".encode())
     out.flush()
     for line in sys.stdin.buffer:
-        request = json.loads(line)
-        try:
-            equal = equivalent(request["answer"], request["ground_truth"])
-        except Exception:  # noqa: BLE001 - an unparsable answer is a wrong answer
-            equal = False
-        out.write((json.dumps({"equal": equal}) + "\n").encode())
+        out.write((json.dumps({"equal": _verdict(json.loads(line))}) + "\n").encode())
         out.flush()
 
 
