@@ -184,11 +184,6 @@ def test_red_drop_integer_rewards(dtype):
     assert sorted(got[1:].tolist()) == [-0.5, 0.0, 0.0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="glue/estimators._broadcast casts the float64 advantage back to the rewards' dtype (int64: [2, 0, 0, 0]); "
-    "glue/ is outside this change: the glue must return a float dtype for integer rewards",
-)
 def test_integer_rewards_through_verls_registry():
     # opmd, mean baseline, r = [3, 0, 0, 0] in one group as int64 token rewards: A = [2.25, −0.75, −0.75, −0.75]
     import numpy as np

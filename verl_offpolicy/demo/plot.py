@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from verl_offpolicy.demo.output_dir import CACHE_NAME
 from verl_offpolicy.demo.results import TRAIN_SCORE
+
+# One thread at a time sets, imports and unsets MPLCONFIGDIR: two runs of the tests' shared jobs ending
+# together both saw matplotlib unimported, and the second `del` raised KeyError (seen in a full-suite run).
+_MATPLOTLIB_IMPORT = threading.Lock()
 
 
 def write_plot(
@@ -19,14 +24,15 @@ def write_plot(
     matplotlib's config and font cache go next to the PNG (``.cache/matplotlib``) unless
     ``MPLCONFIGDIR`` is set or matplotlib is already imported (it reads the variable at import).
     """
-    own_config = "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ
-    if own_config:
-        os.environ["MPLCONFIGDIR"] = str(Path(path).absolute().parent / CACHE_NAME / "matplotlib")
-    try:
-        from matplotlib.figure import Figure  # builds the font cache (matplotlib caches the dir it chose)
-    finally:
+    with _MATPLOTLIB_IMPORT:
+        own_config = "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ
         if own_config:
-            del os.environ["MPLCONFIGDIR"]
+            os.environ["MPLCONFIGDIR"] = str(Path(path).absolute().parent / CACHE_NAME / "matplotlib")
+        try:
+            from matplotlib.figure import Figure  # builds the font cache (matplotlib caches the dir it chose)
+        finally:
+            if own_config:
+                del os.environ["MPLCONFIGDIR"]
 
     # A Figure of its own, not pyplot's global state: runs in threads (the tests' shared runs) may plot at once.
     fig = Figure(figsize=(6, 4))

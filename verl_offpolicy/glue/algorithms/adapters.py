@@ -9,7 +9,7 @@ r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× 
 The formulas run in float64 (``COMPUTE_DTYPE``) on the per-sequence scores: for rewards of any
 finite float16, bfloat16 or float32 value no intermediate overflows there (centred rewards and their
 sums stay below 1e45 for groups of up to 1e6, agro's D² below 1e78, red_weight's d·e²⁰ below 1e48).
-The advantages come back in the rewards' dtype, as verl's estimators return them; an advantage that
+The advantages come back in the rewards' dtype, as verl's estimators return them (float32 for integer or bool rewards); an advantage that
 this dtype cannot hold (e.g. red_weight's d·e²⁰ for a reward gap of 2e30 in float32), or that
 overflows float64 itself (float64 rewards near its maximum, or agro's D²/(2β) with an extreme β), is
 a ValueError naming the estimator and the samples, never inf or NaN. The sum over tokens is taken in
@@ -98,7 +98,7 @@ def prepare(
 
 
 def _check_representable(name: str, advantage: Tensor, result: Tensor, token_level_rewards: Tensor, index) -> None:
-    """Raise naming the (first few) samples whose float64 advantage is not finite in the rewards' dtype."""
+    """Raise naming the (first few) samples whose float64 advantage is not finite in the output's dtype."""
     if bool(torch.isfinite(result).all()):
         return
     bad = (~torch.isfinite(result)).nonzero().flatten().tolist()
@@ -106,9 +106,9 @@ def _check_representable(name: str, advantage: Tensor, result: Tensor, token_lev
     listed = _list_samples(
         bad, np.asarray(index), lambda i: f"reward {scores[i].item():.6g}, advantage {advantage[i].item():.6g}"
     )
-    dtype = token_level_rewards.dtype
+    dtype = result.dtype
     raise ValueError(
-        f"adv_estimator={name}: {len(bad)} sample(s) get an advantage that {dtype} (the rewards' dtype, largest "
+        f"adv_estimator={name}: {len(bad)} sample(s) get an advantage that {dtype} (the advantages' dtype, largest "
         f"finite value {torch.finfo(dtype).max:.6g}) cannot hold: {listed}. Scale the rewards down "
         "(or give them a wider dtype, e.g. float64) so that every advantage fits."
     )
@@ -117,8 +117,10 @@ def _check_representable(name: str, advantage: Tensor, result: Tensor, token_lev
 def broadcast(
     name: str, advantage: Tensor, response_mask: Tensor, token_level_rewards: Tensor, index: Any
 ) -> tuple[Tensor, Tensor]:
-    """A_i (float64) in the rewards' dtype over the response tokens: (advantages, returns), both A_i·m_t."""
-    result = advantage.to(token_level_rewards.dtype)
+    """A_i (float64) over the response tokens, in the rewards' dtype when it is a floating type and in
+    float32 (verl's own reward dtype) for integer or bool rewards: (advantages, returns), both A_i·m_t."""
+    dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+    result = advantage.to(dtype)
     _check_representable(name, advantage, result, token_level_rewards, index)
     token_advantages = result.unsqueeze(-1) * response_mask
     return token_advantages, token_advantages
