@@ -47,8 +47,10 @@ from verl_offpolicy.cpu.process import (
     InterruptSignals,
     LockHeld,
     is_loopback,
+    held_shared_memory,
     kill_process_tree,
     listening_addresses,
+    remove_leftover_files,
     spawn,
 )
 from verl_offpolicy.cpu.progress import StartupPhases, plain_summary
@@ -225,6 +227,9 @@ class DemoResult:
     rollout_vs_trainer: dict[str, float] = field(default_factory=dict)
     ray_temp_dir: Optional[str] = None  # the run's own Ray session dir (removed after the run)
     listening: list[str] = field(default_factory=list)  # TCP listen addresses at the first training step
+    # /dev/shm files the run's processes had mapped at the first training step, and those of them it left
+    # behind (unlinked by the demo after the run)
+    shared_memory: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def rewards(self) -> list[float]:
@@ -252,6 +257,7 @@ class DemoResult:
             "rollout_vs_trainer": self.rollout_vs_trainer,
             "listening_sockets": len(self.listening),
             "listening_not_loopback": [a for a in self.listening if not is_loopback(a)],
+            "shared_memory_left_by_run": self.shared_memory.get("removed", []),  # unlinked by the demo
             "plot": self.plot_path,
         }
 
@@ -347,17 +353,22 @@ def run_subprocess(
     cwd: Optional[str] = None,
     listening: Optional[list[str]] = None,
     pass_fds: Sequence[int] = (),
+    shared_memory: Optional[dict[str, list[str]]] = None,
 ) -> tuple[int, float, dict[str, float]]:
     """Run ``command`` in its own process group with a timeout; log to ``log_path``.
 
     Returns (return code, wall seconds, {first_step_line: seconds after launch}). If ``listening``
-    is a list, it receives the addresses the run listens on at its first training step. On timeout
+    is a list, it receives the addresses the run listens on at its first training step. If
+    ``shared_memory`` is a dict, ``held`` receives the ``/dev/shm`` files the run's processes have mapped at
+    that step and ``removed`` those of them the run left behind, which are unlinked once its processes are
+    gone (vLLM's engine queues and semaphores: their creators never shut down, see docs/vllm_cpu.md). On timeout
     the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
     processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
     subprocess (the output directory's lock).
     """
     start = time.monotonic()
     marks: dict[str, float] = {}
+    held: list[str] = []
     log_path = Path(log_path)
     with open(log_path, "w", buffering=1) as log:
         proc = spawn(command, env, cwd, pass_fds)
@@ -373,6 +384,8 @@ def run_subprocess(
                         marks["first_step"] = time.monotonic() - start
                         if listening is not None:
                             listening.extend(listening_addresses(proc, ray_marker))
+                        if shared_memory is not None:
+                            held.extend(held_shared_memory(proc, ray_marker))
                 if on_line is not None:
                     try:
                         on_line(line)
@@ -382,20 +395,24 @@ def run_subprocess(
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            returncode = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            try:
+                returncode = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_process_tree(proc, ray_marker)
+                reader.join(timeout=5)
+                raise DemoError(
+                    f"the CPU demo did not finish within {timeout:.0f}s and was killed (process group and its Ray "
+                    f"session); end of {log_path}:\n{tail(log_path)}"
+                ) from None
+            except BaseException:
+                kill_process_tree(proc, ray_marker)
+                raise
+            reader.join(timeout=30)
+            # A clean exit shuts Ray down itself; this catches anything a failed run left behind.
             kill_process_tree(proc, ray_marker)
-            reader.join(timeout=5)
-            raise DemoError(
-                f"the CPU demo did not finish within {timeout:.0f}s and was killed (process group and its Ray "
-                f"session); end of {log_path}:\n{tail(log_path)}"
-            ) from None
-        except BaseException:
-            kill_process_tree(proc, ray_marker)
-            raise
-        reader.join(timeout=30)
-        # A clean exit shuts Ray down itself; this catches anything a failed run left behind.
-        kill_process_tree(proc, ray_marker)
+        finally:
+            if shared_memory is not None:
+                shared_memory.update(held=sorted(held), removed=remove_leftover_files(held))
     return returncode, time.monotonic() - start, marks
 
 
@@ -589,6 +606,7 @@ def _run_locked(
             flush=True,
         )
     listening: list[str] = []
+    shared_memory: dict[str, list[str]] = {}
     try:
         env = cpu_env(metrics_path, base=base_env)
         env.update(run_files_env(output_dir, ray_temp_dir, env))
@@ -602,6 +620,7 @@ def _run_locked(
             cwd=str(output_dir),
             listening=listening,
             pass_fds=[lock.fd],
+            shared_memory=shared_memory,
         )
         if returncode != 0:
             raise DemoError(f"main_ppo exited with status {returncode}; end of {output_dir / LOG_NAME}:\n{tail(output_dir / LOG_NAME)}")
@@ -651,6 +670,7 @@ def _run_locked(
         rollout_vs_trainer=rollout_vs_trainer,
         ray_temp_dir=ray_temp_dir,
         listening=listening,
+        shared_memory=shared_memory,
     )
     (output_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2, default=str))
     if console:
