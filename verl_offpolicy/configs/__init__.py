@@ -7,6 +7,8 @@
 - ``cpu/demo.yaml``, ``cpu/megatron.yaml``: the CPU overlays (``+cpu=demo`` for FSDP2, ``+cpu=megatron`` for
   verl's Megatron engine); ``cpu_shared/base.yaml``: their engine-independent part (never selected directly).
 - ``cpu_rollout/standalone.yaml``: with it, the CPU rollout on a pool of its own (``+cpu_rollout=standalone``).
+- ``cpu_rollout/vllm.yaml``: with it, verl's own vLLM rollout (vLLM's CPU build) instead of ``hf``
+  (``+cpu_rollout=vllm``; ``docs/vllm_cpu.md``).
 
 Every preset file opens with a comment header, its documentation, in one form::
 

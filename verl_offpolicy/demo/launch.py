@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from verl_offpolicy.demo.errors import DemoError
-from verl_offpolicy.demo.process import kill_process_tree, listening_addresses, spawn
+from verl_offpolicy.demo.process import held_shared_memory, kill_process_tree, listening_addresses, remove_leftover_files, spawn
 from verl_offpolicy.demo.progress import STEP_LINE
 
 
@@ -26,17 +26,22 @@ def run_subprocess(
     cwd: Optional[str] = None,
     listening: Optional[list[str]] = None,
     pass_fds: Sequence[int] = (),
+    shared_memory: Optional[dict[str, list[str]]] = None,
 ) -> tuple[int, float, dict[str, float]]:
     """Run ``command`` in its own process group with a timeout; log to ``log_path``.
 
     Returns (return code, wall seconds, {first_step_line: seconds after launch}). If ``listening``
-    is a list, it receives the addresses the run listens on at its first training step. On timeout
+    is a list, it receives the addresses the run listens on at its first training step. If
+    ``shared_memory`` is a dict, ``held`` receives the ``/dev/shm`` files the run's processes have mapped at
+    that step and ``removed`` those of them the run left behind, which are unlinked once its processes are
+    gone (vLLM's engine queues and semaphores: their creators never shut down, see docs/vllm_cpu.md). On timeout
     the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
     processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
     subprocess (the output directory's lock).
     """
     start = time.monotonic()
     marks: dict[str, float] = {}
+    held: list[str] = []
     log_path = Path(log_path)
     with open(log_path, "w", buffering=1) as log:
         proc = spawn(command, env, cwd, pass_fds)
@@ -45,25 +50,38 @@ def run_subprocess(
             marks["first_step"] = time.monotonic() - start
             if listening is not None:
                 listening.extend(listening_addresses(proc, ray_marker))
+            if shared_memory is not None:
+                held.extend(held_shared_memory(proc, ray_marker))
 
         reader = threading.Thread(target=_pump, args=(proc, log, on_first_step, on_line), daemon=True)
         reader.start()
         try:
-            returncode = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_process_tree(proc, ray_marker)
-            reader.join(timeout=5)
-            raise DemoError(
-                f"the CPU demo did not finish within {timeout:.0f}s and was killed (process group and its Ray "
-                f"session); end of {log_path}:\n{tail(log_path)}"
-            ) from None
-        except BaseException:
-            kill_process_tree(proc, ray_marker)
-            raise
-        reader.join(timeout=30)
-        # A clean exit shuts Ray down itself; this catches anything a failed run left behind.
-        kill_process_tree(proc, ray_marker)
+            returncode = _wait(proc, reader, timeout, ray_marker, log_path)
+        finally:
+            if shared_memory is not None:
+                shared_memory.update(held=sorted(held), removed=remove_leftover_files(held))
     return returncode, time.monotonic() - start, marks
+
+
+def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_marker: Optional[str], log_path: Path) -> int:
+    """The run's exit code; on timeout or any interruption its process tree is killed (and a timeout raises
+    :class:`DemoError` with the log's tail). After a clean exit, what a failed run left of its Ray session is ended."""
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_process_tree(proc, ray_marker)
+        reader.join(timeout=5)
+        raise DemoError(
+            f"the CPU demo did not finish within {timeout:.0f}s and was killed (process group and its Ray "
+            f"session); end of {log_path}:\n{tail(log_path)}"
+        ) from None
+    except BaseException:
+        kill_process_tree(proc, ray_marker)
+        raise
+    reader.join(timeout=30)
+    # A clean exit shuts Ray down itself; this catches anything a failed run left behind.
+    kill_process_tree(proc, ray_marker)
+    return returncode
 
 
 def _pump(proc: subprocess.Popen, log, on_first_step: Callable[[], None], on_line: Optional[Callable[[str], None]]) -> None:

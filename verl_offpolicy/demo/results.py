@@ -99,6 +99,9 @@ class DemoResult:
     rollout_vs_trainer: dict[str, float] = field(default_factory=dict)
     ray_temp_dir: Optional[str] = None  # the run's own Ray session dir (removed after the run)
     listening: list[str] = field(default_factory=list)  # TCP listen addresses at the first training step
+    # /dev/shm files the run's processes had mapped at the first training step, and those of them it left
+    # behind (unlinked by the demo after the run)
+    shared_memory: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def rewards(self) -> list[float]:
@@ -126,5 +129,6 @@ class DemoResult:
             "rollout_vs_trainer": self.rollout_vs_trainer,
             "listening_sockets": len(self.listening),
             "listening_not_loopback": [a for a in self.listening if not is_loopback(a)],
+            "shared_memory_left_by_run": self.shared_memory.get("removed", []),  # unlinked by the demo
             "plot": self.plot_path,
         }

