@@ -103,3 +103,39 @@ def test_process_management_imports_no_verl_torch_or_other_package_module():
     imported = _imports(PACKAGE / "demo" / "process.py")
     top = {name.split(".")[0] for name in imported}
     assert not top & {"verl", "torch", "verl_offpolicy"}, sorted(imported)
+
+
+# verl's policy-loss registry calls fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+# config, rollout_is_weights): our registered losses must take those seven positionally.
+VERL_LOSS_SIGNATURE = ("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights")
+MAX_POSITIONAL = 6
+
+
+def _positional(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    names = [a.arg for a in node.args.posonlyargs + node.args.args]
+    return names[1:] if names[:1] in (["self"], ["cls"]) else names
+
+
+def _long_signatures(source: str) -> list[tuple[str, int]]:
+    """(function, positional parameter count) of each function of ``source`` over MAX_POSITIONAL
+    positional parameters, other than one with exactly verl's policy-loss signature."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = _positional(node)
+            if len(names) > MAX_POSITIONAL and tuple(names) != VERL_LOSS_SIGNATURE:
+                found.append((node.name, len(names)))
+    return found
+
+
+def test_no_function_takes_more_than_six_positional_parameters():
+    """Past six, parameters are keyword-only (or a small dataclass): a call reads as what it sets."""
+    found = {str(p.relative_to(PACKAGE.parent)): _long_signatures(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_long_signature_scan_sees_positional_and_keyword_only_parameters():
+    assert _long_signatures("def f(a, b, c, d, e, f, g): pass") == [("f", 7)]
+    assert _long_signatures("def f(a, b, c, d, e, f, *, g): pass") == []
+    assert _long_signatures("class C:\n    def m(self, a, b, c, d, e, f): pass") == []
+    assert _long_signatures("def f(" + ", ".join(VERL_LOSS_SIGNATURE) + "): pass") == []

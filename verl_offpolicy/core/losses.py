@@ -143,6 +143,7 @@ def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: floa
 def rec_keep_mask(
     ratio: Tensor,
     advantages: Tensor,
+    *,
     clip_mode: str,
     clip_ratio_low: float,
     clip_ratio_high: float,
@@ -186,6 +187,7 @@ def rec_loss(
     old_log_prob: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    *,
     clip_mode: str,
     weight: str,
     regularizer: str,
@@ -213,7 +215,13 @@ def rec_loss(
         seq_ratio = torch.exp(clamp_log_ratio(delta / length)).unsqueeze(-1).expand_as(ratio)
     band_ratio = seq_ratio if clip_mode == "gspo-one-side" else ratio
     keep = rec_keep_mask(
-        band_ratio, advantages, clip_mode, clip_ratio_low, clip_ratio_high, ring_clip_ratio_low, ring_clip_ratio_high
+        band_ratio,
+        advantages,
+        clip_mode=clip_mode,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        ring_clip_ratio_low=ring_clip_ratio_low,
+        ring_clip_ratio_high=ring_clip_ratio_high,
     )
 
     if weight == "none":
