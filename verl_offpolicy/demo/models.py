@@ -19,23 +19,18 @@ overrides, which can change any of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 
-def _build_tiny(output_dir: Path, seed: int) -> dict[str, str]:
-    from verl_offpolicy.demo.repeat_task import build_dataset
-    from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
-
-    tiny = build_tiny(output_dir / "tiny", TinyModelSpec(seed=seed))
-    return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
-
-
-def _build_tiny_h32(output_dir: Path, seed: int) -> dict[str, str]:
+def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> dict[str, str]:
+    """The tiny model (in ``tiny/``, or with head_dim 32 in ``tiny_h32/``) and the repeat task's data."""
     from verl_offpolicy.demo.repeat_task import build_dataset
     from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
 
-    tiny = build_tiny(output_dir / "tiny_h32", TinyModelSpec(seed=seed, **HEAD_DIM_32))
+    spec = TinyModelSpec(seed=seed, **(HEAD_DIM_32 if head_dim_32 else {}))
+    tiny = build_tiny(output_dir / ("tiny_h32" if head_dim_32 else "tiny"), spec)
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
 
 
@@ -107,7 +102,7 @@ MODELS: dict[str, DemoModel] = {
         name="tiny-h32",
         title="tiny Llama (head_dim 32), repeat task",
         preparing="the tiny model (head_dim 32) and the repeat task's data",
-        build=_build_tiny_h32,
+        build=partial(_build_tiny, head_dim_32=True),
         default_steps=40,
         default_timeout_s=lambda steps: 1200.0,
         task_overrides=_REPEAT_TASK_OVERRIDES,
