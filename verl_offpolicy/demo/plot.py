@@ -13,6 +13,8 @@ from verl_offpolicy.demo.results import TRAIN_SCORE
 
 # One thread at a time sets, imports and unsets MPLCONFIGDIR: two runs of the tests' shared jobs ending
 # together both saw matplotlib unimported, and the second `del` raised KeyError (seen in a full-suite run).
+# The lock cannot cover other code that edits os.environ meanwhile (a CI run lost the variable between set
+# and unset), so the unset tolerates its absence.
 _MATPLOTLIB_IMPORT = threading.Lock()
 
 
@@ -32,7 +34,7 @@ def write_plot(
             from matplotlib.figure import Figure  # builds the font cache (matplotlib caches the dir it chose)
         finally:
             if own_config:
-                del os.environ["MPLCONFIGDIR"]
+                os.environ.pop("MPLCONFIGDIR", None)
 
     # A Figure of its own, not pyplot's global state: runs in threads (the tests' shared runs) may plot at once.
     fig = Figure(figsize=(6, 4))
