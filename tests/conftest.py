@@ -47,7 +47,7 @@ def _restore_environment():
     saved = dict(os.environ)
     yield
     for key in set(os.environ) - set(saved):  # key by key: never an empty environment in between
-        del os.environ[key]
+        os.environ.pop(key, None)  # a shared job's thread may have removed it meanwhile
     for key, value in saved.items():
         if os.environ.get(key) != value:
             os.environ[key] = value
