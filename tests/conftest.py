@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.jobs import queue_at_start
+from tests.jobs import queue_at_start, timings_report
 
 pytest_plugins = ("pytester",)  # tests/test_jobs.py runs sessions of its own under these hooks
 
@@ -51,3 +51,12 @@ def _restore_environment():
     for key, value in saved.items():
         if os.environ.get(key) != value:
             os.environ[key] = value
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the session's long jobs spent their time (tests/jobs.py), beside ``--durations``."""
+    lines = timings_report()
+    if lines:
+        terminalreporter.section("shared jobs")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -15,11 +15,18 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytest
+
+
+# (job key, start in seconds after the session began, wall seconds, "ok" | error type) of every job that
+# ran: conftest prints them at the end of the session, so a CI log shows where the suite's time went.
+TIMINGS: list[tuple[str, float, float, str]] = []
+_SESSION_START = time.monotonic()  # conftest imports this module as the session starts
 
 
 class SharedJobs:
@@ -50,8 +57,9 @@ class SharedJobs:
         self._waiting = 0  # test-process threads waiting for a job
         self._closing = False
 
-    def _gated(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` that starts only while fewer jobs run than the test process leaves room for."""
+    def _gated(self, fn: Callable[..., Any], key: Any = None) -> Callable[..., Any]:
+        """``fn`` that starts only while fewer jobs run than the test process leaves room for (its wall time
+        recorded in :data:`TIMINGS` under ``key``)."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._slots:
@@ -61,9 +69,14 @@ class SharedJobs:
                 if self._closing:
                     raise RuntimeError("the test session ended before this shared job started")
                 self._running += 1
+            start, outcome = time.monotonic(), "ok"
             try:
                 return fn(*args, **kwargs)
+            except BaseException as error:
+                outcome = type(error).__name__
+                raise
             finally:
+                TIMINGS.append((_describe(key), start - _SESSION_START, time.monotonic() - start, outcome))
                 with self._slots:
                     self._running -= 1
                     self._slots.notify_all()
@@ -88,7 +101,7 @@ class SharedJobs:
         ``after`` (other jobs) enters the queue once they are all done, so it never holds a slot waiting."""
         from concurrent.futures import Future
 
-        fn = self._gated(fn)
+        fn = self._gated(fn, key)
         with self._lock:
             if key in self._jobs:
                 return self._jobs[key]
@@ -182,3 +195,19 @@ def queue_at_start(request: Any) -> None:
                 queues.setdefault((module, name), fn)
     for fn in queues.values():
         fn(**{arg: request.getfixturevalue(arg) for arg in inspect.signature(fn).parameters})
+
+
+def _describe(key: Any, width: int = 110) -> str:
+    """A job's key as one short line (``("job", "run", preset, steps, overrides, ...)`` → ``run preset steps ...``)."""
+    parts = [" ".join(map(str, p)) if isinstance(p, (tuple, list)) else str(p) for p in (key if isinstance(key, tuple) else (key,))]
+    text = " ".join(p for p in parts if p and p != "job")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def timings_report() -> list[str]:
+    """Lines for the end of the session: each shared job's start (s after the first), wall time and outcome."""
+    if not TIMINGS:
+        return []
+    lines = [f"shared jobs: {len(TIMINGS)}, {sum(t[2] for t in TIMINGS):.0f} s of job wall time (start s after the session began, wall s, outcome, job)"]
+    lines += [f"{start:7.0f} {wall:6.0f}  {outcome:<8} {name}" for name, start, wall, outcome in sorted(TIMINGS, key=lambda t: t[1])]
+    return lines
