@@ -15,6 +15,12 @@ from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_select
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyLossConfig, offpolicy_section
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
+THRESHOLD = "trainer.v1.sampler.max_off_policy_threshold"  # verl's key, written out
+
+
+def schedule_of(s: int, d: int) -> list[str]:
+    return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
+
 REC = dict(adv="grpo", norm=False, loss="rec", agg="token-mean", anchor="behaviour", weight="none", reg="none")
 
 # The preset table of docs/algorithms.md ("Presets"), written out by hand.
@@ -305,6 +311,10 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("rec_oneside_nois", ["algorithm.filter_groups.enable=true"], "set algorithm.filter_groups.enable=false"),
         ("grpo", ["skip.rollout_tq.enable=true"], "set skip.rollout_tq.enable=false"),
         ("grpo", ["trainer.v1.sampler.custom_sampler.path=my.py"], "remove trainer.v1.sampler.custom_sampler"),
+        # verl's version bound N admits staleness <= N - 1; (4, 1)'s worst is step 5 at version 0: 4 versions old
+        ("opmd", [*schedule_of(4, 1), f"{THRESHOLD}=4"], f"up to 4 versions old (s + d - 1), spanning 5 versions, but {THRESHOLD}=4"),
+        ("opmd", [*schedule_of(20, 10), f"{THRESHOLD}=8"], f"set {THRESHOLD} >= 30"),
+        ("opmd", [f"{THRESHOLD}=0"], f"{THRESHOLD} must be an integer >= 1 or null, got 0"),
         # overlapped mode needs a rollout pool of its own (tests/test_overlapped.py covers the rest)
         ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.rollout.nnodes >= 1"),
         ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
@@ -332,6 +342,13 @@ def test_invalid_combination_fails_with_what_to_change(preset, overrides, messag
     with pytest.raises(ValueError) as info:
         validate_offpolicy_config(cfg)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("threshold", ["5", "null"])
+def test_a_version_bound_the_schedule_stays_within_is_accepted(threshold):
+    # (4, 1) trains batches at most 4 versions old (spanning 5): a bound of 5, or none, holds
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=opmd", *schedule_of(4, 1), f"{THRESHOLD}={threshold}", *VALID_SIZES])
+    validate_offpolicy_config(cfg)
 
 
 def test_pairwise_opmd_rejects_several_updates_per_batch():

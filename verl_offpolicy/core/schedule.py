@@ -59,6 +59,11 @@ class Schedule:
         """The most finished batches ever held: s + d."""
         return self.sync_interval + self.sync_offset
 
+    @property
+    def worst_staleness(self) -> int:
+        """The largest staleness of any step: s + d - 1 (step s + d trains a batch of version 0)."""
+        return self.sync_interval + self.sync_offset - 1
+
     def version(self, step: int) -> int:
         """v(t) = s * max(0, floor((t - d - 1) / s)) for the 1-indexed training step t."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:

@@ -9,6 +9,7 @@ validation stays cheap.
 
 from __future__ import annotations
 
+from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
 from verl_offpolicy.glue.registration import POLICY_LOSSES
 
@@ -201,7 +202,33 @@ def check_scheduler_features(view: ConfigView) -> None:
         )
 
 
+THRESHOLD = "trainer.v1.sampler.max_off_policy_threshold"
+
+
+def check_staleness_threshold(view: ConfigView) -> None:
+    """verl's ``max_off_policy_threshold`` N bounds the versions a trajectory spans (staleness + 1 <= N,
+    ``V1ReplayBuffer``); the schedule's worst staleness is s + d - 1, so a set N must be >= s + d."""
+    if not _uses_scheduler(view):
+        return
+    threshold = view.select(THRESHOLD)
+    if threshold is None:
+        return
+    offpolicy = view.offpolicy
+    schedule = Schedule(offpolicy.sync_interval, offpolicy.sync_offset)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise OffPolicyConfigError(f"{THRESHOLD} must be an integer >= 1 or null, got {threshold!r}")
+    if schedule.worst_staleness + 1 > threshold:
+        raise OffPolicyConfigError(
+            f"algorithm.offpolicy.sync_interval={schedule.sync_interval}, sync_offset={schedule.sync_offset} train "
+            f"batches up to {schedule.worst_staleness} versions old (s + d - 1), spanning {schedule.worst_staleness + 1} "
+            f"versions, but {THRESHOLD}={threshold} allows at most {threshold}: set {THRESHOLD} >= "
+            f"{schedule.capacity} (or null: the schedule alone bounds staleness), or lower sync_interval/sync_offset"
+        )
+
+
 # verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
 ROLLOUT_CORRECTION_RULES = (check_rollout_correction,)
 # The trainer mode: verl's async modes, or the scheduler with its overlapped mode and its features.
-RULES = (check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features)
+RULES = (
+    check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features, check_staleness_threshold,
+)
