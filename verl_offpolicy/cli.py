@@ -92,6 +92,9 @@ def _print_registry(where: str, report: dict) -> list[str]:
         problems.append(f"{where}: {report['problem']}")
     for kind, name, ok in report["names"]:
         print(f"  {'ok ' if ok else 'MISSING'} {kind:14s} {name}")
+    for found in report.get("collisions", []):  # every one is a finding: two packages claim one name
+        print(f"  COLLISION {found['kind']:14s} {found['name']}: {found['message']}")
+        problems.append(f"{where}: {found['message']}")
     return problems
 
 
@@ -269,6 +272,12 @@ def _worker_problem(cfg, timeout: float) -> str | None:
         return f"could not check what the Ray workers will see: {exc}"
     if state["problem"]:
         return f"the Ray workers of this run will not have verl-offpolicy ({', '.join(used)}): {state['problem']}"
+    for found in state.get("collisions", []):
+        if OmegaConf.select(cfg, found["config_key"]) != found["name"]:
+            continue
+        if found["fatal"]:
+            return f"the Ray workers of this run would not run verl-offpolicy's {found['kind']}: {found['message']}"
+        print(f"verl-offpolicy check: warning: {found['message']}", file=sys.stderr)
     return None
 
 

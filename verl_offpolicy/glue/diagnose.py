@@ -68,7 +68,8 @@ def _why_not_loaded() -> str:
 
 
 def plugin_state() -> dict[str, Any]:
-    """After ``import verl`` alone: ``{"problem": str|None, "names": [[kind, name, registered], ...]}``.
+    """After ``import verl`` alone: ``{"problem": str|None, "names": [[kind, name, registered], ...],
+    "collisions": [registration.collisions() entries]}``.
 
     Never registers anything itself: a process that registered on its own (``check``, ``doctor``)
     must not report what its workers will not have.
@@ -99,7 +100,13 @@ def plugin_state() -> dict[str, Any]:
         problem = f"verl-offpolicy failed to register its names: {registration._failure}"
     if problem is None and not all(present for _, _, present in names):
         problem = "some names are missing from verl's registries although registration reported no error"
-    return {"problem": problem, "names": names}
+    found: list[dict] = []
+    if plugin is not None:
+        try:
+            found = registration.collisions()
+        except Exception as exc:  # noqa: BLE001 - reported, with the cause
+            problem = problem or f"checking name collisions raised {type(exc).__name__}: {exc}"
+    return {"problem": problem, "names": names, "collisions": found}
 
 
 def parse_report(output: str) -> dict[str, Any] | None:

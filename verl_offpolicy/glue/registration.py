@@ -34,8 +34,9 @@ EAGER_REGISTRATIONS: tuple[str, ...] = (
 # ``import verl`` (in every Ray worker of every GPU job) imports nothing more than it already does.
 # An entry is a module (registering at import) or "module:function".
 DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
-    # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py).
-    "verl.trainer.ppo.core_algos": algorithms.family_modules(),
+    # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py),
+    # after recording (and clearing) what another package registered earlier under one of our names.
+    "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.registration:take_over_our_names", *algorithms.family_modules()),
     # The scheduler trainer's registered base; it imports its mode classes when it builds one.
     "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
@@ -119,13 +120,94 @@ CPU_CHECKPOINT_MODULE = "verl_offpolicy.cpu.checkpoint_engine"
 AGENT_LOOPS = ("seeded_single_turn_agent",)
 
 
+# ---------------------------------------------------------------------- name collisions
+#
+# verl's register_policy_loss overwrites a name silently (register_adv_est raises on a second function),
+# and verl or another plugin may define one of our names (open upstream PRs add `topr` and `m2po`). The
+# rule: verl-offpolicy's function serves its names. One registered before ours is replaced, with a
+# WARNING, and reported by `doctor`/`check`; one registered after ours (the last import wins in verl)
+# stops a run that selects the name at startup, naming both functions.
+
+OWN_PACKAGE = "verl_offpolicy"
+# Where a config selects an estimator / a loss (the kinds a name collision concerns).
+CONFIG_KEYS = {"adv_estimator": "algorithm.adv_estimator", "policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode"}
+# (kind, name) -> origin of the function that another package had registered before ours replaced it
+_replaced: dict[tuple[str, str], str] = {}
+
+
+def _algorithm_registries() -> dict[str, tuple[dict, tuple[str, ...]]]:
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+
+    return {"adv_estimator": (ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATORS), "policy_loss": (POLICY_LOSS_REGISTRY, POLICY_LOSSES)}
+
+
+def origin(fn: Callable) -> str:
+    """Where a registered function comes from: ``module.qualname``."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def is_ours(fn: Callable) -> bool:
+    module = getattr(fn, "__module__", "") or ""
+    return module == OWN_PACKAGE or module.startswith(OWN_PACKAGE + ".")
+
+
+def take_over_our_names() -> None:
+    """Before our family modules register: remember and remove what another package put under our names
+    (verl's register_adv_est would refuse ours otherwise; register_policy_loss would replace it silently)."""
+    for kind, (registry, names) in _algorithm_registries().items():
+        for name in names:
+            fn = registry.get(name)
+            if fn is not None and not is_ours(fn):
+                _replaced[(kind, name)] = origin(fn)
+                del registry[name]
+                logger.warning(
+                    "verl-offpolicy replaces the %s '%s' registered earlier by %s with its own (see `verl-offpolicy doctor`)",
+                    kind, name, origin(fn),
+                )
+
+
+def collision(kind: str, name: str) -> str | None:
+    """Why ``name`` of ``kind`` in verl's registry is not (only) verl-offpolicy's, or None."""
+    if kind not in ("adv_estimator", "policy_loss"):
+        return None
+    registry, _ = _algorithm_registries()[kind]
+    key = CONFIG_KEYS[kind]
+    fn = registry.get(name)
+    if fn is not None and not is_ours(fn):
+        return (
+            f"{kind} '{name}' in verl's registry is {origin(fn)}, registered after verl-offpolicy's (verl keeps the "
+            f"last one), so {key}={name} would not run verl-offpolicy's; remove or disable the package of "
+            f"{getattr(fn, '__module__', '?')} (VERL_USE_EXTERNAL_PLUGINS lists the plugins verl loads), or rename its {kind}"
+        )
+    if (kind, name) in _replaced:
+        return (
+            f"{kind} '{name}' was registered first by {_replaced[(kind, name)]}; verl-offpolicy's replaced it, so "
+            f"{key}={name} runs verl-offpolicy's (docs/extending.md#name-collisions); to use the other, uninstall "
+            "verl-offpolicy or register it under another name"
+        )
+    return None
+
+
+def collisions() -> list[dict]:
+    """Every collision on our estimator and loss names in this process: ``{"kind", "name", "message",
+    "fatal"}``; fatal when the registry holds the other function (a run selecting the name stops)."""
+    register_all()
+    found = []
+    for kind, (registry, names) in _algorithm_registries().items():
+        for name in names:
+            message = collision(kind, name)
+            if message:
+                found.append({
+                    "kind": kind, "name": name, "config_key": CONFIG_KEYS[kind], "message": message,
+                    "fatal": not is_ours(registry.get(name)),
+                })
+    return found
+
+
 def expected_names() -> list[RegisteredName]:
     """Every name this package registers, with the config key that selects it."""
-    names = [RegisteredName("adv_estimator", n, "algorithm.adv_estimator", _in_adv_registry) for n in ADV_ESTIMATORS]
-    names += [
-        RegisteredName("policy_loss", n, "actor_rollout_ref.actor.policy_loss.loss_mode", _in_loss_registry)
-        for n in POLICY_LOSSES
-    ]
+    names = [RegisteredName("adv_estimator", n, CONFIG_KEYS["adv_estimator"], _in_adv_registry) for n in ADV_ESTIMATORS]
+    names += [RegisteredName("policy_loss", n, CONFIG_KEYS["policy_loss"], _in_loss_registry) for n in POLICY_LOSSES]
     names += [RegisteredName("trainer", n, "trainer.v1.trainer_mode", _in_trainer_registry) for n in TRAINERS]
     names += [RegisteredName("platform", n, "VERL_PLATFORM (environment)", _in_platform_registry) for n in PLATFORMS]
     names += [RegisteredName("rollout", n, "actor_rollout_ref.rollout.name", _in_rollout_registry) for n in ROLLOUTS]
@@ -244,3 +326,5 @@ def require_registration(kind: str, name: str) -> None:
             f"verl-offpolicy's {kind} '{name}' is missing from verl's registry although registration "
             "reported no error; run `verl-offpolicy doctor`."
         )
+    if kind in ("adv_estimator", "policy_loss") and not is_ours(_algorithm_registries()[kind][0][name]):
+        raise RegistrationError(f"verl-offpolicy: {collision(kind, name)}.")  # (one ours replaced only warns)
