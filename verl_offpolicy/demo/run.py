@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, TextIO
 
-from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_inputs, demo_command
+from verl_offpolicy.cpu.registration import FSDP_RUN_SKIPS, SKIP_ENGINES_ENV
+from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_inputs, cpu_engine, demo_command
 from verl_offpolicy.demo.environment import cpu_env, run_files_env
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.launch import run_subprocess, tail
@@ -206,6 +207,8 @@ def _train(
     try:
         env = cpu_env(run.metrics_path, base=run.base_env)
         env.update(run_files_env(run.output_dir, ray_temp_dir, env))
+        if cpu_engine(run.config_name) == "fsdp":  # the driver too skips importing Megatron (its workers: +cpu=demo)
+            env.setdefault(SKIP_ENGINES_ENV, FSDP_RUN_SKIPS)
         returncode, wall, marks = run_subprocess(
             command,
             env=env,
