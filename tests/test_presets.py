@@ -296,6 +296,11 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.clip_mode=sideways"], "allowed values: none, one-side"),
         ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.weight=ppo"], "policy_loss.weight='ppo' is not valid"),
         ("opmd_kimi", ["actor_rollout_ref.actor.policy_loss.regularizer=l2"], "policy_loss.regularizer='l2'"),
+        (
+            "m2po",
+            ["actor_rollout_ref.actor.policy_loss.m2po_token_pool=harmful"],
+            "actor_rollout_ref.actor.policy_loss.m2po_token_pool='harmful' is not valid; allowed values: trust_region, all",
+        ),
         ("opmd", ["algorithm.offpolicy.baseline=median"], "allowed values: mean, logavgexp"),
         ("opmd", ["algorithm.offpolicy.ratio_anchor=old"], "allowed values: behaviour, rollout, proximal"),
         ("opmd", ["algorithm.offpolicy.sync_interval=0"], "sync_interval must be an integer >= 1"),

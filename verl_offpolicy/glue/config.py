@@ -21,6 +21,7 @@ from typing import Any
 from verl.trainer.config import AlgoConfig
 from verl.workers.config import PolicyLossConfig
 
+from verl_offpolicy.core.losses import M2PO_TOKEN_POOLS
 from verl_offpolicy.core.schedule import Schedule, check_schedule
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, require_registration
 
@@ -173,12 +174,15 @@ class OffPolicyLossConfig(PolicyLossConfig):
         clip_mode: ``rec`` token mask: none, one-side, two-side, ring, gspo-one-side.
         weight: ``rec`` token weight: none, importance_sampling (ρ_t), gspo_importance_sampling (ρ̄_i).
         regularizer: ``rec`` regulariser: none, forward-kl (−c·log π), k2 (token-level c·(log π_t − log π_old,t)²,
-            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response, as Kimi k1.5).
+            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response: the
+            length normalisation is OpenKimi's; Kimi k1.5's objective has no 1/|y|).
         regularizer_coef: c ≥ 0.
         ring_clip_ratio_low: ε′_low of ``ring`` (≥ the actor's clip_ratio_low).
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).
         m2po_threshold: ``m2po`` budget τ_M2 > 0 of the second moment mean (log ρ_t)² over the mini-batch
             (default 0.04, the M2PO authors' setting).
+        m2po_token_pool: the tokens ``m2po`` may mask: trust_region (the harmful tokens, (A > 0 ∧ ρ > 1) ∨
+            (A < 0 ∧ ρ < 1), M2PO's Algorithm 1 and the authors' code; default) or all; others are never masked.
     """
 
     tau: float | None = None
@@ -189,6 +193,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
     ring_clip_ratio_low: float = 0.6
     ring_clip_ratio_high: float = 2.0
     m2po_threshold: float = 0.04
+    m2po_token_pool: str = "trust_region"
 
     def __post_init__(self):
         if self.loss_mode in POLICY_LOSSES:
@@ -204,6 +209,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
         check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
         check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
         check_number(f"{LOSS_PREFIX}.m2po_threshold", self.m2po_threshold, positive=True)
+        _check_choice(f"{LOSS_PREFIX}.m2po_token_pool", self.m2po_token_pool, M2PO_TOKEN_POOLS)
 
 
     @property
