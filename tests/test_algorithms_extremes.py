@@ -230,7 +230,7 @@ def _column(values, dtype):
 #   pmd_partition: −sτ·log mean_{j≠i} exp((sr_j − sr_i)/(sτ)) = s·A(r; τ)
 #   asymre: sr − (s·r̄ + s·shift); red_weight: s·d·exp(min(sd/(sT), 20)) = s·A(r; T)
 #   red_drop: r ≥ r̄ ⇔ sr ≥ s·r̄, the same drop, kept means scale; agro: sD − (s²D² − s²c)/(2sβ) = s·A;
-#   pairwise_opmd: linear in the (already regularised) rewards at fixed τ
+#   pairwise_opmd: linear in the (already regularised) rewards at fixed τ; topr raw: sr − sc = s·(r − c)
 ESTIMATOR_CASES = {
     "opmd mean": ("opmd", {"baseline": "mean"}, ()),
     "opmd logavgexp": ("opmd", {"baseline": "logavgexp", "tau": 1.0}, ("tau",)),
@@ -242,6 +242,7 @@ ESTIMATOR_CASES = {
     "agro on-policy": ("agro", {"beta": 0.5, "on_policy": True}, ("beta",)),
     # pairwise_opmd: 2Kτ(sa − s·ā)/(1+τ)² = s·A(a; τ), τ fixed (the KL term is already inside the reward)
     "pairwise_opmd": ("pairwise_opmd", {"tau": 1.0}, ()),
+    "topr raw": ("topr", {"topr_reward": "raw", "topr_baseline": 0.5}, ("topr_baseline",)),
 }
 
 

@@ -257,3 +257,28 @@ def test_pairwise_opmd_from_fixed_reference_data_converges_to_the_regularised_op
     # π* ∝ π_ref·exp(r/τ) (verl_offpolicy.tabular.regularised_run)
     theta, _ = regularised_run("pairwise_opmd", tau, steps=3000, lr=lr)
     assert _kl(torch.softmax(theta, 0), regularised_optimum(tau)) < 1e-8
+
+
+@pytest.mark.parametrize(
+    "tau, ref_counts, lr, p_star",
+    [
+        # the pairwise_opmd preset's τ = 0.1, a hard prompt: π_ref(correct) = p = 0.01 (99 wrong, 1 correct sample).
+        # π* ∝ π_ref·exp(r/τ) with r = [0, 1]: p* = p·e^{1/τ}/(p·e^{1/τ} + 1 − p) = 0.01·e^10/(0.01·e^10 + 0.99)
+        # = 220.2647/221.2647 = 0.995526
+        (0.1, [99, 1], 4.0, 0.01 * math.exp(10) / (0.01 * math.exp(10) + 0.99)),
+        # τ = 1 (the report's §3 step size, the preset's former τ): p = 0.3 → 0.3·e/(0.3·e + 0.7) = 0.8155/1.5155 = 0.538
+        (1.0, [7, 3], 0.5, 0.3 * math.e / (0.3 * math.e + 0.7)),
+    ],
+)
+def test_pairwise_opmd_fixed_point_lifts_a_prompts_success_rate_as_derived(tau, ref_counts, lr, p_star):
+    # one prompt, arms [wrong (r = 0), correct (r = 1)], data from π_ref only, registered estimator and loss
+    # (verl_offpolicy.tabular.regularised_run): the fixed point's success rate is the hand-derived p*
+    theta, grad = regularised_run(
+        "pairwise_opmd", tau, steps=2000, lr=lr, rewards=torch.tensor([0.0, 1.0], dtype=F64), ref_counts=torch.tensor(ref_counts)
+    )
+    assert float(torch.softmax(theta, 0)[1]) == pytest.approx(p_star, abs=1e-9)
+    assert float(grad.abs().max()) < 1e-12
+    if tau == 0.1:
+        assert p_star == pytest.approx(0.995526, abs=1e-6)
+    else:
+        assert p_star == pytest.approx(0.538102, abs=1e-6)

@@ -131,7 +131,8 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
 def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: float) -> Tensor:
     """``k2_seq``: c·Δ_i²/|y_i| per response, Δ_i = Σ_t m·(log π_t − log π_old,t), spread as c·Δ_i²/|y_i|² per token.
 
-    The Kimi k1.5 paper's sequence-level squared log-ratio. A response's token sum is c·Δ_i²/|y_i|,
+    The sequence-level squared log-ratio with OpenKimi's length normalisation 1/|y_i| (Kimi k1.5's objective
+    has (τ/2)·Δ_i², no 1/|y_i|). A response's token sum is c·Δ_i²/|y_i|,
     so with equal per-token log-ratios it equals the token-level ``k2`` sum Σ_t c·(log π_t − log π_old,t)²
     under every aggregation. ∂/∂log π_t = 2c·Δ_i/|y_i| on each of the response's tokens (token sum).
     """

@@ -21,6 +21,7 @@ from typing import Any
 from verl.trainer.config import AlgoConfig
 from verl.workers.config import PolicyLossConfig
 
+from verl_offpolicy.core.advantages import TOPR_REWARDS
 from verl_offpolicy.core.losses import M2PO_TOKEN_POOLS
 from verl_offpolicy.core.schedule import Schedule, check_schedule
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, require_registration
@@ -75,6 +76,8 @@ class OffPolicyConfig:
         ratio_anchor: what ``old_log_prob`` means in the loss: ``behaviour``, ``rollout`` or ``proximal``.
         partition_clamp: ``pmd_partition`` floor c ∈ (0, 1) of the leave-one-out partition term,
             A_i = −τ·max(log((1/(K−1))·Σ_{j≠i} exp((r_j − r_i)/τ)), log c) (OpenKimi: 1e-8); null = exact.
+        topr_baseline: ``topr`` scalar baseline c (A_i = R_i − c; TOPR's default 0).
+        topr_reward: ``topr`` reward R_i: signed (2r_i − 1, 0/1 rewards as TOPR's ±1) or raw (r_i).
     """
 
     tau: float | None = None
@@ -88,6 +91,8 @@ class OffPolicyConfig:
     sync_offset: int = 0
     ratio_anchor: str = "proximal"
     partition_clamp: float | None = None
+    topr_baseline: float = 0.0
+    topr_reward: str = "signed"
 
     def __post_init__(self):
         if self.tau is not None:
@@ -101,6 +106,8 @@ class OffPolicyConfig:
         if not isinstance(self.on_policy, bool):
             raise ValueError(f"{ALGO_PREFIX}.on_policy must be true or false, got {self.on_policy!r}")
         check_schedule(self.sync_interval, self.sync_offset)
+        check_number(f"{ALGO_PREFIX}.topr_baseline", self.topr_baseline)
+        _check_choice(f"{ALGO_PREFIX}.topr_reward", self.topr_reward, TOPR_REWARDS)
         _check_choice(f"{ALGO_PREFIX}.ratio_anchor", self.ratio_anchor, RATIO_ANCHORS)
         clamp = self.partition_clamp
         if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, int | float) or not 0 < clamp < 1):
