@@ -61,13 +61,16 @@ def offpolicy_loss_updates(workdir: str, cases: list[dict[str, Any]], lr: float 
     return report
 
 
-# Extra shifts log π − log π_old of the m2po batch (8 responses × 3 tokens, micro-batches of 2 responses):
-# every token 0.05 ((log ρ)² = 0.0025) except, all in the first micro-batch, a moderate token 0.5 (0.25) and
-# three extreme ones 1, 1.5, −2 (1, 2.25, 4). Over the mini-batch: 20 × 0.0025 + 0.25 → mean 0.0143 ≤ 0.04,
-# adding the 1 → 0.0591 > 0.04, so exactly the three extremes go. Within the first micro-batch alone
-# (2 × 0.0025 + 0.25 → mean 0.085 > 0.04) the moderate token would go too.
-M2PO_SHIFTS = [[0.05, 0.05, 0.5], [1.0, 1.5, -2.0]] + [[0.05, 0.05, 0.05]] * 6
-M2PO_EXTREME_TOKENS = 3
+# Extra shifts log π − log π_old of the m2po batch (8 responses × 3 tokens, advantages +1, −1, +1, ...,
+# micro-batches of 2 responses). Harmful tokens (M2PO's trust-region pool): ρ > 1 with A = +1, ρ < 1 with
+# A = −1. Every token has (log ρ)² = 0.0025 (+0.05 on A = +1 rows, −0.05 on A = −1 rows, all harmful) except,
+# all in the first micro-batch, row 0's moderate 0.5 (0.25, harmful) and row 1's 2.5, −1, −1.5: the 2.5
+# (6.25, the largest; A = −1 with ρ > 1) is outside the pool, the −1 (1) and −1.5 (2.25) are in it.
+# Over the mini-batch's pool: 20 × 0.0025 + 0.25 → mean 0.0143 ≤ 0.04, adding the 1 → 0.0591 > 0.04, so
+# exactly the −1 and −1.5 go (2 of 24); the 2.5 stays. Within the first micro-batch alone (pool 2 × 0.0025,
+# 0.25, 1, 2.25: 2 × 0.0025 + 0.25 → mean 0.085 > 0.04) the moderate token would go too (3 of 24).
+M2PO_SHIFTS = [[0.05, 0.05, 0.5], [2.5, -1.0, -1.5]] + [[0.05, 0.05, 0.05], [-0.05, -0.05, -0.05]] * 3
+M2PO_MASKED_TOKENS = 2
 
 
 def m2po_micro_batch_updates(workdir: str, micro_batch_sizes: list[int], lr: float = 1e-2) -> dict[str, Any]:

@@ -110,6 +110,43 @@ def test_agro_off_and_on_policy():
     torch.testing.assert_close(on2, torch.tensor([-6.0, -2.0, 4.0], dtype=F64))
 
 
+def test_topr_raw_reward_advantage_of_all_correct_and_all_wrong_groups():
+    # TOPR (arXiv 2503.14286): A_i = R_i − c, R_i = 2r_i − 1, c one scalar (no group statistic).
+    # All-correct group r = [1, 1, 1] → R = [1, 1, 1], c = 0 → A = [1, 1, 1] (a group mean would give 0);
+    # all-wrong group r = [0, 0] → R = [−1, −1] → A = [−1, −1] (group mean: 0); mixed group r = [1, 0] → [1, −1];
+    # a singleton r = 1 → 1.
+    rewards, uids = [1, 1, 1, 0, 0, 1, 0, 1], ["a", "a", "a", "b", "b", "c", "c", "d"]
+    a = run("topr", rewards, uids)
+    torch.testing.assert_close(a, torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0], dtype=F64))
+    # c = 0.5: R − c = [0.5, 0.5, 0.5, −1.5, −1.5, 0.5, −1.5, 0.5]
+    a = run("topr", rewards, uids, topr_baseline=0.5)
+    torch.testing.assert_close(a, torch.tensor([0.5, 0.5, 0.5, -1.5, -1.5, 0.5, -1.5, 0.5], dtype=F64))
+    # raw rewards r = [0.3, 2] with c = −1: A = r − c = [1.3, 3]
+    a = run("topr", [0.3, 2.0], ["a", "a"], topr_baseline=-1.0, topr_reward="raw")
+    torch.testing.assert_close(a, torch.tensor([1.3, 3.0], dtype=F64))
+
+
+def test_topr_all_wrong_group_is_pushed_down_with_the_tapered_weight():
+    # All-wrong group (r = 0 → A = −1) through the registered topr estimator and loss: sequence 0 has
+    # Δ = log π/μ = −0.5 − 0.5 = −1 → w = e^−1; sequence 1 has Δ = +0.2 → w = min(1, e^0.2) = 1.
+    # token-sum: ∂ℓ/∂log π_t = −w_i·A_i = w_i, so [[e^−1, e^−1], [1, 1]]; with the group-mean variant A = 0,
+    # so the gradient would be 0.
+    from tests.loss_helpers import call
+    from verl_offpolicy.tabular import actor
+
+    rewards = torch.tensor([[0.0, 0.0], [0.0, 0.0]], dtype=F64)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    advantages, _ = get_adv_estimator_fn("topr")(
+        token_level_rewards=rewards, response_mask=mask.to(F64), index=np.array(["g", "g"], dtype=object),
+        config=OmegaConf.create({"adv_estimator": "topr", "offpolicy": {}}),
+    )
+    old = torch.full((2, 2), -1.0, dtype=F64)
+    log_prob = old + torch.tensor([[-0.5, -0.5], [0.1, 0.1]], dtype=F64)
+    _, grad, _ = call(actor("topr"), old, log_prob, advantages, mask, "token-sum")
+    w = math.exp(-1.0)
+    torch.testing.assert_close(grad, torch.tensor([[w, w], [1.0, 1.0]], dtype=F64))
+
+
 def test_agro_reads_kl_in_reward_from_verl_kl_penalty():
     # token rewards as verl builds them (use_kl_in_reward, kl_penalty=kl): r_t − β·(log π − log π_ref)
     beta = 0.1

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.workers.utils.losses import ppo_loss
-from verl_offpolicy.core.losses import m2po_threshold, token_log_ratio
+from verl_offpolicy.core.losses import m2po_mask, token_log_ratio
 from verl_offpolicy.glue.config import CLIP_MODES, REGULARIZERS, WEIGHTS
 from verl_offpolicy.glue.algorithms.m2po import mini_batch_scope
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
@@ -167,9 +167,9 @@ def test_every_loss_is_finite_for_extreme_log_probs(name, dtype):
     for (batch_name, (old, log_prob, adv, mask)), agg in itertools.product(_extreme_batches(dtype).items(), AGG_MODES):
         for global_info in ([{}] if mask.any() else []) + [_global_info(mask)]:
             config.global_batch_info.update(global_info)
-            # m2po inside a larger mini-batch reads the cut of the engine's pre-pass (here: of this batch)
-            values = token_log_ratio(log_prob, old, mask)[mask].square()
-            scope = mini_batch_scope(config, m2po_threshold(values, 0.04)) if global_info else contextlib.nullcontext()
+            # m2po inside a larger mini-batch reads the mask of the engine's pre-pass (here: of this batch)
+            keep = m2po_mask(token_log_ratio(log_prob, old, mask), adv, mask, 0.04, "trust_region")
+            scope = mini_batch_scope(config, [keep]) if global_info else contextlib.nullcontext()
             try:
                 with scope:
                     loss, grad, metrics = call(config, old, log_prob, adv, mask, agg)
@@ -230,7 +230,7 @@ def _column(values, dtype):
 #   pmd_partition: −sτ·log mean_{j≠i} exp((sr_j − sr_i)/(sτ)) = s·A(r; τ)
 #   asymre: sr − (s·r̄ + s·shift); red_weight: s·d·exp(min(sd/(sT), 20)) = s·A(r; T)
 #   red_drop: r ≥ r̄ ⇔ sr ≥ s·r̄, the same drop, kept means scale; agro: sD − (s²D² − s²c)/(2sβ) = s·A;
-#   pairwise_opmd: linear in the (already regularised) rewards at fixed τ
+#   pairwise_opmd: linear in the (already regularised) rewards at fixed τ; topr raw: sr − sc = s·(r − c)
 ESTIMATOR_CASES = {
     "opmd mean": ("opmd", {"baseline": "mean"}, ()),
     "opmd logavgexp": ("opmd", {"baseline": "logavgexp", "tau": 1.0}, ("tau",)),
@@ -242,6 +242,7 @@ ESTIMATOR_CASES = {
     "agro on-policy": ("agro", {"beta": 0.5, "on_policy": True}, ("beta",)),
     # pairwise_opmd: 2Kτ(sa − s·ā)/(1+τ)² = s·A(a; τ), τ fixed (the KL term is already inside the reward)
     "pairwise_opmd": ("pairwise_opmd", {"tau": 1.0}, ()),
+    "topr raw": ("topr", {"topr_reward": "raw", "topr_baseline": 0.5}, ("topr_baseline",)),
 }
 
 

@@ -318,15 +318,15 @@ def test_topr_sequence_ratio_is_the_unnormalised_product():
 # ---------------------------------------------------------------- m2po (Zheng, Zhao, Chen, arXiv 2510.01161)
 
 
-def test_m2po_masks_the_largest_squared_log_ratios_until_the_mean_fits():
-    # log ρ = [0.1, −0.1, 0.05, 1, −2] → (log ρ)² = [0.01, 0.01, 0.0025, 1, 4], mean 1.0045 > 0.04.
+def test_m2po_all_pool_masks_the_largest_squared_log_ratios_until_the_mean_fits():
+    # pool "all": log ρ = [0.1, −0.1, 0.05, 1, −2] → (log ρ)² = [0.01, 0.01, 0.0025, 1, 4], mean 1.0045 > 0.04.
     # ascending 0.0025, 0.01, 0.01, 1, 4: prefix means 0.0025, 0.00625, 0.0075, 0.2556, 1.0045 → keep 3,
     # drop the 1 and the 4. Kept: ∂ℓ/∂log π_t = −ρ_t·A (token-sum, A = 1), ρ = e^{log ρ}; dropped: 0.
     old = torch.zeros(1, 5, dtype=F64)
     log_ratio = torch.tensor([[0.1, -0.1, 0.05, 1.0, -2.0]], dtype=F64)
     mask = torch.ones(1, 5, dtype=torch.bool)
     adv = torch.ones(1, 5, dtype=F64)
-    loss, grad, metrics = call(actor("m2po"), old, old + log_ratio, adv, mask, "token-sum")
+    loss, grad, metrics = call(actor("m2po", m2po_token_pool="all"), old, old + log_ratio, adv, mask, "token-sum")
     expected = torch.tensor([[-math.exp(0.1), -math.exp(-0.1), -math.exp(0.05), 0.0, 0.0]], dtype=F64)
     torch.testing.assert_close(grad, expected)
     torch.testing.assert_close(loss, torch.tensor(-(math.exp(0.1) * 0.1 - math.exp(-0.1) * 0.1 + math.exp(0.05) * 0.05), dtype=F64))
@@ -334,32 +334,111 @@ def test_m2po_masks_the_largest_squared_log_ratios_until_the_mean_fits():
     assert metrics["actor/pg_clipfrac_upper"] == pytest.approx(0.2)  # ρ = e dropped above, e^−2 below
 
 
-def test_m2po_keeps_everything_within_the_budget_and_drops_ties_together():
-    # mean (log ρ)² = (0.01 + 0.04 + 0.0225)/3 = 0.0242 ≤ 0.04: nothing masked, plain IS-weighted REINFORCE
+# Two responses, the pools differ: row 0 has A = +1 and log ρ = [0.1, 0.05, 1] (ρ > 1: every token harmful);
+# row 1 has A = −1 and log ρ = [3, −0.2, −0.1]: the 3 (ρ = e³ > 1 with A < 0, its gradient pulls ρ back to 1)
+# is not harmful and has the largest (log ρ)² = 9 of the batch; −0.2 and −0.1 (ρ < 1 with A < 0) are.
+M2PO_POOLS_LOG_RATIO = [[0.1, 0.05, 1.0], [3.0, -0.2, -0.1]]
+
+
+@pytest.mark.parametrize(
+    "pool, dropped",
+    [
+        # trust_region: pool values (row-major) 0.01, 0.0025, 1, 0.04, 0.01, mean 0.2125 > 0.04; ascending
+        # 0.0025, 0.01, 0.01, 0.04, 1 with prefix means 0.0025, 0.00625, 0.0075, 0.015625, 0.2125 → keep 4,
+        # drop the 1 (row 0, token 2). The 9 is outside the pool: kept, with its full weight ρ = e³.
+        ("trust_region", [(0, 2)]),
+        # all: values 0.01, 0.0025, 1, 9, 0.04, 0.01; prefix means of 0.0025, 0.01, 0.01, 0.04, 1, 9 are
+        # 0.0025, 0.00625, 0.0075, 0.015625, 0.2125, 1.677 → keep 4, drop the 1 and the 9.
+        ("all", [(0, 2), (1, 0)]),
+    ],
+)
+def test_m2po_token_pool_never_masks_tokens_outside_it(pool, dropped):
+    # token-sum: kept tokens have ∂ℓ/∂log π_t = −ρ_t·A_i: row 0 −e^{log ρ}, row 1 +e^{log ρ}; dropped ones 0
+    log_ratio = torch.tensor(M2PO_POOLS_LOG_RATIO, dtype=F64)
+    old = torch.full((2, 3), -1.0, dtype=F64)
+    adv = torch.tensor([[1.0], [-1.0]], dtype=F64).expand(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    _, grad, metrics = call(actor("m2po", m2po_token_pool=pool), old, old + log_ratio, adv, mask, "token-sum")
+    expected = -torch.exp(log_ratio) * adv
+    for row, token in dropped:
+        expected[row, token] = 0.0
+    torch.testing.assert_close(grad, expected)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(len(dropped) / 6)
+
+
+def test_m2po_default_pool_is_the_trust_region():
+    assert actor("m2po").policy_loss.m2po_token_pool == "trust_region"
+
+
+def test_m2po_keeps_everything_within_the_budget_and_removes_ties_one_at_a_time():
+    # A = −1, ρ < 1 (all harmful): mean (log ρ)² = (0.01 + 0.04 + 0.0225)/3 = 0.0242 ≤ 0.04: nothing masked,
+    # plain IS-weighted REINFORCE
     old = torch.zeros(1, 3, dtype=F64)
-    within = torch.tensor([[0.1, -0.2, 0.15]], dtype=F64)
+    within = torch.tensor([[-0.1, -0.2, -0.15]], dtype=F64)
     mask = torch.ones(1, 3, dtype=torch.bool)
     _, grad, metrics = call(actor("m2po"), old, old + within, -torch.ones(1, 3, dtype=F64), mask, "token-sum")
     torch.testing.assert_close(grad, torch.exp(within))
     assert metrics["actor/pg_clipfrac"] == 0.0
-    # (log ρ)² = [0.01, 0.09, 0.09]: prefix means 0.01, 0.05 → the first 0.09 goes, and its tie with it
-    # (kept mean 0.01 ≤ 0.04); with a budget of 0.3 nothing goes (mean 0.0633)
-    ties = torch.tensor([[0.1, 0.3, -0.3]], dtype=F64)
+    # A = +1, log ρ = [0.1, 0.3, 0.1, 0.3, 0.1] (all harmful): (log ρ)² = 0.01, 0.09, 0.01, 0.09, 0.01, mean
+    # 0.21/5 = 0.042 > 0.04. Algorithm 1 removes the largest, one at a time: removing one 0.09 leaves
+    # 0.12/4 = 0.03 ≤ 0.04, so the other 0.09 stays (removing ties together would drop both). Of the two, the
+    # later token (index 3) goes first.
+    ties = torch.tensor([[0.1, 0.3, 0.1, 0.3, 0.1]], dtype=F64)
+    mask5 = torch.ones(1, 5, dtype=torch.bool)
+    _, grad, metrics = call(actor("m2po"), torch.zeros(1, 5, dtype=F64), ties, torch.ones(1, 5, dtype=F64), mask5, "token-sum")
+    torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.1), -math.exp(0.3), -math.exp(0.1), 0.0, -math.exp(0.1)]], dtype=F64))
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(0.2)
+    # a tie that must go whole: log ρ = [0.1, 0.3, 0.3], (log ρ)² = 0.01, 0.09, 0.09; prefix means 0.01, 0.05,
+    # 0.0633 → only the 0.01 fits, both 0.09 go; with a budget of 0.3 nothing goes (mean 0.0633)
+    ties = torch.tensor([[0.1, 0.3, 0.3]], dtype=F64)
     _, grad, _ = call(actor("m2po"), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum")
     torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.1), 0.0, 0.0]], dtype=F64))
     _, grad, _ = call(actor("m2po", m2po_threshold=0.3), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum")
     torch.testing.assert_close(grad, -torch.exp(ties))
 
 
-def test_m2po_cut_is_the_midpoint_between_the_last_kept_and_the_first_dropped_value():
-    from verl_offpolicy.core.losses import m2po_threshold
+def test_m2po_keep_is_algorithm_1_on_the_values():
+    from verl_offpolicy.core.losses import m2po_keep
 
-    # values 0.0025, 0.01, 0.01, 1, 4 → last kept 0.01, first dropped 1: θ* = 0.505
-    assert m2po_threshold(torch.tensor([1.0, 0.01, 4.0, 0.0025, 0.01]), 0.04) == pytest.approx(0.505)
-    assert m2po_threshold(torch.tensor([0.01, 0.02]), 0.04) == math.inf
-    assert m2po_threshold(torch.zeros(0), 0.04) == math.inf
-    # every value above the budget: everything is dropped (θ* = half the smallest value)
-    assert m2po_threshold(torch.tensor([0.5, 0.7]), 0.04) == pytest.approx(0.25)
+    # values 1, 0.01, 4, 0.0025, 0.01 → ascending 0.0025, 0.01, 0.01, 1, 4, prefix means 0.0025, 0.00625,
+    # 0.0075, 0.2556: keep the three small ones
+    assert m2po_keep(torch.tensor([1.0, 0.01, 4.0, 0.0025, 0.01]), 0.04).tolist() == [False, True, False, True, True]
+    assert m2po_keep(torch.tensor([0.01, 0.02]), 0.04).tolist() == [True, True]
+    assert m2po_keep(torch.zeros(0), 0.04).tolist() == []
+    # every value above the budget: everything is removed
+    assert m2po_keep(torch.tensor([0.5, 0.7]), 0.04).tolist() == [False, False]
+    # ties at the cut: [0.09, 0.01, 0.09, 0.01, 0.01] has mean 0.042; one 0.09 goes, the later one
+    assert m2po_keep(torch.tensor([0.09, 0.01, 0.09, 0.01, 0.01]), 0.04).tolist() == [True, True, False, True, True]
+
+
+@pytest.mark.parametrize("pool", ["trust_region", "all"])
+def test_m2po_pre_pass_masks_are_the_same_for_one_or_four_micro_batches(pool):
+    # The engine pre-pass's step (glue/algorithms/m2po.py micro_batch_masks) on the batch of
+    # tests.scenario_losses.M2PO_SHIFTS (8 responses × 3 tokens, A = +1, −1, ...), as 1 micro-batch of 8 or
+    # 4 of 2 responses; plus a tie across micro-batches: rows 4 and 6 (A = +1) carry log ρ 0.3 on token 1.
+    # trust_region: pool = every token but the 2.5 of row 1 (A = −1, ρ > 1). Values: 18 × 0.0025, 2 × 0.09,
+    # 0.25, 1, 2.25 (23). Prefix means: 18 × 0.0025 → 0.0025; + 0.09 → 0.135/19 = 0.0071; + 0.09 → 0.225/20 =
+    # 0.01125; + 0.25 → 0.475/21 = 0.0226; + 1 → 1.475/22 = 0.067 > 0.04: keep 21, remove the 1 and the 2.25.
+    # all: + 6.25 (24 values), the same prefix → remove the 1, 2.25 and 6.25. Removing ties: none at the cut
+    # here, so also check a budget that cuts inside the tie: τ = 0.0071 keeps the 18 small values and one
+    # 0.09 (0.135/19 = 0.00711 ≤ 0.0072 < 0.225/20): row 4's (earlier in the mini-batch) stays, row 6's goes.
+    from tests.scenario_losses import M2PO_SHIFTS
+    from verl_offpolicy.glue.algorithms.m2po import micro_batch_masks
+
+    log_ratio = torch.tensor(M2PO_SHIFTS, dtype=F64)
+    log_ratio[4, 1] = log_ratio[6, 1] = 0.3
+    adv = torch.tensor([[1.0], [-1.0]] * 4, dtype=F64).expand(8, 3)
+    mask = torch.ones(8, 3, dtype=torch.bool)
+    expected = {
+        0.04: {(1, 1), (1, 2)} | ({(1, 0)} if pool == "all" else set()),
+        0.0072: {(0, 2), (1, 1), (1, 2), (6, 1)} | ({(1, 0)} if pool == "all" else set()),
+    }
+    for budget, removed in expected.items():
+        whole = micro_batch_masks([(log_ratio, adv, mask)], budget, pool)
+        split = micro_batch_masks([(log_ratio[i : i + 2], adv[i : i + 2], mask[i : i + 2]) for i in range(0, 8, 2)], budget, pool)
+        assert len(whole) == 1 and len(split) == 4
+        torch.testing.assert_close(torch.cat(split), whole[0])
+        assert {tuple(index) for index in (~whole[0]).nonzero().tolist()} == removed, (budget, pool)
 
 
 def test_m2po_micro_batch_without_the_pre_pass_is_an_error():

@@ -227,11 +227,14 @@ def test_topr_on_fixed_stale_data_does_not_collapse_to_a_deterministic_wrong_arm
         assert pi[2] > 0.99 and pi[3] < 0.01, pi
 
 
-def test_m2po_drops_exactly_the_extreme_tokens_and_fits_the_second_moment():
-    # 40 tokens with |log ρ| ≤ 0.1 ((log ρ)² ≤ 0.01) and 3 extremes log ρ = 2, −3, 2.5 ((log ρ)² = 4, 9, 6.25):
-    # mean over all = (≤ 0.4 + 19.25)/43 > 0.04; the 40 small ones have mean ≤ 0.01, and adding the smallest
-    # extreme gives ≥ 4/41 > 0.04, so exactly the 3 extremes are masked (zero gradient), every other token keeps
-    # −ρ_t·A (non-zero), and the kept tokens' second moment is ≤ 0.04 (through the registered loss).
+@pytest.mark.parametrize("pool, masked", [("trust_region", [5, 38]), ("all", [5, 17, 38])])
+def test_m2po_drops_exactly_the_extreme_pool_tokens_and_fits_the_second_moment(pool, masked):
+    # 40 tokens with |log ρ| ≤ 0.1 ((log ρ)² ≤ 0.01) and 3 extremes log ρ = 2, −3, 2.5 ((log ρ)² = 4, 9, 6.25), A = +1.
+    # Pool: trust_region = the tokens with ρ > 1 (harmful for A > 0): the small positive ones, 2 and 2.5; the −3
+    # (ρ < 1, its gradient pulls ρ back up) is outside it. all = every token. In either pool the small ones have
+    # mean ≤ 0.01 and adding the smallest extreme of the pool gives ≥ 4/41 > 0.04, so exactly the pool's
+    # extremes are masked (zero gradient), every other token keeps −ρ_t·A (non-zero), and the kept pool
+    # tokens' second moment is ≤ 0.04 (through the registered loss).
     g = torch.Generator().manual_seed(0)
     log_ratio = (torch.rand(1, 43, generator=g, dtype=F64) * 0.2 - 0.1)
     extreme = torch.tensor([5, 17, 38])
@@ -239,15 +242,16 @@ def test_m2po_drops_exactly_the_extreme_tokens_and_fits_the_second_moment():
     old = -torch.rand(1, 43, generator=g, dtype=F64) - 1.0
     mask = torch.ones(1, 43, dtype=torch.bool)
     adv = torch.ones(1, 43, dtype=F64)
-    config = actor("m2po")
+    config = actor("m2po", m2po_token_pool=pool)
     log_prob = (old + log_ratio).requires_grad_(True)
     loss, _ = get_policy_loss_fn("m2po")(old, log_prob, adv, mask, "token-sum", config)
     (grad,) = torch.autograd.grad(loss, log_prob)
     dropped = grad[0] == 0
-    assert dropped.nonzero().flatten().tolist() == extreme.tolist()
+    assert dropped.nonzero().flatten().tolist() == masked
     torch.testing.assert_close(grad[0, ~dropped], -torch.exp(log_ratio[0, ~dropped]))
-    assert float(log_ratio[0, ~dropped].square().mean()) <= config.policy_loss.m2po_threshold
-    assert float(log_ratio.square().mean()) > config.policy_loss.m2po_threshold
+    in_pool = log_ratio[0] > 0 if pool == "trust_region" else torch.ones(43, dtype=torch.bool)
+    assert float(log_ratio[0, in_pool & ~dropped].square().mean()) <= config.policy_loss.m2po_threshold
+    assert float(log_ratio[0, in_pool].square().mean()) > config.policy_loss.m2po_threshold
 
 
 @pytest.mark.parametrize("tau, lr", [(0.1, 20.0), (1.0, 0.1)])  # the curvature grows like 2Kτ²/(1+τ)²
@@ -257,3 +261,28 @@ def test_pairwise_opmd_from_fixed_reference_data_converges_to_the_regularised_op
     # π* ∝ π_ref·exp(r/τ) (verl_offpolicy.tabular.regularised_run)
     theta, _ = regularised_run("pairwise_opmd", tau, steps=3000, lr=lr)
     assert _kl(torch.softmax(theta, 0), regularised_optimum(tau)) < 1e-8
+
+
+@pytest.mark.parametrize(
+    "tau, ref_counts, lr, p_star",
+    [
+        # the pairwise_opmd preset's τ = 0.1, a hard prompt: π_ref(correct) = p = 0.01 (99 wrong, 1 correct sample).
+        # π* ∝ π_ref·exp(r/τ) with r = [0, 1]: p* = p·e^{1/τ}/(p·e^{1/τ} + 1 − p) = 0.01·e^10/(0.01·e^10 + 0.99)
+        # = 220.2647/221.2647 = 0.995526
+        (0.1, [99, 1], 4.0, 0.01 * math.exp(10) / (0.01 * math.exp(10) + 0.99)),
+        # τ = 1 (the report's §3 step size, the preset's former τ): p = 0.3 → 0.3·e/(0.3·e + 0.7) = 0.8155/1.5155 = 0.538
+        (1.0, [7, 3], 0.5, 0.3 * math.e / (0.3 * math.e + 0.7)),
+    ],
+)
+def test_pairwise_opmd_fixed_point_lifts_a_prompts_success_rate_as_derived(tau, ref_counts, lr, p_star):
+    # one prompt, arms [wrong (r = 0), correct (r = 1)], data from π_ref only, registered estimator and loss
+    # (verl_offpolicy.tabular.regularised_run): the fixed point's success rate is the hand-derived p*
+    theta, grad = regularised_run(
+        "pairwise_opmd", tau, steps=2000, lr=lr, rewards=torch.tensor([0.0, 1.0], dtype=F64), ref_counts=torch.tensor(ref_counts)
+    )
+    assert float(torch.softmax(theta, 0)[1]) == pytest.approx(p_star, abs=1e-9)
+    assert float(grad.abs().max()) < 1e-12
+    if tau == 0.1:
+        assert p_star == pytest.approx(0.995526, abs=1e-6)
+    else:
+        assert p_star == pytest.approx(0.538102, abs=1e-6)

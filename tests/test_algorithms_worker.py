@@ -80,18 +80,19 @@ def test_each_loss_moves_a_real_fsdp2_actor_in_the_direction_of_the_advantage(tm
 def test_m2po_mask_is_the_same_for_one_or_four_micro_batches_on_a_real_fsdp2_actor(tmp_path):
     """M2PO's mask is chosen over the whole mini-batch (the engine pre-pass of glue/algorithms/m2po.py).
 
-    Batch of tests.scenario_losses.M2PO_SHIFTS: over the mini-batch exactly the 3 extreme tokens of 24 go
-    (pg_clipfrac 3/24 = 0.125, the mean of the micro-batches' 3/6, 0, 0, 0); a mask chosen per micro-batch
-    would also drop the moderate token (4/6 in the first micro-batch: 0.1667). The updated weights agree.
-    Break-checked: with the cut taken from the first micro-batch only, the 4-micro-batch clipfrac is 0.1667.
+    Batch of tests.scenario_losses.M2PO_SHIFTS, default (trust-region) pool: over the mini-batch exactly the
+    2 harmful extreme tokens of 24 go (pg_clipfrac 2/24, the mean of the micro-batches' 2/6, 0, 0, 0), and the
+    non-harmful token with the largest (log ρ)² stays; a mask chosen per micro-batch would also drop the
+    moderate token (3/6 in the first micro-batch: 0.125), the pool "all" would drop the non-harmful one too
+    (3/24). The updated weights agree.
     """
-    from tests.scenario_losses import M2PO_EXTREME_TOKENS
+    from tests.scenario_losses import M2PO_MASKED_TOKENS
 
     report = isolated("tests.scenario_losses:m2po_micro_batch_updates", timeout=900, workdir=str(tmp_path), micro_batch_sizes=[8, 2])
     one, four = report["8"], report["2"]
     assert one["max_abs_change"] > 1e-4
     for r in (one, four):
-        assert r["metrics"]["actor/pg_clipfrac"] == pytest.approx(M2PO_EXTREME_TOKENS / 24, abs=1e-6), r
+        assert r["metrics"]["actor/pg_clipfrac"] == pytest.approx(M2PO_MASKED_TOKENS / 24, abs=1e-6), r
     # Adam's first step moves every weight by about lr·sign(g), so float-accumulation differences of the
     # 4 micro-batch sums show only on weights with a near-zero gradient: measured 1.6e-5 against a 1e-2 move
     assert four["max_abs_diff_from_first"] < 1e-2 * one["max_abs_change"], (one, four)

@@ -16,7 +16,7 @@ import torch
 
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl_offpolicy.core import advantages as core_adv
-from verl_offpolicy.core.losses import m2po_threshold, token_log_ratio
+from verl_offpolicy.core.losses import m2po_keep, token_log_ratio
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
 from verl_offpolicy.tabular import actor
 
@@ -48,21 +48,21 @@ def test_m2po_nan_old_log_prob_raises_naming_the_sample():
 
 
 def test_m2po_pre_pass_steps_raise_on_a_nan():
-    # the engine's pre-pass computes token_log_ratio per micro-batch, then m2po_threshold over the gathered
+    # the engine's pre-pass computes token_log_ratio per micro-batch, then m2po_keep over the gathered
     # values: each raises, so a NaN cannot reach the cut (before: θ* = NaN, every token of the mini-batch dropped)
     old, log_prob, _, mask = _batch(NAN, row=2, token=0)
     with pytest.raises(ValueError, match=r"batch position 2, token 0"):
         token_log_ratio(log_prob, old, mask)
     with pytest.raises(ValueError, match=r"m2po: 1 of the mini-batch's 3 values .* not finite"):
-        m2po_threshold(torch.tensor([0.01, NAN, 0.02], dtype=F64), 0.04)
+        m2po_keep(torch.tensor([0.01, NAN, 0.02], dtype=F64), 0.04)
     with pytest.raises(ValueError, match=r"m2po: 1 of the mini-batch's 2 values .* not finite"):
-        m2po_threshold(torch.tensor([math.inf, 0.02], dtype=F64), 0.04)
+        m2po_keep(torch.tensor([math.inf, 0.02], dtype=F64), 0.04)
 
 
-def test_m2po_threshold_of_finite_values_is_unchanged():
+def test_m2po_keep_of_finite_values_is_unchanged():
     # values 1, 0.01, 4, 0.0025, 0.01 with τ = 0.04 (as in test_algorithms_losses): sorted 0.0025, 0.01, 0.01,
-    # 1, 4; prefix means 0.0025, 0.00625, 0.0075, 0.255…: three kept, first dropped 1 → θ* = (0.01 + 1)/2
-    assert m2po_threshold(torch.tensor([1.0, 0.01, 4.0, 0.0025, 0.01]), 0.04) == pytest.approx(0.505)
+    # 1, 4; prefix means 0.0025, 0.00625, 0.0075, 0.255…: the three small ones kept
+    assert m2po_keep(torch.tensor([1.0, 0.01, 4.0, 0.0025, 0.01]), 0.04).tolist() == [False, True, False, True, True]
 
 
 # ---------------------------------------------------------------- item 12: k2 / k2_seq and a −inf anchor
@@ -132,6 +132,8 @@ def _expected_integer_advantages():
         ("agro", "on"): [-1.5, 0.5, 0.5, 0.5],
         # pairwise_opmd, τ = 1: A = 2·K·τ·d/(1+τ)² = 2·4·d/4 = 2d
         ("pairwise_opmd",): [4.5, -1.5, -1.5, -1.5],
+        # topr, signed reward, c = 0: A = 2r − 1 (no group statistic)
+        ("topr",): [5.0, -1.0, -1.0, -1.0],
     }
 
 
@@ -149,6 +151,8 @@ def _core_call(key, scores, ids):
         return core_adv.agro_advantage(scores, ids, beta=1.0, on_policy=key[1] == "on")
     if name == "pairwise_opmd":
         return core_adv.pairwise_opmd_advantage(scores, ids, tau=1.0)
+    if name == "topr":
+        return core_adv.topr_advantage(scores, 0.0, "signed")
     raise AssertionError(name)
 
 

@@ -46,9 +46,12 @@ SPEC = {
     "asymre": dict(adv="asymre", shift=-0.1, loss="rec", clip="none", weight="none", reg="none"),
     "agro": dict(adv="agro", beta=0.1, on_policy=False, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
     "agro_onpolicy": dict(adv="agro", beta=0.1, on_policy=True, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
-    "m2po": dict(adv="grpo", norm=False, loss="m2po", m2=0.04, agg="token-mean", anchor="behaviour", fsdp_only=True),
-    "topr": dict(adv="grpo", norm=False, loss="topr", agg="token-mean", anchor="behaviour"),
-    "pairwise_opmd": dict(adv="pairwise_opmd", loss="pairwise_opmd", tau_kl=1.0, agg="seq-mean-token-sum", kl=True),
+    "m2po": dict(
+        adv="grpo", norm=True, loss="m2po", m2=0.04, pool="trust_region", agg="token-mean", anchor="behaviour", fsdp_only=True
+    ),
+    "topr": dict(adv="topr", loss="topr", topr_c=0.0, topr_reward="signed", agg="token-mean", anchor="behaviour"),
+    "topr_group_mean": dict(adv="grpo", norm=False, loss="topr", agg="token-mean", anchor="behaviour"),
+    "pairwise_opmd": dict(adv="pairwise_opmd", loss="pairwise_opmd", tau_kl=0.1, agg="seq-mean-token-sum", kl=True),
     "reinforce": dict(adv="grpo", norm=False, loss="rec", clip="none", weight="none", reg="none", agg="token-mean"),
     "rec_ring_is": dict(REC, clip="ring", weight="importance_sampling", eps=(0.2, 0.2), ring=(0.6, 2.0)),
     "rec_oneside_is_wide": dict(REC, clip="one-side", weight="importance_sampling", eps=(0.6, 2.0)),
@@ -127,6 +130,9 @@ def _check_against_spec(cfg, spec):
         "eps": (actor.clip_ratio_low, actor.clip_ratio_high),
         "ring": (loss.ring_clip_ratio_low, loss.ring_clip_ratio_high),
         "m2": loss.m2po_threshold,
+        "pool": loss.m2po_token_pool,
+        "topr_c": off.topr_baseline,
+        "topr_reward": off.topr_reward,
     }
     for key, value in spec.items():
         if key in checks:
@@ -302,6 +308,11 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.clip_mode=sideways"], "allowed values: none, one-side"),
         ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.weight=ppo"], "policy_loss.weight='ppo' is not valid"),
         ("opmd_kimi", ["actor_rollout_ref.actor.policy_loss.regularizer=l2"], "policy_loss.regularizer='l2'"),
+        (
+            "m2po",
+            ["actor_rollout_ref.actor.policy_loss.m2po_token_pool=harmful"],
+            "actor_rollout_ref.actor.policy_loss.m2po_token_pool='harmful' is not valid; allowed values: trust_region, all",
+        ),
         ("opmd", ["algorithm.offpolicy.baseline=median"], "allowed values: mean, logavgexp"),
         ("opmd", ["algorithm.offpolicy.ratio_anchor=old"], "allowed values: behaviour, rollout, proximal"),
         ("opmd", ["algorithm.offpolicy.sync_interval=0"], "sync_interval must be an integer >= 1"),
@@ -348,6 +359,18 @@ def test_invalid_combination_fails_with_what_to_change(preset, overrides, messag
 def test_a_version_bound_the_schedule_stays_within_is_accepted(threshold):
     # (4, 1) trains batches at most 4 versions old (spanning 5): a bound of 5, or none, holds
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=opmd", *schedule_of(4, 1), f"{THRESHOLD}={threshold}", *VALID_SIZES])
+    validate_offpolicy_config(cfg)
+
+
+@pytest.mark.parametrize("train_batch_size,mini_batch_size", [(256, 64), (96, 24), (16, 4), (6, 1), (3, 1)])
+def test_m2po_preset_takes_four_optimizer_updates_per_batch(train_batch_size, mini_batch_size):
+    # the paper's batch 256 / mini-batch 64; elsewhere the largest divisor of the batch giving ≥ 4 updates
+    # (6 → 1: 6 updates, since 2 does not leave ≥ 4; 3 prompts → 1 each)
+    sizes = [o for o in VALID_SIZES if "ppo_mini_batch_size" not in o]
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=m2po", *sizes, f"data.train_batch_size={train_batch_size}"])
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == mini_batch_size
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == 1
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     validate_offpolicy_config(cfg)
 
 

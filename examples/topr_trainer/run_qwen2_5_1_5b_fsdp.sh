@@ -12,8 +12,8 @@ set -euo pipefail
 source "$(dirname "$0")/../common.bash"
 
 # ---- user-adjustable ----
-PRESET=${PRESET:-topr}                        # topr
+PRESET=${PRESET:-topr}                        # topr | topr_group_mean (ours: group-mean advantage)
 # ---- end user-adjustable ----
 
-require_choice PRESET "$PRESET" topr
+require_choice PRESET "$PRESET" topr topr_group_mean
 PRESET=$PRESET exec bash "$(dirname "$0")/../rec_trainer/run_qwen2_5_1_5b_fsdp.sh" "$@"

@@ -218,6 +218,29 @@ def pairwise_opmd_advantage(scores: Tensor, group_ids: Tensor, tau: float) -> Te
     return gather(groups.count, groups) * deviation * (2.0 * tau / (1.0 + tau) ** 2)
 
 
+TOPR_REWARDS = ("signed", "raw")
+
+
+def topr_reward(scores: Tensor, reward: str) -> Tensor:
+    """TOPR's reward R_i: 2·r_i − 1 (``signed``: the 0/1 rewards of a verifiable task as TOPR's ±1) or r_i (``raw``)."""
+    scores = float_scores(scores)
+    if reward == "signed":
+        return 2.0 * scores - 1.0
+    if reward != "raw":
+        raise ValueError(f"topr reward must be one of {', '.join(TOPR_REWARDS)}, got {reward!r}")
+    return scores
+
+
+def topr_advantage(scores: Tensor, baseline: float, reward: str = "signed") -> Tensor:
+    """``topr``: A_i = R_i − c, R_i of :func:`topr_reward`, c one scalar baseline for every sample.
+
+    No group statistic (Le Roux et al., arXiv 2503.14286): c sets the effective fraction of positive samples,
+    so an all-correct group keeps A = 1 − c (TOPR's SFT-like term) and an all-wrong one −1 − c (its tapered
+    push-down), where a group-mean baseline would give both 0. A singleton is no exception: A = R − c.
+    """
+    return topr_reward(scores, reward) - baseline
+
+
 def agro_onpolicy_offset(centred: Tensor, square: Tensor, groups: Groups) -> Tensor:
     """c_i = K/(K−1)·s²_{−i}, s²_{−i} = (Q − K·e_i²/(K−1))/(K−2) for K ≥ 3; c_i = 0 at K = 2; D_i² at K = 1.
 

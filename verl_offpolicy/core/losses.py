@@ -22,7 +22,6 @@ exceeds float16's range, so float16 is rejected by the glue).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -132,7 +131,8 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
 def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: float) -> Tensor:
     """``k2_seq``: c·Δ_i²/|y_i| per response, Δ_i = Σ_t m·(log π_t − log π_old,t), spread as c·Δ_i²/|y_i|² per token.
 
-    The Kimi k1.5 paper's sequence-level squared log-ratio. A response's token sum is c·Δ_i²/|y_i|,
+    The sequence-level squared log-ratio with OpenKimi's length normalisation 1/|y_i| (Kimi k1.5's objective
+    has (τ/2)·Δ_i², no 1/|y_i|). A response's token sum is c·Δ_i²/|y_i|,
     so with equal per-token log-ratios it equals the token-level ``k2`` sum Σ_t c·(log π_t − log π_old,t)²
     under every aggregation. ∂/∂log π_t = 2c·Δ_i/|y_i| on each of the response's tokens (token sum).
     """
@@ -266,46 +266,74 @@ def topr_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: 
     return -torch.where(mask, weight * advantages, 0.0) * log_prob, weight
 
 
-def m2po_threshold(log_ratio_sq: Tensor, budget: float) -> float:
-    """Cut θ* of M2PO's second-moment trust region over the values (log ρ_t)² of a whole mini-batch (1-D).
+M2PO_TOKEN_POOLS = ("trust_region", "all")
 
-    Keep the largest prefix of the ascending values whose mean is ≤ the budget τ_M2 and drop every token
-    whose value is ≥ the first dropped value v_(k+1) (ties are dropped together, so the result does not
-    depend on the order of the tokens). Prefix means of sorted values never decrease, so k = #{prefix means
-    ≤ τ_M2}. θ* is the midpoint between the largest kept value and v_(k+1) (robust to the last-bit
-    differences between two forward passes of the same weights); a token is kept iff (log ρ_t)² < θ*.
-    Nothing is dropped (θ* = inf) when the mean of all values is ≤ τ_M2 or there are none.
 
-    A NaN or inf value (from a non-finite log-prob) raises ValueError: it would make θ* NaN and drop every
-    token of the mini-batch. The values come from :func:`token_log_ratio`, which names the sample first.
+def m2po_pool(log_ratio: Tensor, advantages: Tensor, mask: Tensor, pool: str) -> Tensor:
+    """The tokens M2PO may mask: ``trust_region`` = m·((A > 0 ∧ ρ > 1) ∨ (A < 0 ∧ ρ < 1)), ``all`` = m.
+
+    ``trust_region`` is the pool of Algorithm 1 (line 2) as the authors' code defines it: the harmful
+    tokens, whose update moves ρ further from 1. A token outside the pool is never masked.
     """
-    values = torch.sort(log_ratio_sq.detach().double().flatten()).values
+    if pool == "all":
+        return mask
+    if pool != "trust_region":
+        raise ValueError(f"m2po token pool must be one of {', '.join(M2PO_TOKEN_POOLS)}, got {pool!r}")
+    return mask & (((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0)))
+
+
+def m2po_keep(log_ratio_sq: Tensor, budget: float) -> Tensor:
+    """Algorithm 1 of M2PO: while mean (log ρ_t)² of the kept values > τ_M2, remove the largest, one at a time.
+
+    ``log_ratio_sq`` are the pool's values (1-D) in the mini-batch's token order; returns the keep mask [n].
+    Prefix means of the ascending values never decrease, so the loop keeps the k smallest values,
+    k = #{prefix means ≤ τ_M2}; of equal values at the cut, the later token in the order is removed first
+    (a stable sort), so ties are removed one at a time and the result is a function of the order alone.
+    Nothing is removed when the mean of all values is ≤ τ_M2 or there are none.
+
+    A NaN or inf value (from a non-finite log-prob) raises ValueError: it would make the mean NaN and drop
+    every token of the mini-batch. The values come from :func:`token_log_ratio`, which names the sample first.
+    """
+    values = log_ratio_sq.detach().double().flatten()
     n = values.numel()
-    if n and not math.isfinite(float(values[-1])):  # NaN and inf sort last
+    keep = torch.ones(n, dtype=torch.bool, device=values.device)
+    if n and not bool(torch.isfinite(values).all()):
         bad = int((~torch.isfinite(values)).sum())
         raise ValueError(
             f"m2po: {bad} of the mini-batch's {n} values (log π_t − log π_old,t)² are not finite: the trust-region "
             "cut needs finite log-probs on every response token (check log_prob and old_log_prob)"
         )
     if n == 0 or float(values.mean()) <= budget:
-        return math.inf
-    prefix_mean = values.cumsum(0) / torch.arange(1, n + 1, dtype=values.dtype)
-    first_dropped = values[int((prefix_mean <= budget).sum())]
-    kept = values[values < first_dropped]
-    largest_kept = float(kept[-1]) if kept.numel() else 0.0
-    return 0.5 * (largest_kept + float(first_dropped))
+        return keep
+    ascending, order = torch.sort(values, stable=True)
+    prefix_mean = ascending.cumsum(0) / torch.arange(1, n + 1, dtype=values.dtype, device=values.device)
+    kept = int((prefix_mean <= budget).sum())
+    keep[order[kept:]] = False
+    return keep
+
+
+def m2po_mask(log_ratio: Tensor, advantages: Tensor, mask: Tensor, budget: float, pool: str) -> Tensor:
+    """M_t of one whole mini-batch [B, T]: :func:`m2po_keep` over the pool's tokens in row-major order, 1 elsewhere."""
+    in_pool = m2po_pool(log_ratio, advantages, mask, pool)
+    return scatter_pool_keep(in_pool, m2po_keep(log_ratio[in_pool].square(), budget))
+
+
+def scatter_pool_keep(in_pool: Tensor, pool_keep: Tensor) -> Tensor:
+    """M_t [B, T] from the pool's keep flags (row-major order): tokens outside the pool are kept."""
+    keep = torch.ones_like(in_pool)
+    keep[in_pool] = pool_keep
+    return keep
 
 
 def m2po_loss(
-    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, threshold: float
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, keep: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``m2po``: ℓ_t = −M_t·ρ_t·A·log π_t with M_t = [(log ρ_t)² < θ*] (θ* of :func:`m2po_threshold`).
+    """``m2po``: ℓ_t = −M_t·ρ_t·A·log π_t with the mini-batch's mask M (``keep``, :func:`m2po_mask`).
 
     The importance-weighted objective without PPO clipping on the kept tokens (gradient −M_t·ρ_t·A·∇log π_t,
     ρ_t = exp(clamp(log ρ_t, ±20)) detached). Returns (ℓ, M, clamped log ρ, ρ).
     """
     log_ratio = token_log_ratio(log_prob, old_log_prob, mask)
-    keep = log_ratio.square() < threshold
     clamped = clamp_log_ratio(log_ratio)
     ratio = torch.exp(clamped)
     return -torch.where(mask & keep, ratio * advantages, 0.0) * log_prob, keep, clamped, ratio

@@ -21,6 +21,8 @@ from typing import Any
 from verl.trainer.config import AlgoConfig
 from verl.workers.config import PolicyLossConfig
 
+from verl_offpolicy.core.advantages import TOPR_REWARDS
+from verl_offpolicy.core.losses import M2PO_TOKEN_POOLS
 from verl_offpolicy.core.schedule import Schedule, check_schedule
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, require_registration
 
@@ -74,6 +76,8 @@ class OffPolicyConfig:
         ratio_anchor: what ``old_log_prob`` means in the loss: ``behaviour``, ``rollout`` or ``proximal``.
         partition_clamp: ``pmd_partition`` floor c ∈ (0, 1) of the leave-one-out partition term,
             A_i = −τ·max(log((1/(K−1))·Σ_{j≠i} exp((r_j − r_i)/τ)), log c) (OpenKimi: 1e-8); null = exact.
+        topr_baseline: ``topr`` scalar baseline c (A_i = R_i − c; TOPR's default 0).
+        topr_reward: ``topr`` reward R_i: signed (2r_i − 1, 0/1 rewards as TOPR's ±1) or raw (r_i).
     """
 
     tau: float | None = None
@@ -87,6 +91,8 @@ class OffPolicyConfig:
     sync_offset: int = 0
     ratio_anchor: str = "proximal"
     partition_clamp: float | None = None
+    topr_baseline: float = 0.0
+    topr_reward: str = "signed"
 
     def __post_init__(self):
         if self.tau is not None:
@@ -100,6 +106,8 @@ class OffPolicyConfig:
         if not isinstance(self.on_policy, bool):
             raise ValueError(f"{ALGO_PREFIX}.on_policy must be true or false, got {self.on_policy!r}")
         check_schedule(self.sync_interval, self.sync_offset)
+        check_number(f"{ALGO_PREFIX}.topr_baseline", self.topr_baseline)
+        _check_choice(f"{ALGO_PREFIX}.topr_reward", self.topr_reward, TOPR_REWARDS)
         _check_choice(f"{ALGO_PREFIX}.ratio_anchor", self.ratio_anchor, RATIO_ANCHORS)
         clamp = self.partition_clamp
         if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, int | float) or not 0 < clamp < 1):
@@ -173,12 +181,15 @@ class OffPolicyLossConfig(PolicyLossConfig):
         clip_mode: ``rec`` token mask: none, one-side, two-side, ring, gspo-one-side.
         weight: ``rec`` token weight: none, importance_sampling (ρ_t), gspo_importance_sampling (ρ̄_i).
         regularizer: ``rec`` regulariser: none, forward-kl (−c·log π), k2 (token-level c·(log π_t − log π_old,t)²,
-            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response, as Kimi k1.5).
+            as Trinity-RFT), k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response: the
+            length normalisation is OpenKimi's; Kimi k1.5's objective has no 1/|y|).
         regularizer_coef: c ≥ 0.
         ring_clip_ratio_low: ε′_low of ``ring`` (≥ the actor's clip_ratio_low).
         ring_clip_ratio_high: ε′_high of ``ring`` (≥ the actor's clip_ratio_high).
         m2po_threshold: ``m2po`` budget τ_M2 > 0 of the second moment mean (log ρ_t)² over the mini-batch
             (default 0.04, the M2PO authors' setting).
+        m2po_token_pool: the tokens ``m2po`` may mask: trust_region (the harmful tokens, (A > 0 ∧ ρ > 1) ∨
+            (A < 0 ∧ ρ < 1), M2PO's Algorithm 1 and the authors' code; default) or all; others are never masked.
     """
 
     tau: float | None = None
@@ -189,6 +200,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
     ring_clip_ratio_low: float = 0.6
     ring_clip_ratio_high: float = 2.0
     m2po_threshold: float = 0.04
+    m2po_token_pool: str = "trust_region"
 
     def __post_init__(self):
         if self.loss_mode in POLICY_LOSSES:
@@ -204,6 +216,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
         check_number(f"{LOSS_PREFIX}.ring_clip_ratio_low", self.ring_clip_ratio_low, non_negative=True)
         check_number(f"{LOSS_PREFIX}.ring_clip_ratio_high", self.ring_clip_ratio_high, non_negative=True)
         check_number(f"{LOSS_PREFIX}.m2po_threshold", self.m2po_threshold, positive=True)
+        _check_choice(f"{LOSS_PREFIX}.m2po_token_pool", self.m2po_token_pool, M2PO_TOKEN_POOLS)
 
 
     @property

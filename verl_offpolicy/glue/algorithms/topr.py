@@ -1,4 +1,9 @@
-"""TOPR (``loss_mode=topr``, docs/algo/topr.md): its loss adapter (no rule beyond the typed config)."""
+"""TOPR (``adv_estimator=topr``, ``loss_mode=topr``, docs/algo/topr.md): its estimator and loss adapters.
+
+The ``topr`` estimator is the paper's: the raw reward (0/1 rewards as ±1) minus one scalar baseline c
+(``algorithm.offpolicy.topr_baseline``, default 0). The ``topr_group_mean`` preset, ours, pairs the loss with
+verl's group-mean ``grpo`` advantage instead. No rule beyond the typed config.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from verl.trainer.ppo.core_algos import register_policy_loss
+from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 
+from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.core import losses as core
-from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
+from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, broadcast, check_dtype, our_loss_config, prepare
+
+
+@register_adv_est("topr")
+@torch.no_grad()
+def compute_topr_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_i = R_i − c: R_i = 2r_i − 1 (``algorithm.offpolicy.topr_reward=signed``) or r_i (``raw``), c =
+    ``algorithm.offpolicy.topr_baseline``."""
+    section, scores, _ = prepare("topr", token_level_rewards, index, config)
+    advantage = core_adv.topr_advantage(scores, section.topr_baseline, section.topr_reward)
+    return broadcast("topr", advantage, response_mask, token_level_rewards, index)
+
 
 @register_policy_loss("topr")
 def compute_policy_loss_topr(
