@@ -201,7 +201,7 @@ def _resume_step(run: DemoRun, console: Optional[TextIO]) -> int:
     if resumed:
         _say(
             console,
-            f"[cpu-demo] resuming from the checkpoint of step {resumed} in {run.output_dir} (verl's trainer.resume_mode=auto): "
+            f"[cpu-demo] resuming from the checkpoint of step {resumed} in {run.output_dir} (verl's trainer.resume_mode): "
             f"steps {resumed + 1}..{run.steps}; {LOG_NAME} and {METRICS_NAME} keep the earlier records "
             "(trainer.resume_mode=disable starts afresh)",
         )
