@@ -74,13 +74,16 @@ class Schedule:
         """Staleness of the batch trained at step t: (t - 1) - v(t)."""
         return (step - 1) - self.version(step)
 
-    def generation_steps(self, version: int, total_steps: int | None = None) -> range:
+    def generation_steps(self, version: int, total_steps: int | None = None, past_end: bool = False) -> range:
         """The training steps whose batches are generated at ``version`` (one rollout call).
 
         Version 0 generates the first s + d batches; version k*s (k >= 1) generates the s batches of
         steps k*s + d + 1 .. k*s + d + s. Other versions generate nothing. With ``total_steps`` N, steps
-        after N are left out (a run generates nothing it will not train on). O(1) for any s and d:
-        callers iterate the result, so it must stay bounded by N however large s + d is.
+        after N are left out (a run generates nothing it will not train on), unless ``past_end``: then a
+        version before N keeps its steps past N, at most min(s + d, N) of them (a run that saves
+        checkpoints: its last checkpoint holds the batches a run resumed from it with more steps trains
+        first, and only versions before N can generate them). O(1) for any s and d: callers iterate the
+        result, so it must stay bounded by N however large s + d is.
         """
         s, d = self.sync_interval, self.sync_offset
         if version < 0 or version % s:
@@ -88,8 +91,49 @@ class Schedule:
         first = 1 if version == 0 else version + d + 1
         stop = first + (s + d if version == 0 else s)
         if total_steps is not None:
-            stop = max(first, min(stop, total_steps + 1))
+            last = total_steps + min(s + d, total_steps) if past_end and version < total_steps else total_steps
+            stop = max(first, min(stop, last + 1))
         return range(first, stop)
+
+    def steps_lost_at_resume(self, resumed: int, total_steps: int, queued=()) -> list[int]:
+        """Steps ``resumed`` + 1 .. N that a run resumed from the checkpoint of step ``resumed`` cannot train
+        at their scheduled version: v(t) < ``resumed`` (those weights are gone; only version ``resumed``,
+        the checkpoint's, can still generate) and the checkpoint's FIFO (``queued``) holds no batch for t.
+        At most N - ``resumed`` steps are looked at (v(t) >= t - s - d, so none past ``resumed`` + s + d).
+        """
+        queued = set(queued)
+        last = min(total_steps, resumed + self.sync_interval + self.sync_offset)
+        return [t for t in range(resumed + 1, last + 1) if self.version(t) < resumed and t not in queued]
+
+    def check_resume(self, resumed: int, total_steps: int, queued: dict[int, int]) -> None:
+        """Raise ``RuntimeError`` saying why and what to do unless a run resumed from the checkpoint of step
+        ``resumed`` with ``total_steps`` N trains every step at its scheduled version: each batch of the
+        checkpoint's FIFO (``queued``: step -> version it was generated at) is at v(step), and no step is
+        lost (:meth:`steps_lost_at_resume`)."""
+        s, d = self.sync_interval, self.sync_offset
+        wrong = sorted((t, v) for t, v in queued.items() if self.version(t) != v)
+        if wrong:
+            raise RuntimeError(
+                f"offpolicy scheduler: the checkpoint's queued batches (step, version) {wrong} were scheduled with "
+                f"another algorithm.offpolicy.sync_interval/sync_offset than this run's ({s}, {d}): resume with the "
+                "values the checkpoint was saved with, or start afresh (trainer.resume_mode=disable)"
+            )
+        lost = self.steps_lost_at_resume(resumed, total_steps, queued)
+        if not lost:
+            return
+        versions = sorted({self.version(t) for t in lost})
+        fixes = [f"resume from an earlier checkpoint (one of step {min(versions)} or before)"]
+        if lost[0] - 1 > resumed:
+            fixes.append(f"train to step {lost[0] - 1} at most from this one (trainer.total_training_steps={lost[0] - 1})")
+        fixes.append("start afresh with the new trainer.total_training_steps (trainer.resume_mode=disable)")
+        raise RuntimeError(
+            f"offpolicy scheduler: resuming from the checkpoint of step {resumed} with trainer.total_training_steps="
+            f"{total_steps}: steps {lost} train on batches generated at versions {versions} (sync_interval={s}, "
+            f"sync_offset={d}), but the checkpoint holds no batch for them and those versions' weights are gone (only "
+            f"version {resumed}, the checkpoint's, can still generate): the run that saved it generated nothing past "
+            "its last step (a run that saves checkpoints does, up to min(s + d, its steps) steps past it, since "
+            f"verl-offpolicy 0.1.0). Either {'; or '.join(fixes)}."
+        )
 
     def table(self, steps: int) -> list[ScheduleRow]:
         """The whole schedule for steps 1..N, as the scheduler executes it (nothing generated after N)."""

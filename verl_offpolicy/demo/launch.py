@@ -27,6 +27,7 @@ def run_subprocess(
     listening: Optional[list[str]] = None,
     pass_fds: Sequence[int] = (),
     shared_memory: Optional[dict[str, list[str]]] = None,
+    log_banner: str = "",
 ) -> tuple[int, float, dict[str, float]]:
     """Run ``command`` in its own process group with a timeout; log to ``log_path``.
 
@@ -37,13 +38,15 @@ def run_subprocess(
     gone (vLLM's engine queues and semaphores: their creators never shut down, see docs/vllm_cpu.md). On timeout
     the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
     processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
-    subprocess (the output directory's lock).
+    subprocess (the output directory's lock). ``log_banner``: if not empty, ``log_path`` is appended to,
+    after this line (a re-run in the same directory); else it is written anew.
     """
     start = time.monotonic()
     marks: dict[str, float] = {}
     held: list[str] = []
     log_path = Path(log_path)
-    with open(log_path, "w", buffering=1) as log:
+    with open(log_path, "a" if log_banner else "w", buffering=1) as log:
+        log.write(log_banner)
         proc = spawn(command, env, cwd, pass_fds)
 
         def on_first_step() -> None:

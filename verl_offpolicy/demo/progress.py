@@ -73,6 +73,9 @@ def plain_summary(summary: dict[str, Any], *, log_path: str, metrics_path: str) 
     validation = summary.get("validation") or {}
     timings = summary.get("timings") or {}
     lines = [f"[cpu-demo] finished {summary['steps']} training steps"]
+    if summary.get("resumed_after_step"):
+        resumed = summary["resumed_after_step"]
+        lines[0] += f" (steps 1..{resumed} by the earlier run(s) in this directory, resumed from its checkpoint)"
     lines.append(f"  train reward (sampled), step 1 -> last: {_fmt(summary.get('reward_first'))} -> {_fmt(summary.get('reward_last'))}")
     if validation:
         first, last = min(validation), max(validation)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from verl_offpolicy.cpu.platform import is_loopback
+from verl_offpolicy.demo.records import RESTART_KEY
 
 TRAIN_SCORE = "critic/score/mean"
 STEP_TIME = "timing_s/step"
@@ -19,7 +20,11 @@ PROBS_DIFF_MEAN = "training/rollout_probs_diff_mean"
 
 
 def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
-    """verl FileLogger JSONL -> {step: merged metrics} (a step may be logged more than once)."""
+    """verl FileLogger JSONL -> {step: merged metrics} (a step may be logged more than once).
+
+    A restart record (:data:`~verl_offpolicy.demo.records.RESTART_KEY`: a re-run in the same directory
+    continues after step k) drops what was read for the steps after k: the re-run logs them anew (the
+    earlier records stay in the file)."""
     steps: dict[int, dict[str, Any]] = {}
     path = Path(path)
     if not path.exists():
@@ -29,8 +34,20 @@ def read_metrics(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
         if not line:
             continue
         record = json.loads(line)
-        steps.setdefault(int(record["step"]), {}).update(record["data"])
+        step, data = int(record["step"]), record["data"]
+        if RESTART_KEY in data:
+            steps = {s: m for s, m in steps.items() if s <= data[RESTART_KEY]}
+            continue
+        steps.setdefault(step, {}).update(data)
     return steps
+
+
+def restarts(path: str | os.PathLike) -> list[int]:
+    """The steps after which re-runs continued the run logged in ``path`` (0: a re-run from scratch)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line)["data"][RESTART_KEY] for line in path.read_text().splitlines() if RESTART_KEY in line]
 
 
 _VAL_KEY = re.compile(r"^val-(core|aux)/[^@]+/(reward|acc)/mean@\d+$")
@@ -102,6 +119,7 @@ class DemoResult:
     # /dev/shm files the run's processes had mapped at the first training step, and those of them it left
     # behind (unlinked by the demo after the run)
     shared_memory: dict[str, list[str]] = field(default_factory=dict)
+    resumed_after_step: Optional[int] = None  # this run resumed from the checkpoint of that step (re-run in its dir)
 
     @property
     def rewards(self) -> list[float]:
@@ -120,6 +138,7 @@ class DemoResult:
         window = max(1, min(3, len(rewards) // 3))
         return {
             "steps": len(self.metrics),
+            "resumed_after_step": self.resumed_after_step,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
             f"reward_first{window}_mean": sum(rewards[:window]) / window if rewards else None,

@@ -10,7 +10,10 @@ group is killed and every process of that Ray session is ended, so nothing is le
 interrupted run raises :class:`~.errors.DemoInterrupted`, one line saying where its partial output is).
 
 Files: everything a run writes is under ``output_dir`` or its Ray temp dir (removed after the run;
-:mod:`.output_dir`, :mod:`.environment`). A lock file holds ``output_dir`` for one run at a time.
+:mod:`.output_dir`, :mod:`.environment`). A lock file holds ``output_dir`` for one run at a time. Re-running
+in the same ``output_dir`` continues the run there, from its latest checkpoint if it has one (verl's
+``trainer.resume_mode=auto``), and keeps every earlier record: ``train.log`` and ``metrics.jsonl`` are
+appended to, the restart marked in both (:mod:`.records`).
 
 Usage::
 
@@ -42,6 +45,7 @@ from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SU
 from verl_offpolicy.demo.plot import write_plot
 from verl_offpolicy.demo.process import Interrupt, InterruptSignals
 from verl_offpolicy.demo.progress import StartupPhases, plain_summary, progress_line
+from verl_offpolicy.demo.records import continued_step, log_banner, merge_part, start_records
 from verl_offpolicy.demo.results import (
     DemoResult,
     read_metrics,
@@ -166,9 +170,8 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     """The run, with its output directory held: inputs, ``main_ppo``, then its results and summary."""
     t0 = time.monotonic()
     _say(console, f"[cpu-demo] preparing {get_model(run.model).preparing} ...")
+    resumed = _resume_step(run, console)
     inputs = build_inputs(run.output_dir, seed=run.seed, model=run.model)
-    if run.metrics_path.exists():
-        run.metrics_path.unlink()
     # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
     ray_temp_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
     command = run.command(inputs, ray_temp_dir)
@@ -182,14 +185,28 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     shared_memory: dict[str, list[str]] = {}
     wall, marks = _train(
         run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
-        on_line=_console_lines(console, signals),
+        on_line=_console_lines(console, signals), resumed=resumed,
     )
     result = _collect(
         run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
-        listening=listening, shared_memory=shared_memory,
+        listening=listening, shared_memory=shared_memory, resumed=resumed,
     )
     _report(result, console)
     return result
+
+
+def _resume_step(run: DemoRun, console: Optional[TextIO]) -> int:
+    """The step ``main_ppo`` will resume from in ``run.output_dir`` (0: from scratch; :mod:`.records`),
+    said on the console; a checkpoint at or past ``run.steps`` raises :class:`DemoInputError`."""
+    resumed = continued_step(run.output_dir, run.overrides, run.steps)
+    if resumed:
+        _say(
+            console,
+            f"[cpu-demo] resuming from the checkpoint of step {resumed} in {run.output_dir} (verl's trainer.resume_mode): "
+            f"steps {resumed + 1}..{run.steps}; {LOG_NAME} and {METRICS_NAME} keep the earlier records "
+            "(trainer.resume_mode=disable starts afresh)",
+        )
+    return resumed
 
 
 def _train(
@@ -201,11 +218,14 @@ def _train(
     listening: list[str],
     shared_memory: dict[str, list[str]],
     on_line: Callable[[str], None],
+    resumed: int = 0,
 ) -> tuple[float, dict[str, float]]:
-    """Run ``command`` (``main_ppo``) to its end; return (wall seconds, marks). A failed or timed-out
-    run raises :class:`DemoError` carrying the Ray temp dir; that dir is removed in any case."""
+    """Run ``command`` (``main_ppo``) to its end, continuing after step ``resumed``; return (wall seconds,
+    marks). Earlier records in the output dir are kept (:mod:`.records`). A failed or timed-out run raises
+    :class:`DemoError` carrying the Ray temp dir; that dir is removed in any case."""
+    banner = log_banner(run.output_dir, resumed, run.steps)
     try:
-        env = cpu_env(run.metrics_path, base=run.base_env)
+        env = cpu_env(start_records(run.output_dir, resumed), base=run.base_env)
         env.update(run_files_env(run.output_dir, ray_temp_dir, env))
         if cpu_engine(run.config_name) == "fsdp":  # the driver too skips importing Megatron (its workers: +cpu=demo)
             env.setdefault(SKIP_ENGINES_ENV, FSDP_RUN_SKIPS)
@@ -220,6 +240,7 @@ def _train(
             listening=listening,
             pass_fds=[lock.fd],
             shared_memory=shared_memory,
+            log_banner=banner,
         )
         if returncode != 0:
             raise DemoError(f"main_ppo exited with status {returncode}; end of {run.log_path}:\n{tail(run.log_path)}")
@@ -227,6 +248,7 @@ def _train(
         exc.ray_temp_dir = ray_temp_dir
         raise
     finally:
+        merge_part(run.output_dir)
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
     return wall, marks
 
@@ -241,16 +263,20 @@ def _collect(
     ray_temp_dir: str,
     listening: list[str],
     shared_memory: dict[str, list[str]],
+    resumed: int = 0,
 ) -> DemoResult:
-    """Read what the finished run logged (every step there, or :class:`DemoError`) and plot its reward curve.
+    """Read what the finished run logged (every step 1..N there, those before ``resumed`` by the runs it
+    continues, or :class:`DemoError`) and plot its reward curve.
 
     ``t0``: when the run started (monotonic); ``wall``: the subprocess's seconds; ``first_step_s``: seconds
     from launch to verl's step 1 line, if seen."""
     by_step = read_metrics(run.metrics_path)
     metrics = training_metrics(by_step)
-    if len(metrics) < run.steps:
+    missing = sorted(set(range(1, run.steps + 1)) - {m["step"] for m in metrics})
+    if missing:
+        resume = f" (steps {resumed + 1}.. by this run, resumed from the checkpoint of step {resumed})" if resumed else ""
         raise DemoError(
-            f"main_ppo exited 0 but {run.metrics_path} has {len(metrics)} training steps, expected {run.steps}; "
+            f"main_ppo exited 0 but {run.metrics_path} lacks training steps {missing} of 1..{run.steps}{resume}; "
             f"end of log:\n{tail(run.log_path)}"
         )
     validation = validation_rewards(by_step)
@@ -269,6 +295,7 @@ def _collect(
         ray_temp_dir=ray_temp_dir,
         listening=listening,
         shared_memory=shared_memory,
+        resumed_after_step=resumed or None,
     )
 
 

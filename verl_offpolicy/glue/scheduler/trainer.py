@@ -139,11 +139,13 @@ class StalenessQueue(ReplayBuffer):
         return batch, queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size)
 
 
-def steps_to_generate(schedule: Schedule, version: int, total_steps: int, queued=()) -> list[int]:
+def steps_to_generate(schedule: Schedule, version: int, total_steps: int, queued=(), past_end: bool = False) -> list[int]:
     """The steps of a run of ``total_steps`` whose batches are generated at ``version`` and are not in
-    ``queued`` yet, in schedule order (bounded by the run's steps: O(1) in s and d)."""
+    ``queued`` yet, in schedule order (bounded by the run's steps: O(1) in s and d). ``past_end``: a run
+    that saves checkpoints also generates its versions' batches past its last step
+    (:meth:`~verl_offpolicy.core.schedule.Schedule.generation_steps`)."""
     queued = set(queued)
-    return [t for t in schedule.generation_steps(version, total_steps=total_steps) if t not in queued]
+    return [t for t in schedule.generation_steps(version, total_steps=total_steps, past_end=past_end) if t not in queued]
 
 
 def is_overlapped(config) -> bool:
@@ -206,8 +208,11 @@ class OffPolicyTrainer(PPOTrainer):
     # ------------------------------------------------------------------ schedule
 
     def _steps_generated_at(self, version: int, queued=()) -> list[int]:
-        """The steps of this run generated at ``version`` and not queued yet (:func:`steps_to_generate`)."""
-        return steps_to_generate(self.schedule, version, self.total_training_steps, queued)
+        """The steps of this run generated at ``version`` and not queued yet (:func:`steps_to_generate`); a
+        run that saves checkpoints (``trainer.save_freq > 0``) generates past its last step too, so a run
+        resumed from its last checkpoint with more steps trains those at their scheduled versions."""
+        past_end = self.config.trainer.save_freq > 0
+        return steps_to_generate(self.schedule, version, self.total_training_steps, queued, past_end=past_end)
 
     def _generates_after(self, version: int) -> bool:
         return len(self._steps_generated_at(version)) > 0
@@ -256,6 +261,9 @@ class OffPolicyTrainer(PPOTrainer):
                 len(self.replay_buffer.batches),
                 [b.step for b in self.replay_buffer.batches],
             )
+        if self.global_steps > 0:  # resumed: fail now, not at the first step without its batch
+            queued = {b.step: b.version for b in self.replay_buffer.batches}
+            self.schedule.check_resume(self.global_steps, self.total_training_steps, queued)
 
     # ------------------------------------------------------------------ generation
 
