@@ -252,19 +252,13 @@ def _worker_problem(cfg, timeout: float) -> str | None:
     """If ``cfg`` selects names of ours: what a Ray worker of this run will lack, checked in a fresh
     process after ``import verl`` alone, with the workers' environment (this one plus the config's
     ``ray_kwargs.ray_init.runtime_env.env_vars``). None if nothing is wrong or nothing of ours is used."""
-    from omegaconf import OmegaConf
+    from verl_offpolicy.glue.startup import selected_names, workers_environment
 
-    from verl_offpolicy.glue.registration import expected_names
-
-    used = sorted({f"{e.config_key}={e.name}" for e in expected_names() if OmegaConf.select(cfg, e.config_key) == e.name})
+    used = selected_names(cfg)
     if not used:
         return None
-    worker_env = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
-    if OmegaConf.is_config(worker_env):
-        worker_env = OmegaConf.to_container(worker_env, resolve=True)
-    env = {**os.environ, **{str(k): str(v) for k, v in (worker_env or {}).items()}}
     try:
-        state = fresh_process_state(env, timeout)
+        state = fresh_process_state(workers_environment(cfg), timeout)
     except ProbeError as exc:
         return f"could not check what the Ray workers will see: {exc}"
     if state["problem"]:

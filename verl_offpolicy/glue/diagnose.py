@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 ENTRY_POINT_GROUP = "verl.plugins"
 ENTRY_POINT_NAME = "verl_offpolicy"
@@ -33,9 +33,14 @@ def _entry_point():
     return next((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME), None)
 
 
-def _why_not_loaded() -> str:
-    """Why ``import verl`` did not import our plugin module in this process, with the fix."""
-    policy = os.environ.get(PLUGINS_ENV, "auto").strip().lower()
+def plugin_setting_problem(env: Mapping[str, str]) -> str | None:
+    """Why ``import verl`` in a process with environment ``env`` will not register verl-offpolicy, read
+    from the environment alone (verl's ``VERL_USE_EXTERNAL_PLUGINS`` excludes our entry point and
+    ``VERL_USE_EXTERNAL_MODULES`` does not name our module), with the fix; None if the setting lets it load."""
+    modules = {name.strip() for name in env.get(MODULES_ENV, "").split(",") if name.strip()}
+    if modules & {REGISTER_MODULE, PLUGIN_MODULE}:
+        return None
+    policy = env.get(PLUGINS_ENV, "auto").strip().lower()
     alternative = f"or set {MODULES_ENV}={REGISTER_MODULE}"
     if policy == "none":
         return (
@@ -45,9 +50,17 @@ def _why_not_loaded() -> str:
     allowed = {name.strip() for name in policy.split(",") if name.strip()}
     if policy != "auto" and ENTRY_POINT_NAME not in allowed:
         return (
-            f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)} does not list {ENTRY_POINT_NAME}, so `import verl` "
+            f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)} does not list {ENTRY_POINT_NAME}, so `import verl` "
             f"registers nothing of verl-offpolicy; add it ({PLUGINS_ENV}={policy},{ENTRY_POINT_NAME}), {alternative}"
         )
+    return None
+
+
+def _why_not_loaded() -> str:
+    """Why ``import verl`` did not import our plugin module in this process, with the fix."""
+    problem = plugin_setting_problem(os.environ)
+    if problem:
+        return problem
     try:
         entry_point = _entry_point()
     except Exception as exc:  # noqa: BLE001 - broken metadata is a finding
