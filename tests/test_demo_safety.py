@@ -121,6 +121,47 @@ def test_run_files_stay_under_the_output_and_ray_temp_dirs(tmp_path):
     assert "MPLCONFIGDIR" not in kept and "RAY_AUTH_TOKEN_PATH" not in kept
 
 
+def test_a_finished_run_without_matplotlib_skips_the_plot_with_a_note(tmp_path, monkeypatch):
+    """`pip install -e .` without the plot extra: the run trained, its results are read and reported; the
+    reward curve is skipped with one line (it used to raise ModuleNotFoundError after training)."""
+    import io
+    import json
+
+    from verl_offpolicy.demo.results import TRAIN_SCORE
+    from verl_offpolicy.demo.run import DemoRun, _collect
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without matplotlib gives: ImportError
+    run = DemoRun(preset="grpo", steps=2, seed=0, output_dir=tmp_path, timeout=60.0, overrides=(), config_name="ppo_trainer",
+                  model="tiny", plot=True, base_env={})
+    run.metrics_path.write_text("".join(json.dumps({"step": s, "data": {TRAIN_SCORE: 0.5}}) + "\n" for s in (1, 2)))
+    console = io.StringIO()
+    result = _collect(run, ["main_ppo"], t0=0.0, wall=1.0, first_step_s=None, ray_temp_dir="/tmp/none", listening=[],
+                      shared_memory={}, console=console)
+    assert result.plot_path is None and [m["step"] for m in result.metrics] == [1, 2]
+    note = console.getvalue().strip()
+    assert note.startswith("[cpu-demo] reward curve skipped: matplotlib is not installed") and "\n" not in note
+    assert "pip install 'verl-offpolicy[plot]'" in note
+    assert not (tmp_path / "reward_curve.png").exists()
+
+
+@pytest.mark.slow  # a fresh process imports verl
+def test_verls_checkpoint_locks_stay_in_the_runs_temp_dir(tmp_path):
+    """verl's local_mkdir_safe (three calls per checkpoint) leaves ckpt_<hash>.lock in the temp dir; in a
+    demo run's environment that is the run's Ray temp dir (removed after the run), not /tmp."""
+    ray_dir = tmp_path / "ray"
+    ray_dir.mkdir()
+    base = {k: v for k, v in _cli_env().items() if k != "TMPDIR"}
+    env = {**base, **run_files_env(tmp_path / "out", str(ray_dir), base)}
+    code = "import sys; from verl.utils.fs import local_mkdir_safe; local_mkdir_safe(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt" / "global_step_1")], check=True, timeout=CLI_TIMEOUT, env=env)
+    assert (tmp_path / "ckpt" / "global_step_1").is_dir()
+    assert [p.name.startswith("ckpt_") and p.name.endswith(".lock") for p in ray_dir.rglob("*.lock")] == [True]
+    kept = run_files_env(tmp_path / "out", str(ray_dir), {"TMPDIR": "/mine"})
+    assert "TMPDIR" not in kept
+
+
 @pytest.mark.slow  # fresh processes import verl (the console script, the lock holder)
 def test_the_reward_plot_writes_nothing_under_home(tmp_path):
     """write_plot (matplotlib in the demo's own process) with an empty HOME and XDG dirs."""

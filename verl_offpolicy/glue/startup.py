@@ -2,7 +2,8 @@
 
 :class:`StartupValidation` is the Hydra callback installed by every preset and by our primary configs
 (``configs/offpolicy_shared/validation.yaml``). Before ``verl.trainer.main_ppo`` starts Ray or any
-worker it checks that ``algorithm=`` names a preset (:func:`check_algorithm_choice`), that the Ray
+worker it checks that ``algorithm=`` names a preset, not verl's own file of that group
+(:func:`check_algorithm_choice`), that the Ray
 workers' environment lets ``import verl`` load verl-offpolicy (:func:`check_workers_plugin_setting`) and
 runs :func:`verl_offpolicy.glue.validation.validate_offpolicy_config`.
 
@@ -15,8 +16,10 @@ turns its error into one line naming the file and the cause.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import traceback
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -58,18 +61,28 @@ def import_validation():
     return validate_offpolicy_config
 
 
-def check_algorithm_choice(config: DictConfig) -> None:
-    """Raise ``ValueError`` unless ``algorithm=`` (Hydra's choice of the ``algorithm`` group) is a preset.
+def verl_group_files(group: str) -> list[str]:
+    """The config names of verl's own Hydra group ``group`` (``verl/trainer/config/<group>/*.yaml``), found
+    without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    folders = [Path(p) / "trainer" / "config" / group for p in (spec.submodule_search_locations or [])] if spec else []
+    return sorted(f.stem for folder in folders if folder.is_dir() for f in folder.glob("*.yaml"))
 
-    verl's own ``algorithm/rollout_correction.yaml`` is in the same group but is not an algorithm; it is
-    mounted by verl under ``algorithm.rollout_correction``, a different choice key.
+
+def check_algorithm_choice(config: DictConfig) -> None:
+    """Raise ``ValueError`` if ``algorithm=`` (Hydra's choice of the ``algorithm`` group) names one of verl's own files.
+
+    verl's ``algorithm/rollout_correction.yaml`` is in the same group but is not an algorithm; it is mounted
+    by verl under ``algorithm.rollout_correction``, a different choice key. Any other file of the group is a
+    preset: ours, or the user's own on their Hydra search path (validated like ours).
     """
     choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
     choice = choices.get(PRESET_GROUP)
-    if choice is not None and choice not in preset_names():
+    if choice is not None and choice not in preset_names() and choice in verl_group_files(PRESET_GROUP):
         raise ValueError(
-            f"{PRESET_GROUP}={choice} is not a verl-offpolicy preset; allowed values: {', '.join(preset_names())} "
-            "(`verl-offpolicy list` describes them)"
+            f"{PRESET_GROUP}={choice} is not a verl-offpolicy preset (it is verl's own config); allowed values: "
+            f"{', '.join(preset_names())} (`verl-offpolicy list` describes them), or a preset of your own: "
+            f"{PRESET_GROUP}/<name>.yaml in a folder on Hydra's search path (docs/extending.md)"
         )
 
 
