@@ -38,7 +38,7 @@ from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.launch import run_subprocess, tail
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
-from verl_offpolicy.demo.plot import write_plot
+from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
 from verl_offpolicy.demo.process import Interrupt, InterruptSignals
 from verl_offpolicy.demo.progress import StartupPhases, plain_summary, progress_line
 from verl_offpolicy.demo.results import (
@@ -185,7 +185,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     )
     result = _collect(
         run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
-        listening=listening, shared_memory=shared_memory,
+        listening=listening, shared_memory=shared_memory, console=console,
     )
     _report(result, console)
     return result
@@ -238,6 +238,7 @@ def _collect(
     ray_temp_dir: str,
     listening: list[str],
     shared_memory: dict[str, list[str]],
+    console: Optional[TextIO] = None,
 ) -> DemoResult:
     """Read what the finished run logged (every step there, or :class:`DemoError`) and plot its reward curve.
 
@@ -252,7 +253,7 @@ def _collect(
         )
     validation = validation_rewards(by_step)
     timings = run_timings(metrics, total_s=time.monotonic() - t0, subprocess_s=wall, first_step_s=first_step_s)
-    plot_path = write_plot(metrics, validation, run.output_dir / PLOT_NAME, get_model(run.model).title) if run.plot else None
+    plot_path = _plot(run, metrics, validation, console) if run.plot else None
     return DemoResult(
         output_dir=str(run.output_dir),
         command=command,
@@ -267,6 +268,16 @@ def _collect(
         listening=listening,
         shared_memory=shared_memory,
     )
+
+
+def _plot(run: DemoRun, metrics: list[dict], validation: dict[int, float], console: Optional[TextIO]) -> Optional[str]:
+    """The reward-curve PNG's path, or None with a one-line note if matplotlib is not installed (an optional
+    dependency: the run itself succeeded)."""
+    try:
+        return write_plot(metrics, validation, run.output_dir / PLOT_NAME, get_model(run.model).title)
+    except PlotUnavailable as exc:
+        _say(console, f"[cpu-demo] {exc}")
+        return None
 
 
 def _report(result: DemoResult, console: Optional[TextIO]) -> None:
