@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any
 
-ENTRY_POINT_GROUP = "verl.plugins"
-ENTRY_POINT_NAME = "verl_offpolicy"
-PLUGIN_MODULE = "verl_offpolicy.glue.plugin"
-REGISTER_MODULE = "verl_offpolicy.register"  # the same registration through VERL_USE_EXTERNAL_MODULES
-PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
-MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+from verl_offpolicy.glue.plugin_setting import (  # noqa: F401 - re-exported: the names the report uses
+    ENTRY_POINT_GROUP,
+    ENTRY_POINT_NAME,
+    MODULES_ENV,
+    PLUGIN_MODULE,
+    PLUGINS_ENV,
+    REGISTER_MODULE,
+    plugin_setting_problem,
+)
+
 REPORT_PREFIX = "VERL_OFFPOLICY_STATE "
 
 
@@ -31,29 +35,6 @@ def _entry_point():
     from importlib.metadata import entry_points
 
     return next((ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME), None)
-
-
-def plugin_setting_problem(env: Mapping[str, str]) -> str | None:
-    """Why ``import verl`` in a process with environment ``env`` will not register verl-offpolicy, read
-    from the environment alone (verl's ``VERL_USE_EXTERNAL_PLUGINS`` excludes our entry point and
-    ``VERL_USE_EXTERNAL_MODULES`` does not name our module), with the fix; None if the setting lets it load."""
-    modules = {name.strip() for name in env.get(MODULES_ENV, "").split(",") if name.strip()}
-    if modules & {REGISTER_MODULE, PLUGIN_MODULE}:
-        return None
-    policy = env.get(PLUGINS_ENV, "auto").strip().lower()
-    alternative = f"or set {MODULES_ENV}={REGISTER_MODULE}"
-    if policy == "none":
-        return (
-            f"{PLUGINS_ENV}=none disables verl's plugins, so `import verl` registers nothing of verl-offpolicy; "
-            f"unset {PLUGINS_ENV} (or set it to auto or to a list that includes {ENTRY_POINT_NAME}), {alternative}"
-        )
-    allowed = {name.strip() for name in policy.split(",") if name.strip()}
-    if policy != "auto" and ENTRY_POINT_NAME not in allowed:
-        return (
-            f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)} does not list {ENTRY_POINT_NAME}, so `import verl` "
-            f"registers nothing of verl-offpolicy; add it ({PLUGINS_ENV}={policy},{ENTRY_POINT_NAME}), {alternative}"
-        )
-    return None
 
 
 def _why_not_loaded() -> str:

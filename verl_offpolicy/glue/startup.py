@@ -111,7 +111,7 @@ def check_workers_plugin_setting(config: DictConfig) -> None:
     our trainer, estimators and losses: verl would start Ray and fail a minute later with "Unknown trainer
     'offpolicy'". This process registers on its own (the validation imports our modules), so it cannot tell.
     """
-    from verl_offpolicy.glue.diagnose import plugin_setting_problem
+    from verl_offpolicy.glue.plugin_setting import plugin_setting_problem
 
     problem = plugin_setting_problem(workers_environment(config))
     if problem:
