@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,70 @@ def test_run_files_stay_under_the_output_and_ray_temp_dirs(tmp_path):
     assert token.parent == ray_dir and len(token.read_text()) == 64 and token.stat().st_mode & 0o777 == 0o600
     kept = run_files_env(tmp_path / "out", str(ray_dir), {"MPLCONFIGDIR": "/mine", "RAY_AUTH_MODE": "disabled"})
     assert "MPLCONFIGDIR" not in kept and "RAY_AUTH_TOKEN_PATH" not in kept
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.slow  # a fresh Python process (the middle one)
+def test_a_command_started_through_the_launcher_dies_with_its_parent():
+    """The demo's SIGKILL ends main_ppo (in a session of its own): the launcher's parent-death signal, shown
+    on `sleep` started by a middle process that is then SIGKILLed."""
+    import psutil
+
+    code = (
+        "import os, subprocess, sys, time; from verl_offpolicy.demo.parent_death import launcher; "
+        "p = subprocess.Popen(launcher(os.getpid(), ['sleep', '300']), start_new_session=True); "
+        "print(p.pid, flush=True); time.sleep(300)"
+    )
+    middle = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_cli_env())
+    child = None
+    try:
+        child = psutil.Process(int(middle.stdout.readline()))
+        deadline = time.monotonic() + 60
+        while child.cmdline()[:1] != ["sleep"]:  # the launcher has exec'd the command
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        middle.kill()
+        middle.wait(timeout=60)
+        psutil.wait_procs([child], timeout=30)
+        assert not _alive(child), child
+    finally:  # nothing of this test survives it, whatever failed
+        middle.kill()
+        middle.wait(timeout=60)
+        if child is not None and _alive(child):
+            child.kill()
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_only_temp_dirs_whose_owner_died_are_removed(tmp_path):
+    """The next start removes what a SIGKILLed run left (its Ray temp dir): only dirs whose owner process is
+    dead; a live owner's dir, and a dir without an owner file (not made by us), stay."""
+    import psutil
+
+    from verl_offpolicy.demo.process import OWNER_NAME, make_owned_temp_dir, remove_dead_owners_dirs
+
+    dead = subprocess.Popen(["sleep", "0.5"])
+    started = psutil.Process(dead.pid).create_time()
+    dead.wait(timeout=60)
+    killed = tmp_path / "vo-ray-killed"
+    killed.mkdir()
+    (killed / OWNER_NAME).write_text(f"{dead.pid} {started}\n")
+    (killed / "session_latest").mkdir()
+    live = Path(make_owned_temp_dir("vo-ray-", str(tmp_path)))
+    unknown = tmp_path / "vo-ray-unknown"
+    unknown.mkdir()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    (other / OWNER_NAME).write_text(f"{dead.pid} {started}\n")
+    assert remove_dead_owners_dirs("vo-ray-", str(tmp_path)) == [str(killed)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "vo-ray-unknown", "not-ours"])
 
 
 def test_a_finished_run_without_matplotlib_skips_the_plot_with_a_note(tmp_path, monkeypatch):

@@ -11,6 +11,8 @@ interrupted run raises :class:`~.errors.DemoInterrupted`, one line saying where 
 
 Files: everything a run writes is under ``output_dir`` or its Ray temp dir (removed after the run;
 :mod:`.output_dir`, :mod:`.environment`). A lock file holds ``output_dir`` for one run at a time.
+If the demo itself is SIGKILLed, ``main_ppo`` and its Ray session die with it (:mod:`.parent_death`) and
+the next run removes the Ray temp dir it left (its owner process is dead).
 
 Usage::
 
@@ -39,7 +41,8 @@ from verl_offpolicy.demo.launch import run_subprocess, tail
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
 from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
-from verl_offpolicy.demo.process import Interrupt, InterruptSignals
+from verl_offpolicy.demo.parent_death import launcher
+from verl_offpolicy.demo.process import Interrupt, InterruptSignals, make_owned_temp_dir, remove_dead_owners_dirs
 from verl_offpolicy.demo.progress import StartupPhases, plain_summary, progress_line
 from verl_offpolicy.demo.results import (
     DemoResult,
@@ -49,6 +52,9 @@ from verl_offpolicy.demo.results import (
     training_metrics,
     validation_rewards,
 )
+
+
+RAY_DIR_PREFIX = "vo-ray-"
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ def run_demo(
         DemoError: the run failed or timed out.
     """
     get_model(model)  # an unknown model fails before anything is created
+    # What killed runs (SIGKILL: nothing of theirs could clean up) left: their Ray temp dirs, owner dead.
+    remove_dead_owners_dirs(RAY_DIR_PREFIX)
     run = DemoRun(
         preset=preset,
         steps=steps,
@@ -169,7 +177,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     if run.metrics_path.exists():
         run.metrics_path.unlink()
     # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
-    ray_temp_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    ray_temp_dir = make_owned_temp_dir(RAY_DIR_PREFIX)
     command = run.command(inputs, ray_temp_dir)
     _say(
         console,
@@ -207,7 +215,7 @@ def _train(
         env = cpu_env(run.metrics_path, base=run.base_env)
         env.update(run_files_env(run.output_dir, ray_temp_dir, env))
         returncode, wall, marks = run_subprocess(
-            command,
+            launcher(os.getpid(), command),  # main_ppo dies with this process, even when it is SIGKILLed
             env=env,
             log_path=run.log_path,
             timeout=run.timeout,
