@@ -51,6 +51,23 @@ def test_opmd_loss_accepts_tau_zero():
     assert OffPolicyLossConfig(loss_mode="opmd", tau=0.0).tau == 0.0  # spec: τ ≥ 0 for opmd
 
 
+@pytest.mark.parametrize(
+    "preset, override, message",
+    [
+        # The user set algorithm.offpolicy.tau; the presets interpolate it into the loss: the error names their key.
+        ("opmd", f"{ALGO}.tau=-1", rf"^{ALGO}.tau \(read by loss_mode=opmd as {LOSS}.tau\) must be >= 0, got -1$"),
+        ("pmd_mean", f"{ALGO}.tau=0", rf"^{ALGO}.tau \(read by loss_mode=pmd as {LOSS}.tau\) must be > 0, got 0$"),
+        # The user overrode the loss's key itself: that key is named.
+        ("opmd", f"{LOSS}.tau=-1", rf"^{LOSS}.tau must be >= 0, got -1$"),
+    ],
+)
+def test_a_tau_error_names_the_key_the_user_set(preset, override, message):
+    from tests.hydra_utils import VALID_SIZES, compose_and_check
+
+    with pytest.raises(ValueError, match=message):
+        compose_and_check("offpolicy_trainer", [f"algorithm={preset}", override, *VALID_SIZES])
+
+
 def _estimate(name, **offpolicy):
     config = OmegaConf.create({"adv_estimator": name, "offpolicy": offpolicy})
     return get_adv_estimator_fn(name)(torch.ones(2, 1), torch.ones(2, 1), np.array(["u", "u"]), config=config)

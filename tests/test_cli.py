@@ -45,6 +45,14 @@ def test_schedule_rejects_a_non_positive_step_count(capsys):
     assert "--steps (-n) must be an integer >= 1, got -3" in err
 
 
+@pytest.mark.parametrize("timeout", ["-5", "0", "nan", "inf"])
+def test_demo_rejects_a_timeout_that_is_no_positive_number_before_anything_runs(capsys, tmp_path, timeout):
+    out = tmp_path / "out"
+    assert main(["demo", "--timeout", timeout, "--output-dir", str(out)]) == 2
+    assert "--timeout must be a number of seconds > 0, got " in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_schedule_with_a_huge_interval_generates_only_the_steps_asked_for(capsys):
     assert main(["schedule", "-s", str(10**12), "-n", "4"]) == 0
     out = capsys.readouterr().out
@@ -102,6 +110,44 @@ def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override,
     assert "cannot run on verl's CPU path" in captured.err and expected in captured.err
 
 
+@pytest.mark.parametrize("config_name", ["ppo_trainer", "offpolicy_trainer"])
+def test_check_rejects_a_trainer_mode_verl_does_not_know(capsys, config_name):
+    """verl looks trainer.v1.trainer_mode up only in its TaskRunner, after Ray and TransferQueue started."""
+    assert main(["check", "--config-name", config_name, "trainer.v1.trainer_mode=bogus", *VALID_SIZES]) == 1
+    captured = capsys.readouterr()
+    assert "ok:" not in captured.out
+    assert "trainer.v1.trainer_mode='bogus' is not a registered trainer; allowed values: " in captured.err
+    assert all(mode in captured.err for mode in ("sync", "colocate_async", "separate_async", "offpolicy"))
+
+
+@pytest.mark.parametrize("overlay", ["standalone", "vllm"])
+def test_check_rejects_a_cpu_rollout_overlay_without_the_cpu_path(capsys, overlay):
+    """+cpu_rollout=standalone on a GPU config caps Ray's GPUs and selects the CPU weight transport."""
+    assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", f"+cpu_rollout={overlay}", *VALID_SIZES]) == 1
+    captured = capsys.readouterr()
+    assert "ok:" not in captured.out
+    assert f"+cpu_rollout={overlay} is part of verl-offpolicy's CPU path" in captured.err
+    assert f"Add +cpu=demo, or remove +cpu_rollout={overlay}" in captured.err
+
+
+@pytest.mark.slow  # check's worker probe: a fresh process imports verl
+def test_check_accepts_a_users_own_preset_on_their_search_path(capsys, tmp_path):
+    """A preset file of the user's, in a folder added to Hydra's search path, is selectable (and validated)."""
+    (tmp_path / "algorithm").mkdir()
+    (tmp_path / "algorithm" / "my_opmd.yaml").write_text(
+        "# @package _global_\n# my OPMD variant\ndefaults:\n  - /offpolicy_shared/common\n  - _self_\n"
+        "algorithm:\n  adv_estimator: opmd\n  norm_adv_by_std_in_grpo: false\n"
+        "actor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: opmd\n"
+    )
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    assert main(["check", "--config-name", "offpolicy_trainer", search, "algorithm=my_opmd", *VALID_SIZES]) == 0, capsys.readouterr().err
+    assert "adv_estimator=opmd loss_mode=opmd" in capsys.readouterr().out
+    # ... and validated like ours.
+    assert main(["check", "--config-name", "offpolicy_trainer", search, "algorithm=my_opmd", "algorithm.offpolicy.baseline=max",
+                 *VALID_SIZES]) == 1
+    assert "algorithm.offpolicy.baseline='max' is not valid" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("config_name", PRIMARY_CONFIGS)
 def test_check_rejects_an_algorithm_choice_that_is_no_preset(capsys, config_name):
     """verl's own `algorithm/rollout_correction.yaml` is in the same Hydra group, but is no algorithm."""
@@ -109,6 +155,7 @@ def test_check_rejects_an_algorithm_choice_that_is_no_preset(capsys, config_name
     err = capsys.readouterr().err
     assert "algorithm=rollout_correction is not a verl-offpolicy preset" in err
     assert all(name in err for name in preset_names())
+    assert "a preset of your own: algorithm/<name>.yaml in a folder on Hydra's search path" in err
 
 
 def test_list_names_every_preset_with_description_and_paper_setting(capsys):
@@ -208,6 +255,19 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     assert "Traceback" not in proc.stdout + proc.stderr
     assert set(Path("/tmp").glob("vo-doctor-*")) == before
     assert session_processes("vo-doctor-") == []
+
+
+def test_doctors_ray_probe_keeps_its_token_in_its_own_dir(tmp_path):
+    """doctor's Ray cluster enables Ray's token authentication; Ray used to write the token to
+    ~/.ray/auth_token, world-readable (0644), and leave it. The probe's environment points Ray at a fresh
+    token in the probe's temp dir (0600, removed with it), as the demo's does (whose run test_cpu_e2e.py
+    checks leaves $HOME empty); a token or mode the user set is kept."""
+    from verl_offpolicy.cli import ray_probe_env
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
+    token = Path(ray_probe_env(env, str(tmp_path))["RAY_AUTH_TOKEN_PATH"])
+    assert token.parent == tmp_path and token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    assert ray_probe_env({**env, "RAY_AUTH_MODE": "disabled"}, str(tmp_path / "other")).get("RAY_AUTH_TOKEN_PATH") is None
 
 
 @pytest.mark.e2e

@@ -301,6 +301,45 @@ def test_ctrl_c_at_startup_stops_the_run_with_one_line(tmp_path):
         demo.cleanup()
 
 
+# The kernel signals main_ppo and Ray's GCS and raylet at once (parent-death signals): bounded well under the
+# minute the run used to go on for (until main_ppo's next write to the dead demo's pipe), generously for a loaded
+# 2-core machine. Ray's agents and workers notice their raylet is gone on their own polling.
+KILLED_RUN_CORE_ENDS_S = 30
+KILLED_RUN_ENDS_S = 180
+RUN_CORE = ("verl.trainer.main_ppo", "gcs_server", "raylet")
+
+
+@pytest.mark.timeout(STARTUP_TIMEOUT + 600)
+def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_left(tmp_path):
+    """SIGKILL of the demo alone (the OOM killer, kill -9): nothing of it can clean up. main_ppo (in a session
+    of its own) used to run on for a minute and its Ray temp dir stayed. Now the run dies with the demo, and
+    the next start removes the Ray temp dir (its owner is dead) before anything else."""
+    demo = DemoProcess(tmp_path)
+    try:
+        demo.wait_for(demo.find_ray_dir, "Ray session")
+        procs = demo.run_processes()
+        assert len(procs) >= 3, procs  # main_ppo, GCS, raylet at least
+        core = [p for p in procs if any(name in " ".join(p.cmdline()) for name in RUN_CORE)]
+        assert len(core) == 3, [p.cmdline() for p in procs]
+        demo.proc.kill()
+        demo.proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(core, timeout=KILLED_RUN_CORE_ENDS_S)
+        assert [" ".join(p.cmdline()) for p in alive if _running(p)] == []
+        _, alive = psutil.wait_procs(procs, timeout=KILLED_RUN_ENDS_S)
+        alive = [" ".join(p.cmdline()) for p in alive if _running(p)]
+        alive += [" ".join(p.cmdline()) for p in session_processes(demo.ray_dir)]
+        assert alive == [], alive
+        assert Path(demo.ray_dir).is_dir()  # left behind: the demo could not remove it
+        a_file = tmp_path / "a_file"  # a start refused at once (its output dir is a file), after the clean-up
+        a_file.write_text("x")
+        second = subprocess.run([CLI, "demo", "--output-dir", str(a_file)], capture_output=True, text=True, timeout=300,
+                                env=demo.env, stdin=subprocess.DEVNULL)
+        assert second.returncode == 2 and "is not a directory" in second.stderr, second.stderr
+        assert not Path(demo.ray_dir).exists()
+    finally:
+        demo.cleanup()
+
+
 @pytest.mark.timeout(STARTUP_TIMEOUT + 900)
 def test_sigterm_during_training_stops_everything_and_nothing_is_written_outside_the_run(tmp_path):
     """SIGTERM after the first training step (what `timeout`, CI cancels and job schedulers send).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,111 @@ def test_run_files_stay_under_the_output_and_ray_temp_dirs(tmp_path):
     assert token.parent == ray_dir and len(token.read_text()) == 64 and token.stat().st_mode & 0o777 == 0o600
     kept = run_files_env(tmp_path / "out", str(ray_dir), {"MPLCONFIGDIR": "/mine", "RAY_AUTH_MODE": "disabled"})
     assert "MPLCONFIGDIR" not in kept and "RAY_AUTH_TOKEN_PATH" not in kept
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.slow  # a fresh Python process (the middle one)
+def test_a_command_started_through_the_launcher_dies_with_its_parent():
+    """The demo's SIGKILL ends main_ppo (in a session of its own): the launcher's parent-death signal, shown
+    on `sleep` started by a middle process that is then SIGKILLed."""
+    import psutil
+
+    code = (
+        "import os, subprocess, sys, time; from verl_offpolicy.demo.parent_death import launcher; "
+        "p = subprocess.Popen(launcher(os.getpid(), ['sleep', '300']), start_new_session=True); "
+        "print(p.pid, flush=True); time.sleep(300)"
+    )
+    middle = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_cli_env())
+    child = None
+    try:
+        child = psutil.Process(int(middle.stdout.readline()))
+        deadline = time.monotonic() + 60
+        while child.cmdline()[:1] != ["sleep"]:  # the launcher has exec'd the command
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        middle.kill()
+        middle.wait(timeout=60)
+        psutil.wait_procs([child], timeout=30)
+        assert not _alive(child), child
+    finally:  # nothing of this test survives it, whatever failed
+        middle.kill()
+        middle.wait(timeout=60)
+        if child is not None and _alive(child):
+            child.kill()
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_only_temp_dirs_whose_owner_died_are_removed(tmp_path):
+    """The next start removes what a SIGKILLed run left (its Ray temp dir): only dirs whose owner process is
+    dead; a live owner's dir, and a dir without an owner file (not made by us), stay."""
+    import psutil
+
+    from verl_offpolicy.demo.process import OWNER_NAME, make_owned_temp_dir, remove_dead_owners_dirs
+
+    dead = subprocess.Popen(["sleep", "0.5"])
+    started = psutil.Process(dead.pid).create_time()
+    dead.wait(timeout=60)
+    killed = tmp_path / "vo-ray-killed"
+    killed.mkdir()
+    (killed / OWNER_NAME).write_text(f"{dead.pid} {started}\n")
+    (killed / "session_latest").mkdir()
+    live = Path(make_owned_temp_dir("vo-ray-", str(tmp_path)))
+    unknown = tmp_path / "vo-ray-unknown"
+    unknown.mkdir()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    (other / OWNER_NAME).write_text(f"{dead.pid} {started}\n")
+    assert remove_dead_owners_dirs("vo-ray-", str(tmp_path)) == [str(killed)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "vo-ray-unknown", "not-ours"])
+
+
+def test_a_finished_run_without_matplotlib_skips_the_plot_with_a_note(tmp_path, monkeypatch):
+    """`pip install -e .` without the plot extra: the run trained, its results are read and reported; the
+    reward curve is skipped with one line (it used to raise ModuleNotFoundError after training)."""
+    import io
+    import json
+
+    from verl_offpolicy.demo.results import TRAIN_SCORE
+    from verl_offpolicy.demo.run import DemoRun, _collect
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without matplotlib gives: ImportError
+    run = DemoRun(preset="grpo", steps=2, seed=0, output_dir=tmp_path, timeout=60.0, overrides=(), config_name="ppo_trainer",
+                  model="tiny", plot=True, base_env={})
+    run.metrics_path.write_text("".join(json.dumps({"step": s, "data": {TRAIN_SCORE: 0.5}}) + "\n" for s in (1, 2)))
+    console = io.StringIO()
+    result = _collect(run, ["main_ppo"], t0=0.0, wall=1.0, first_step_s=None, ray_temp_dir="/tmp/none", listening=[],
+                      shared_memory={}, console=console)
+    assert result.plot_path is None and [m["step"] for m in result.metrics] == [1, 2]
+    note = console.getvalue().strip()
+    assert note.startswith("[cpu-demo] reward curve skipped: matplotlib is not installed") and "\n" not in note
+    assert "pip install 'verl-offpolicy[plot]'" in note
+    assert not (tmp_path / "reward_curve.png").exists()
+
+
+@pytest.mark.slow  # a fresh process imports verl
+def test_verls_checkpoint_locks_stay_in_the_runs_temp_dir(tmp_path):
+    """verl's local_mkdir_safe (three calls per checkpoint) leaves ckpt_<hash>.lock in the temp dir; in a
+    demo run's environment that is the run's Ray temp dir (removed after the run), not /tmp."""
+    ray_dir = tmp_path / "ray"
+    ray_dir.mkdir()
+    base = {k: v for k, v in _cli_env().items() if k != "TMPDIR"}
+    env = {**base, **run_files_env(tmp_path / "out", str(ray_dir), base)}
+    code = "import sys; from verl.utils.fs import local_mkdir_safe; local_mkdir_safe(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt" / "global_step_1")], check=True, timeout=CLI_TIMEOUT, env=env)
+    assert (tmp_path / "ckpt" / "global_step_1").is_dir()
+    assert [p.name.startswith("ckpt_") and p.name.endswith(".lock") for p in ray_dir.rglob("*.lock")] == [True]
+    kept = run_files_env(tmp_path / "out", str(ray_dir), {"TMPDIR": "/mine"})
+    assert "TMPDIR" not in kept
 
 
 @pytest.mark.slow  # fresh processes import verl (the console script, the lock holder)

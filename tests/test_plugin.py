@@ -261,6 +261,37 @@ def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
 
 
 @pytest.mark.slow  # a fresh process imports verl
+def test_main_ppo_without_our_plugin_stops_before_ray_naming_the_setting(tmp_path):
+    """`VERL_USE_EXTERNAL_PLUGINS=none`: the driver registers our names on its own (our validation imports
+    them), the Ray workers will not; verl used to start Ray and fail a minute later with "Unknown trainer
+    'offpolicy'". Our primary config's callback stops main_ppo first, naming the setting and the fix."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "offpolicy_trainer", "algorithm=opmd", *VALID_SIZES],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+        env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"},
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("verl-offpolicy: invalid configuration: the Ray workers of this run will not have verl-offpolicy")
+    assert "trainer.v1.trainer_mode=offpolicy" in last
+    assert "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins" in last and "unset VERL_USE_EXTERNAL_PLUGINS" in last
+    assert "ray init kwargs" not in proc.stdout
+
+
+def test_the_workers_plugin_setting_is_read_from_the_config_and_accepts_our_module():
+    """The workers' environment includes the config's runtime_env; the documented alternative
+    (VERL_USE_EXTERNAL_MODULES=verl_offpolicy.register) is not refused, another module is."""
+    from verl_offpolicy.glue.startup import check_workers_plugin_setting
+
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
+    base = ["algorithm=opmd", *VALID_SIZES, f"{env}.VERL_USE_EXTERNAL_PLUGINS=none"]
+    check_workers_plugin_setting(compose_main_ppo("offpolicy_trainer", [*base, f"{env}.VERL_USE_EXTERNAL_MODULES=verl_offpolicy.register"]))
+    other = compose_main_ppo("offpolicy_trainer", [*base, f"{env}.VERL_USE_EXTERNAL_MODULES=something_else"])
+    with pytest.raises(ValueError, match="VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins.*VERL_USE_EXTERNAL_MODULES="):
+        check_workers_plugin_setting(other)
+
+
+@pytest.mark.slow  # a fresh process imports verl
 def test_main_ppo_rejects_an_algorithm_choice_that_is_no_preset(tmp_path):
     """verl's own `algorithm/rollout_correction.yaml` is in the `algorithm` group: our primary config's
     callback stops main_ppo before Ray, listing the presets."""

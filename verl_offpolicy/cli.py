@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -49,24 +50,34 @@ def fresh_process_state(env: dict[str, str], timeout: float) -> dict:
     return report
 
 
+def ray_probe_env(env: dict[str, str], temp_dir: str) -> dict[str, str]:
+    """The environment of doctor's Ray probe: loopback only, no usage stats, and Ray's session token in the
+    probe's own temp dir (0600, removed with it; Ray would write ``~/.ray/auth_token`` world-readable)."""
+    from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+    from verl_offpolicy.demo.environment import ray_token_env
+
+    env = {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+    return {**env, **ray_token_env(temp_dir, env)}
+
+
 def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     """What a fresh Ray worker sees, from a private Ray cluster that listens on 127.0.0.1 only.
 
-    Ray runs in a child process with its own temp dir: the whole session (driver, GCS, raylet,
-    workers) is ended and its directory removed whatever happens, within ``timeout`` seconds.
+    Ray runs in a child process with its own temp dir, which also holds its session token: the whole
+    session (driver, GCS, raylet, workers) is ended and its directory removed whatever happens, within
+    ``timeout`` seconds.
     """
     import shutil
     import tempfile
 
-    from verl_offpolicy.cpu.platform import LOOPBACK_ENV
     from verl_offpolicy.demo.process import kill_process_tree, spawn
     from verl_offpolicy.glue.diagnose import parse_report
 
     # Short (Ray puts unix sockets under it) and unique (its processes are found by it).
     temp_dir = tempfile.mkdtemp(prefix="vo-doctor-", dir="/tmp")
-    env = {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = None
     try:
+        env = ray_probe_env(env, temp_dir)
         proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -193,6 +204,9 @@ def demo(args: argparse.Namespace) -> int:
     if steps < 1:
         print(f"verl-offpolicy demo: --steps must be >= 1, got {steps}", file=sys.stderr)
         return 2
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        print(f"verl-offpolicy demo: --timeout must be a number of seconds > 0, got {args.timeout:g}", file=sys.stderr)
+        return 2
     try:
         run_demo(
             preset=args.preset,
@@ -255,19 +269,13 @@ def _worker_problem(cfg, timeout: float) -> str | None:
     """If ``cfg`` selects names of ours: what a Ray worker of this run will lack, checked in a fresh
     process after ``import verl`` alone, with the workers' environment (this one plus the config's
     ``ray_kwargs.ray_init.runtime_env.env_vars``). None if nothing is wrong or nothing of ours is used."""
-    from omegaconf import OmegaConf
+    from verl_offpolicy.glue.startup import selected_names, workers_environment
 
-    from verl_offpolicy.glue.registration import expected_names
-
-    used = sorted({f"{e.config_key}={e.name}" for e in expected_names() if OmegaConf.select(cfg, e.config_key) == e.name})
+    used = selected_names(cfg)
     if not used:
         return None
-    worker_env = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
-    if OmegaConf.is_config(worker_env):
-        worker_env = OmegaConf.to_container(worker_env, resolve=True)
-    env = {**os.environ, **{str(k): str(v) for k, v in (worker_env or {}).items()}}
     try:
-        state = fresh_process_state(env, timeout)
+        state = fresh_process_state(workers_environment(cfg), timeout)
     except ProbeError as exc:
         return f"could not check what the Ray workers will see: {exc}"
     if state["problem"]:

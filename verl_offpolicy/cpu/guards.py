@@ -368,6 +368,39 @@ class CPUStartupGuard(Callback):
         warn_if_not_loopback()
 
 
+CPU_GROUP = "cpu"  # +cpu=demo, +cpu=megatron: the CPU overlays (configs/cpu/)
+CPU_ROLLOUT_GROUP = "cpu_rollout"  # +cpu_rollout=standalone, +cpu_rollout=vllm: on top of one (configs/cpu_rollout/)
+# What each cpu_rollout overlay would do to a config that is not on the CPU path.
+CPU_ROLLOUT_EFFECTS = {
+    "standalone": "it caps Ray at 2 GPUs and selects the CPU weight transport (cpu_mailbox)",
+    "vllm": "it turns off vLLM's sleep mode and CUDA graphs and fixes its KV cache at 256 MiB",
+}
+
+
+def check_cpu_rollout_overlay(config: DictConfig) -> None:
+    """Raise :class:`CPUConfigError` if a ``+cpu_rollout=`` overlay is used without a ``+cpu=`` overlay."""
+    choices = _select(config, "hydra.runtime.choices", None) or {}
+    overlay = choices.get(CPU_ROLLOUT_GROUP)
+    if overlay is None or choices.get(CPU_GROUP) is not None:
+        return
+    effect = CPU_ROLLOUT_EFFECTS.get(overlay, "its settings are the CPU path's")
+    raise CPUConfigError(
+        f"+{CPU_ROLLOUT_GROUP}={overlay} is part of verl-offpolicy's CPU path and goes on top of +{CPU_GROUP}=demo "
+        f"(or +{CPU_GROUP}=megatron), which this config does not select; on any other config {effect}. "
+        f"Add +{CPU_GROUP}=demo, or remove +{CPU_ROLLOUT_GROUP}={overlay}"
+    )
+
+
+class CPURolloutOverlayGuard(Callback):
+    """Hydra callback of the ``+cpu_rollout=`` overlays: they need the CPU path (:func:`check_cpu_rollout_overlay`)."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_cpu_rollout_overlay(config)
+        except CPUConfigError as exc:  # Hydra would turn an Exception into a warning
+            raise SystemExit(f"verl-offpolicy: {exc}") from exc
+
+
 def warn_if_not_loopback() -> bool:
     """Warn (and return True) if Ray in this process will listen on every interface.
 
@@ -386,7 +419,9 @@ def warn_if_not_loopback() -> bool:
 
 __all__ = [
     "CPUConfigError",
+    "CPURolloutOverlayGuard",
     "CPUStartupGuard",
+    "check_cpu_rollout_overlay",
     "ENV_ENGINE_DEVICE",
     "check_cpu_config",
     "check_megatron_cpu_config",

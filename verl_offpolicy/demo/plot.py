@@ -18,6 +18,10 @@ from verl_offpolicy.demo.results import TRAIN_SCORE
 _MATPLOTLIB_IMPORT = threading.Lock()
 
 
+class PlotUnavailable(RuntimeError):
+    """matplotlib cannot be imported (an optional dependency: the ``plot`` extra); the message is the note to print."""
+
+
 def write_plot(
     result_metrics: list[dict[str, Any]], validation: dict[int, float], path: str | os.PathLike, title: str = "tiny Llama, repeat task"
 ) -> str:
@@ -25,6 +29,7 @@ def write_plot(
 
     matplotlib's config and font cache go next to the PNG (``.cache/matplotlib``) unless
     ``MPLCONFIGDIR`` is set or matplotlib is already imported (it reads the variable at import).
+    Raises :class:`PlotUnavailable` (one line, with the install command) if matplotlib is not installed.
     """
     with _MATPLOTLIB_IMPORT:
         own_config = "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ
@@ -32,6 +37,10 @@ def write_plot(
             os.environ["MPLCONFIGDIR"] = str(Path(path).absolute().parent / CACHE_NAME / "matplotlib")
         try:
             from matplotlib.figure import Figure  # builds the font cache (matplotlib caches the dir it chose)
+        except ImportError as exc:
+            raise PlotUnavailable(
+                f"reward curve skipped: matplotlib is not installed ({exc}); pip install 'verl-offpolicy[plot]' to get it"
+            ) from None
         finally:
             if own_config:
                 os.environ.pop("MPLCONFIGDIR", None)

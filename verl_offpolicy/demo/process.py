@@ -246,3 +246,59 @@ class InterruptSignals:
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+# --------------------------------------------------------------- a run's temp dir and its owner
+
+OWNER_NAME = "owner"  # in a run's temp dir: "<pid> <start time>" of the process that created it
+
+
+def _start_time(pid: int) -> Optional[float]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def make_owned_temp_dir(prefix: str, parent: str = "/tmp") -> str:
+    """A new temp dir (``mkdtemp``) with an :data:`OWNER_NAME` file naming this process (PID and start time)."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    Path(path, OWNER_NAME).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    return path
+
+
+def owner_alive(path: str | os.PathLike) -> Optional[bool]:
+    """Whether the process that created ``path`` (:func:`make_owned_temp_dir`) still runs; None if unknown
+    (no readable owner file). A PID reused by another process counts as dead (its start time differs)."""
+    try:
+        pid_text, _, started = Path(path, OWNER_NAME).read_text().split("\n")[0].partition(" ")
+        pid, started_at = int(pid_text), float(started)
+    except (OSError, ValueError):
+        return None
+    now = _start_time(pid)
+    return now is not None and abs(now - started_at) < 1.0
+
+
+def remove_dead_owners_dirs(prefix: str, parent: str = "/tmp") -> list[str]:
+    """Remove the temp dirs ``parent/prefix*`` of runs that were killed (SIGKILL leaves them): those whose
+    owner process is dead and that no live process names in its command line (Ray's). A dir without an
+    owner file, or not ours to remove, is left alone. Returns the dirs removed."""
+    import shutil
+
+    removed = []
+    for path in sorted(Path(parent).glob(f"{prefix}*")):
+        try:
+            if not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if owner_alive(path) is not False or session_processes(str(path)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(str(path))
+    return removed

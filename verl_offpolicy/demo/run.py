@@ -14,6 +14,8 @@ Files: everything a run writes is under ``output_dir`` or its Ray temp dir (remo
 in the same ``output_dir`` continues the run there, from its latest checkpoint if it has one (verl's
 ``trainer.resume_mode=auto``), and keeps every earlier record: ``train.log`` and ``metrics.jsonl`` are
 appended to, the restart marked in both (:mod:`.records`).
+If the demo itself is SIGKILLed, ``main_ppo`` and its Ray session die with it (:mod:`.parent_death`) and
+the next run removes the Ray temp dir it left (its owner process is dead).
 
 Usage::
 
@@ -42,8 +44,9 @@ from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.launch import run_subprocess, tail
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
-from verl_offpolicy.demo.plot import write_plot
-from verl_offpolicy.demo.process import Interrupt, InterruptSignals
+from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
+from verl_offpolicy.demo.parent_death import launcher
+from verl_offpolicy.demo.process import Interrupt, InterruptSignals, make_owned_temp_dir, remove_dead_owners_dirs
 from verl_offpolicy.demo.progress import StartupPhases, plain_summary, progress_line
 from verl_offpolicy.demo.records import continued_step, log_banner, merge_part, start_records
 from verl_offpolicy.demo.results import (
@@ -54,6 +57,9 @@ from verl_offpolicy.demo.results import (
     training_metrics,
     validation_rewards,
 )
+
+
+RAY_DIR_PREFIX = "vo-ray-"
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ def run_demo(
         DemoError: the run failed or timed out.
     """
     get_model(model)  # an unknown model fails before anything is created
+    # What killed runs (SIGKILL: nothing of theirs could clean up) left: their Ray temp dirs, owner dead.
+    remove_dead_owners_dirs(RAY_DIR_PREFIX)
     run = DemoRun(
         preset=preset,
         steps=steps,
@@ -173,7 +181,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     resumed = _resume_step(run, console)
     inputs = build_inputs(run.output_dir, seed=run.seed, model=run.model)
     # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
-    ray_temp_dir = tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp")
+    ray_temp_dir = make_owned_temp_dir(RAY_DIR_PREFIX)
     command = run.command(inputs, ray_temp_dir)
     _say(
         console,
@@ -189,7 +197,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     )
     result = _collect(
         run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
-        listening=listening, shared_memory=shared_memory, resumed=resumed,
+        listening=listening, shared_memory=shared_memory, resumed=resumed, console=console,
     )
     _report(result, console)
     return result
@@ -230,7 +238,7 @@ def _train(
         if cpu_engine(run.config_name) == "fsdp":  # the driver too skips importing Megatron (its workers: +cpu=demo)
             env.setdefault(SKIP_ENGINES_ENV, FSDP_RUN_SKIPS)
         returncode, wall, marks = run_subprocess(
-            command,
+            launcher(os.getpid(), command),  # main_ppo dies with this process, even when it is SIGKILLed
             env=env,
             log_path=run.log_path,
             timeout=run.timeout,
@@ -264,6 +272,7 @@ def _collect(
     listening: list[str],
     shared_memory: dict[str, list[str]],
     resumed: int = 0,
+    console: Optional[TextIO] = None,
 ) -> DemoResult:
     """Read what the finished run logged (every step 1..N there, those before ``resumed`` by the runs it
     continues, or :class:`DemoError`) and plot its reward curve.
@@ -281,7 +290,7 @@ def _collect(
         )
     validation = validation_rewards(by_step)
     timings = run_timings(metrics, total_s=time.monotonic() - t0, subprocess_s=wall, first_step_s=first_step_s)
-    plot_path = write_plot(metrics, validation, run.output_dir / PLOT_NAME, get_model(run.model).title) if run.plot else None
+    plot_path = _plot(run, metrics, validation, console) if run.plot else None
     return DemoResult(
         output_dir=str(run.output_dir),
         command=command,
@@ -297,6 +306,16 @@ def _collect(
         shared_memory=shared_memory,
         resumed_after_step=resumed or None,
     )
+
+
+def _plot(run: DemoRun, metrics: list[dict], validation: dict[int, float], console: Optional[TextIO]) -> Optional[str]:
+    """The reward-curve PNG's path, or None with a one-line note if matplotlib is not installed (an optional
+    dependency: the run itself succeeded)."""
+    try:
+        return write_plot(metrics, validation, run.output_dir / PLOT_NAME, get_model(run.model).title)
+    except PlotUnavailable as exc:
+        _say(console, f"[cpu-demo] {exc}")
+        return None
 
 
 def _report(result: DemoResult, console: Optional[TextIO]) -> None:

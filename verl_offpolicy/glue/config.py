@@ -36,6 +36,8 @@ DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01, "pairwise_opmd":
 
 ALGO_PREFIX = "algorithm.offpolicy"
 LOSS_PREFIX = "actor_rollout_ref.actor.policy_loss"
+# How the presets set the loss's τ (offpolicy_shared/common.yaml): one hyperparameter, set as algorithm.offpolicy.tau.
+TAU_INTERPOLATION = "${" + ALGO_PREFIX + ".tau}"
 
 
 def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -205,10 +207,7 @@ class OffPolicyLossConfig(PolicyLossConfig):
     def __post_init__(self):
         if self.loss_mode in POLICY_LOSSES:
             require_registration("policy_loss", self.loss_mode)
-        if self.loss_mode == "pmd":
-            check_number(f"{LOSS_PREFIX}.tau (loss_mode=pmd)", self.resolved_tau, positive=True)
-        else:
-            check_number(f"{LOSS_PREFIX}.tau", self.resolved_tau, non_negative=True)
+        check_loss_tau(self.loss_mode, self.resolved_tau)
         _check_choice(f"{LOSS_PREFIX}.clip_mode", self.clip_mode, CLIP_MODES)
         _check_choice(f"{LOSS_PREFIX}.weight", self.weight, WEIGHTS)
         _check_choice(f"{LOSS_PREFIX}.regularizer", self.regularizer, REGULARIZERS)
@@ -223,6 +222,16 @@ class OffPolicyLossConfig(PolicyLossConfig):
     def resolved_tau(self) -> float:
         """τ as this loss uses it (:func:`resolve_tau` for ``loss_mode``)."""
         return resolve_tau(self.tau, self.loss_mode)
+
+
+def check_loss_tau(loss_mode: str, tau: Any, *, interpolated: bool = False) -> None:
+    """τ of the loss ``loss_mode``: > 0 for ``pmd`` (it divides by τ), ≥ 0 otherwise. The error names the
+    loss's key, or ``algorithm.offpolicy.tau`` if the loss reads it from there (``interpolated``, the presets' form)."""
+    if interpolated:
+        key = f"{ALGO_PREFIX}.tau (read by loss_mode={loss_mode} as {LOSS_PREFIX}.tau)"
+    else:
+        key = f"{LOSS_PREFIX}.tau (loss_mode=pmd)" if loss_mode == "pmd" else f"{LOSS_PREFIX}.tau"
+    check_number(key, tau, positive=loss_mode == "pmd", non_negative=loss_mode != "pmd")
 
 
 # ---------------------------------------------------------------------- the view the startup rules read
@@ -257,6 +266,10 @@ def loss_section(cfg: Any) -> OffPolicyLossConfig | None:
             )
         return None
     values.pop("rollout_correction", None)  # verl's own nested dataclass, validated by verl
+    raw_tau = OmegaConf.to_container(node, resolve=False).get("tau")
+    if raw_tau == TAU_INTERPOLATION:  # the presets' form: the user sets algorithm.offpolicy.tau, so name that key
+        loss_mode = values.get("loss_mode", "vanilla")
+        check_loss_tau(loss_mode, resolve_tau(values.get("tau"), loss_mode), interpolated=True)
     return OffPolicyLossConfig(**values)
 
 

@@ -18,12 +18,16 @@ import os
 import sys
 from typing import Any
 
-ENTRY_POINT_GROUP = "verl.plugins"
-ENTRY_POINT_NAME = "verl_offpolicy"
-PLUGIN_MODULE = "verl_offpolicy.glue.plugin"
-REGISTER_MODULE = "verl_offpolicy.register"  # the same registration through VERL_USE_EXTERNAL_MODULES
-PLUGINS_ENV = "VERL_USE_EXTERNAL_PLUGINS"
-MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+from verl_offpolicy.glue.plugin_setting import (  # noqa: F401 - re-exported: the names the report uses
+    ENTRY_POINT_GROUP,
+    ENTRY_POINT_NAME,
+    MODULES_ENV,
+    PLUGIN_MODULE,
+    PLUGINS_ENV,
+    REGISTER_MODULE,
+    plugin_setting_problem,
+)
+
 REPORT_PREFIX = "VERL_OFFPOLICY_STATE "
 
 
@@ -35,19 +39,9 @@ def _entry_point():
 
 def _why_not_loaded() -> str:
     """Why ``import verl`` did not import our plugin module in this process, with the fix."""
-    policy = os.environ.get(PLUGINS_ENV, "auto").strip().lower()
-    alternative = f"or set {MODULES_ENV}={REGISTER_MODULE}"
-    if policy == "none":
-        return (
-            f"{PLUGINS_ENV}=none disables verl's plugins, so `import verl` registers nothing of verl-offpolicy; "
-            f"unset {PLUGINS_ENV} (or set it to auto or to a list that includes {ENTRY_POINT_NAME}), {alternative}"
-        )
-    allowed = {name.strip() for name in policy.split(",") if name.strip()}
-    if policy != "auto" and ENTRY_POINT_NAME not in allowed:
-        return (
-            f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)} does not list {ENTRY_POINT_NAME}, so `import verl` "
-            f"registers nothing of verl-offpolicy; add it ({PLUGINS_ENV}={policy},{ENTRY_POINT_NAME}), {alternative}"
-        )
+    problem = plugin_setting_problem(os.environ)
+    if problem:
+        return problem
     try:
         entry_point = _entry_point()
     except Exception as exc:  # noqa: BLE001 - broken metadata is a finding

@@ -2,8 +2,10 @@
 
 :class:`StartupValidation` is the Hydra callback installed by every preset and by our primary configs
 (``configs/offpolicy_shared/validation.yaml``). Before ``verl.trainer.main_ppo`` starts Ray or any
-worker it checks that ``algorithm=`` names a preset (:func:`check_algorithm_choice`) and runs
-:func:`verl_offpolicy.glue.validation.validate_offpolicy_config`.
+worker it checks that ``algorithm=`` names a preset, not verl's own file of that group
+(:func:`check_algorithm_choice`), that the Ray
+workers' environment lets ``import verl`` load verl-offpolicy (:func:`check_workers_plugin_setting`) and
+runs :func:`verl_offpolicy.glue.validation.validate_offpolicy_config`.
 
 This module imports only the standard library, Hydra and OmegaConf at import time. Hydra instantiates
 callbacks before running them, so if our validation code itself could not import (a broken install,
@@ -14,7 +16,10 @@ turns its error into one line naming the file and the cause.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import traceback
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -56,19 +61,62 @@ def import_validation():
     return validate_offpolicy_config
 
 
-def check_algorithm_choice(config: DictConfig) -> None:
-    """Raise ``ValueError`` unless ``algorithm=`` (Hydra's choice of the ``algorithm`` group) is a preset.
+def verl_group_files(group: str) -> list[str]:
+    """The config names of verl's own Hydra group ``group`` (``verl/trainer/config/<group>/*.yaml``), found
+    without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    folders = [Path(p) / "trainer" / "config" / group for p in (spec.submodule_search_locations or [])] if spec else []
+    return sorted(f.stem for folder in folders if folder.is_dir() for f in folder.glob("*.yaml"))
 
-    verl's own ``algorithm/rollout_correction.yaml`` is in the same group but is not an algorithm; it is
-    mounted by verl under ``algorithm.rollout_correction``, a different choice key.
+
+def check_algorithm_choice(config: DictConfig) -> None:
+    """Raise ``ValueError`` if ``algorithm=`` (Hydra's choice of the ``algorithm`` group) names one of verl's own files.
+
+    verl's ``algorithm/rollout_correction.yaml`` is in the same group but is not an algorithm; it is mounted
+    by verl under ``algorithm.rollout_correction``, a different choice key. Any other file of the group is a
+    preset: ours, or the user's own on their Hydra search path (validated like ours).
     """
     choices = OmegaConf.select(config, "hydra.runtime.choices", default=None) or {}
     choice = choices.get(PRESET_GROUP)
-    if choice is not None and choice not in preset_names():
+    if choice is not None and choice not in preset_names() and choice in verl_group_files(PRESET_GROUP):
         raise ValueError(
-            f"{PRESET_GROUP}={choice} is not a verl-offpolicy preset; allowed values: {', '.join(preset_names())} "
-            "(`verl-offpolicy list` describes them)"
+            f"{PRESET_GROUP}={choice} is not a verl-offpolicy preset (it is verl's own config); allowed values: "
+            f"{', '.join(preset_names())} (`verl-offpolicy list` describes them), or a preset of your own: "
+            f"{PRESET_GROUP}/<name>.yaml in a folder on Hydra's search path (docs/extending.md)"
         )
+
+
+WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+
+def workers_environment(config: DictConfig) -> dict[str, str]:
+    """The environment of this run's Ray workers: this process's plus the config's ``ray_kwargs.ray_init.runtime_env.env_vars``."""
+    extra = OmegaConf.select(config, WORKER_ENV_KEY, default=None)
+    if OmegaConf.is_config(extra):
+        extra = OmegaConf.to_container(extra, resolve=True)
+    return {**os.environ, **{str(k): str(v) for k, v in (extra or {}).items()}}
+
+
+def selected_names(config: DictConfig) -> list[str]:
+    """``key=name`` for every name of ours the config selects (``algorithm.adv_estimator=opmd``, ...)."""
+    from verl_offpolicy.glue.registration import expected_names
+
+    return sorted({f"{e.config_key}={e.name}" for e in expected_names() if OmegaConf.select(config, e.config_key) == e.name})
+
+
+def check_workers_plugin_setting(config: DictConfig) -> None:
+    """Raise ``ValueError`` if the Ray workers' environment keeps ``import verl`` from loading verl-offpolicy.
+
+    ``VERL_USE_EXTERNAL_PLUGINS=none`` (or a list without ``verl_offpolicy``) leaves every worker without
+    our trainer, estimators and losses: verl would start Ray and fail a minute later with "Unknown trainer
+    'offpolicy'". This process registers on its own (the validation imports our modules), so it cannot tell.
+    """
+    from verl_offpolicy.glue.plugin_setting import plugin_setting_problem
+
+    problem = plugin_setting_problem(workers_environment(config))
+    if problem:
+        used = ", ".join(selected_names(config))
+        raise ValueError(f"the Ray workers of this run will not have verl-offpolicy{f' ({used})' if used else ''}: {problem}")
 
 
 class StartupValidation(Callback):
@@ -82,6 +130,7 @@ class StartupValidation(Callback):
         try:
             check_algorithm_choice(config)
             validate = import_validation()
+            check_workers_plugin_setting(config)
         except BrokenInstallError as exc:
             raise SystemExit(f"verl-offpolicy: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message

@@ -81,6 +81,23 @@ def check_rollout_correction(view: ConfigView) -> None:
         )
 
 
+def check_trainer_mode(view: ConfigView) -> None:
+    """``trainer.v1.trainer_mode`` names a trainer of verl's registry (verl's ``sync``, ``colocate_async``,
+    ``separate_async``, our ``offpolicy``, or one a plugin registered); verl looks it up only in its
+    ``TaskRunner``, after Ray and TransferQueue started."""
+    if not view.select("trainer.use_v1", False):
+        return
+    import verl.trainer.ppo.v1  # noqa: F401 - importing it registers verl's own trainers
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    mode = view.trainer_mode
+    if mode not in TRAINER_REGISTRY:
+        raise OffPolicyConfigError(
+            f"trainer.v1.trainer_mode={mode!r} is not a registered trainer; allowed values: "
+            f"{', '.join(sorted(TRAINER_REGISTRY))} (or trainer.use_v1=false for verl's legacy trainer)"
+        )
+
+
 def check_verl_async_modes(view: ConfigView) -> None:
     """What a preset can keep under verl's ``colocate_async``/``separate_async`` trainers.
 
@@ -228,7 +245,8 @@ def check_staleness_threshold(view: ConfigView) -> None:
 
 # verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
 ROLLOUT_CORRECTION_RULES = (check_rollout_correction,)
-# The trainer mode: verl's async modes, or the scheduler with its overlapped mode and its features.
+# The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
-    check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features, check_staleness_threshold,
+    check_trainer_mode, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
+    check_staleness_threshold,
 )

@@ -44,6 +44,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
+from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
 from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, queue_metrics
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
@@ -59,8 +60,6 @@ BEHAVIOUR_TAG = "offpolicy_behaviour"
 BEHAVIOUR_FIELD = "behaviour_log_probs"
 GENERATION_POLL_SECONDS = 0.05
 PROGRESS_LOG_SECONDS = 60.0
-# A batch not generated within this many seconds fails the run (a dead or stuck rollout never hangs it).
-GENERATION_TIMEOUT_S = float(os.environ.get("VERL_OFFPOLICY_GENERATION_TIMEOUT", "3600"))
 
 
 @dataclass
@@ -188,6 +187,8 @@ class OffPolicyTrainer(PPOTrainer):
         self.offpolicy = offpolicy_section(config.algorithm)
         self.schedule = self.offpolicy.schedule
         self._warned_unobserved = False
+        # A batch that makes no progress for this long fails the run (a stopped, hung or dead rollout never hangs it).
+        self.generation_deadline = GenerationDeadline.from_env()
         super().__init__(config)
 
     # ------------------------------------------------------------------ the mode's part of a step
@@ -268,26 +269,38 @@ class OffPolicyTrainer(PPOTrainer):
     # ------------------------------------------------------------------ generation
 
     def _wait_for_generation(self, uids: set[str], version: int) -> None:
-        started = last_report = time.time()
+        """Block until every prompt group of ``uids`` finished (or failed); raise once none has finished for
+        ``self.generation_deadline.bound_s`` (from the generations measured so far, :mod:`.deadline`)."""
+        deadline = self.generation_deadline
+        started = last_report = last_progress = time.time()
+        done_before = -1
         while True:
             items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
             status = defaultdict(int)
             for uid in uids:
                 status[items.get(uid, {}).get("status", "missing")] += 1
-            if status["finished"] + status["failure"] == len(uids):
+            done = status["finished"] + status["failure"]
+            now = time.time()
+            if done == len(uids):
                 if status["failure"]:
                     logger.warning("offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version)
+                deadline.observe(now - started)
                 return
-            if time.time() - started > GENERATION_TIMEOUT_S:
+            if done > done_before:
+                done_before, last_progress = done, now
+            if now - last_progress > deadline.bound_s:
                 raise RuntimeError(
-                    f"offpolicy scheduler: {len(uids) - status['finished'] - status['failure']} of {len(uids)} prompt "
-                    f"groups of version {version} not generated after {GENERATION_TIMEOUT_S:.0f}s ({dict(status)}); "
-                    "see the rollout and agent-loop worker logs, or raise VERL_OFFPOLICY_GENERATION_TIMEOUT"
+                    f"offpolicy scheduler: {len(uids) - done} of {len(uids)} prompt groups of version {version} not "
+                    f"generated after {now - started:.0f} s, none finished in the last {now - last_progress:.0f} s "
+                    f"({dict(status)}); the limit is {deadline.describe()}. A rollout process that is stopped, hung or "
+                    "dead looks like this: see the rollout and agent-loop worker logs"
                 )
-            if time.time() - last_report > PROGRESS_LOG_SECONDS:
-                last_report = time.time()
+            if now - last_report > PROGRESS_LOG_SECONDS:
+                last_report = now
                 logger.info(
-                    "offpolicy scheduler: generating version %d for %.0f s: %s", version, last_report - started, dict(status)
+                    "offpolicy scheduler: waiting %.0f s for %d of %d prompt groups of version %d from the rollout (%s); "
+                    "the run fails after %s",
+                    now - started, len(uids) - done, len(uids), version, dict(status), deadline.describe(),
                 )
             time.sleep(GENERATION_POLL_SECONDS)
 
