@@ -291,7 +291,7 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("agro", ["algorithm.kl_penalty=low_var_kl"], "algorithm.kl_penalty=kl"),
         ("agro", ["algorithm.kl_ctrl.type=adaptive"], "algorithm.kl_ctrl.type=fixed"),
         ("agro", ["algorithm.kl_ctrl.kl_coef=0.2"], "to equal algorithm.offpolicy.beta"),
-        ("pmd_mean", ["algorithm.offpolicy.tau=0"], "tau (loss_mode=pmd) must be > 0"),
+        ("pmd_mean", ["algorithm.offpolicy.tau=0"], "algorithm.offpolicy.tau (read by loss_mode=pmd as actor_rollout_ref.actor.policy_loss.tau) must be > 0"),
         ("pmd_partition", ["algorithm.offpolicy.tau=-1"], "must be > 0"),
         ("pmd_partition", ["actor_rollout_ref.actor.policy_loss.tau=0.5"], "τ is one hyperparameter"),
         ("pmd_mean", ["actor_rollout_ref.actor.policy_loss.tau=0.05"], "set algorithm.offpolicy.tau only"),
