@@ -8,10 +8,11 @@ global sequence count, ``dp_size``) gives another gradient. Compared: the loss v
 gradient of the optimizer step (full tensors, before clipping), its norm, the updated weights, and
 M2PO's token mask (its cut is chosen over all ranks' tokens).
 
-Break-checked: with the losses aggregated per rank (``glue/algorithms/adapters.py::aggregate`` given the
-local token and sequence counts and ``dp_size=1``), the token-mean families' gradients differ; with M2PO's
-cross-rank gather removed (``glue/algorithms/m2po.py::_gather_values`` returning the local values), rank
-0 also masks the moderate token.
+Break-checked (``glue/algorithms/adapters.py::aggregate``): aggregated per rank (``agg_loss(...,
+dp_size=1)``, local token and sequence counts), the 4 token-mean families fail (the 3 sequence-mean ones
+cannot tell: verl gives every rank the same number of sequences); with the global counts but ``dp_size``
+dropped, all 7 fail (loss and gradient halved). With M2PO's cross-rank gather removed
+(``glue/algorithms/m2po.py::_gather_values`` returning the local values) its mask test fails.
 """
 
 from __future__ import annotations
