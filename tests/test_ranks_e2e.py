@@ -30,7 +30,7 @@ TWO_RANKS = [o for o in SMALL_DEMO if not o.split("=")[0].endswith(MICRO_KEYS)] 
 
 
 # Two training and two rollout processes start one after the other: measured 10.5 min under a load of 20
-# on 2 cores (killed at the shared runs' 600 s while shutting down), ~4 min when the machine is quiet
+# on 2 cores (killed at the shared runs' 600 s while shutting down), 7 min under a similar load
 TIMEOUT = 2 * SHARED_RUN_TIMEOUT
 
 
@@ -57,9 +57,11 @@ def test_two_training_ranks_train_the_stale_step_against_behaviour_log_probs(run
     """Step 1 is fresh (no anchor: behaviour = proximal weights): the two ranks' log-probs agree with the
     rollout's (fp32), nothing is clipped. Step 2 is one update stale: the loss's old_log_prob are the
     behaviour log-probs the two ranks recomputed at the generating weights, so at the start of the update
-    the loss's mean log(π_old/π) (``actor/ppo_kl``, verl's token mean over both ranks) is minus the gap the
-    trainer measured between the proximal and the behaviour log-probs over the whole batch, and REC's
-    one-side mask acts."""
+    the loss's mean log(π_old/π) (``actor/ppo_kl``) is minus the gap the trainer measured between the
+    proximal and the behaviour log-probs over the whole batch, and REC's one-side mask acts. verl averages
+    ``ppo_kl`` over the ranks' token means, the gap is one token mean over the batch: equal when the ranks
+    hold as many tokens (measured: exact in one run, 1.6e-3 apart in another); a loss on the proximal
+    log-probs would give 0."""
     fresh, stale = run.result().metrics
     assert fresh[STALENESS] == 0 and stale[STALENESS] == 1
     assert fresh["training/rollout_probs_diff_max"] < 1e-5  # measured 1.6e-7
@@ -67,5 +69,5 @@ def test_two_training_ranks_train_the_stale_step_against_behaviour_log_probs(run
     assert fresh["actor/ppo_kl"] == 0.0 and fresh["actor/pg_clipfrac"] == 0.0
     gap = stale["offpolicy/anchor_log_ratio/mean"]
     assert gap != 0
-    assert stale["actor/ppo_kl"] == pytest.approx(-gap, rel=1e-4), (stale["actor/ppo_kl"], gap)
+    assert stale["actor/ppo_kl"] == pytest.approx(-gap, rel=0.05), (stale["actor/ppo_kl"], gap)
     assert stale["actor/pg_clipfrac"] > 0
