@@ -21,6 +21,7 @@ platform before those modules are imported: start it with ``VERL_PLATFORM=cpu`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -377,3 +378,69 @@ def run_isolated(
         if returncode != 0 or not result_path.exists():
             raise IsolatedRunError(f"{target} failed (exit {returncode}); output:\n{output[-4000:]}")
         return json.loads(result_path.read_text())
+
+
+def run_ranks(
+    target: str, kwargs: dict[str, Any], world_sizes: Sequence[int], workdir: str | os.PathLike, timeout: float = 300.0
+) -> dict[int, list[Any]]:
+    """Run ``module:function(rank=, world_size=, **kwargs)`` on every rank of one gloo world per size, all at once.
+
+    Each world of ``world_sizes`` gets its ranks as fresh ``VERL_PLATFORM=cpu`` processes with what Ray's
+    worker group would set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, a free
+    ``MASTER_PORT``), each in its own session, output in ``workdir``. Returns {world size: [rank 0's result,
+    ...]}, each the function's JSON return value. If any process fails or the ``timeout`` passes, every
+    process still running is killed (a rank left alone would wait in a collective) and the error shows
+    the failed rank's output.
+    """
+    import signal
+    import subprocess
+    import time
+
+    workdir = Path(workdir)
+    procs: list[tuple[int, int, subprocess.Popen, Path, Path]] = []
+    env = {**os.environ, **CPU_ENV, **LOOPBACK_ENV}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    module, _, function = target.partition(":")
+    try:
+        for size in world_sizes:
+            port = _free_port()
+            for rank in range(size):
+                tag = f"w{size}r{rank}"
+                result_path, log_path = workdir / f"{tag}.json", workdir / f"{tag}.log"
+                call = {**kwargs, "rank": rank, "world_size": size}
+                code = (
+                    "import json, importlib\n"
+                    f"fn = getattr(importlib.import_module({module!r}), {function!r})\n"
+                    f"result = fn(**json.loads({json.dumps(json.dumps(call))}))\n"
+                    f"open({str(result_path)!r}, 'w').write(json.dumps(result))\n"
+                )
+                rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size),
+                            "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                with open(log_path, "w") as log:
+                    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=rank_env, start_new_session=True,
+                                            cwd=Path(__file__).resolve().parents[1])  # our `tests`, not verl's
+                procs.append((size, rank, proc, result_path, log_path))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for _, _, p, _, _ in procs):
+            failed = [(s, r, log) for s, r, p, _, log in procs if p.poll() not in (None, 0)]
+            if failed:
+                s, r, log = failed[0]
+                raise IsolatedRunError(f"{target} failed on rank {r} of the world of {s}; output:\n{log.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise IsolatedRunError(f"{target} did not finish within {timeout:.0f}s; rank 0's output:\n"
+                                       f"{procs[0][4].read_text()[-4000:]}")
+            time.sleep(0.2)
+        results: dict[int, list[Any]] = {size: [] for size in world_sizes}
+        for size, rank, proc, result_path, log_path in procs:
+            if proc.returncode != 0 or not result_path.exists():
+                raise IsolatedRunError(f"{target} failed on rank {rank} of the world of {size} (exit {proc.returncode}); "
+                                       f"output:\n{log_path.read_text()[-4000:]}")
+            results[size].append(json.loads(result_path.read_text()))
+        return results
+    finally:
+        for _, _, proc, _, _ in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -82,6 +82,36 @@ def test_micro_batches_are_not_checked_where_verl_does_not_use_them(tiny):
     ) == []
 
 
+def test_two_training_ranks_are_accepted_and_take_two_fake_gpus(tiny):
+    """``trainer.n_gpus_per_node=2``: the overlay's fake Ray GPUs follow it; a count set by hand must cover it."""
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["trainer.n_gpus_per_node=2"])
+    assert check_cpu_config(cfg) == []
+    assert cfg.ray_kwargs.ray_init.num_gpus == 2
+    assert required_ray_cpus(cfg) == 1 + 1 + 2 * 3  # controller + 1 storage unit + two training bundles
+    assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1"),
+                          "ray_kwargs.ray_init.num_gpus=1", "++ray_kwargs.ray_init.num_gpus=2")
+    # the rollout's own pool takes one more
+    assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=2", "+cpu_rollout=standalone"),
+                          "ray_kwargs.ray_init.num_gpus=2", "num_gpus=3")
+    assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=0"), "trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node=1")
+
+
+@pytest.mark.parametrize(
+    "overrides, key, fix",
+    [
+        # 3 prompts x 1 sample per update cannot split over 2 ranks (verl asserts it at the first update)
+        (["trainer.n_gpus_per_node=2", "data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+          "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.actor.ppo_mini_batch_size=3", "split evenly over the 2"),
+        # 4 x 4 = 16 samples per step are 8 per rank: a micro-batch of 16 does not divide them
+        (["trainer.n_gpus_per_node=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+          "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"],
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "=8 (any divisor of 8)"),
+    ],
+)
+def test_batch_sizes_that_do_not_split_over_two_ranks_are_named(tiny, overrides, key, fix):
+    assert_named_with_fix(_problems(tiny, *overrides), key, fix)
+
+
 def test_required_cpus_counts_transfer_queue_and_placement_groups(tiny):
     cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"])
     assert required_ray_cpus(cfg) == 1 + 1 + 3  # controller + 1 storage unit + one training bundle

@@ -117,6 +117,12 @@ def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
     ]
     if uses_ref:
         checks.append(("actor_rollout_ref.ref", "log_prob_micro_batch_size_per_gpu", step_samples, "data.train_batch_size x rollout.n"))
+    mini = int(_select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n
+    if dp > 1 and mini > 0:  # verl asserts it in the worker (train_mini_batch), at the first update
+        need("actor_rollout_ref.actor.ppo_mini_batch_size", mini % dp == 0,
+             _select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size"),
+             f"each update's {mini} samples (ppo_mini_batch_size x rollout.n) must split evenly over the {dp} "
+             "training processes (trainer.n_gpus_per_node); choose sizes whose product divides by it")
     for prefix, name, samples, what in checks:
         micro = _select(cfg, f"{prefix}.{name}")
         dynamic = _select(cfg, f"{prefix}.{'log_prob_' if name.startswith('log_prob') else ''}use_dynamic_bsz", False)
@@ -205,7 +211,7 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     num_gpus = _select(cfg, f"{ray_init}.num_gpus")
     need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
          f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
-         f"CPU these are fake: set +{ray_init}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
+         f"CPU these are fake: set ++{ray_init}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
          f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
     num_cpus = _select(cfg, f"{ray_init}.num_cpus")
     have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
@@ -221,8 +227,9 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
     nnodes = _select(cfg, "trainer.nnodes", 1)
     need("trainer.nnodes", nnodes == 1, nnodes, "the CPU path runs on one machine; set trainer.nnodes=1")
-    need("trainer.n_gpus_per_node", n_gpus is not None and n_gpus >= 1, n_gpus,
-         "set trainer.n_gpus_per_node=1 (one training process; more work but share the same cores)")
+    need("trainer.n_gpus_per_node", isinstance(n_gpus, int) and n_gpus >= 1, n_gpus,
+         "the number of training processes (FSDP2 ranks on gloo, sharing this machine's cores): set "
+         "trainer.n_gpus_per_node=1, or 2 to train on two ranks (docs/cpu.md)")
     return problems
 
 
