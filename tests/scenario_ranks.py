@@ -28,6 +28,10 @@ FAMILIES = {
     "pairwise_opmd": ("pairwise_opmd", "pairwise_opmd"),
     "agro": ("agro", "rec"),
 }
+# The cut is over M2PO's whole token pool here (pool `all`): the derivation below counts all 32 tokens; the
+# trust-region pool, which drops the tokens whose ratio moves toward 1, has its own golden tests
+# (tests/test_algorithms_losses.py).
+FAMILY_OVERRIDES = {"m2po": ["actor_rollout_ref.actor.policy_loss.m2po_token_pool=all"]}
 # Responses (symbols of the tiny vocabulary) and their advantages; rows 0-3 go to rank 0, 4-7 to rank 1.
 RESPONSES = [
     ["c", "d"], ["c", "c", "d"], ["d", "c"], ["d", "d", "c"],
@@ -94,7 +98,8 @@ def rank_updates(workdir: str, rank: int, world_size: int, families: list[str], 
         preset, loss_mode = FAMILIES[family]
         harness = ActorHarness.create(
             workdir / f"w{world_size}r{rank}-{family}", loss_mode=loss_mode, lr=lr,
-            overrides=[preset_selector(preset, "ppo_trainer"), "actor_rollout_ref.actor.optim.optimizer=SGD"], **paths,
+            overrides=[preset_selector(preset, "ppo_trainer"), "actor_rollout_ref.actor.optim.optimizer=SGD", *FAMILY_OVERRIDES.get(family, [])],
+            **paths,
         )
         harness.record_grads()
         tok = harness.tokenizer
