@@ -309,8 +309,8 @@ KILLED_RUN_ENDS_S = 180
 RUN_CORE = ("verl.trainer.main_ppo", "gcs_server", "raylet")
 
 
-# Out of the default run for now: it passed alone on its branch, and failed in the merged main's full run of
-# 2026-11-26 (cause not diagnosed yet; the run's output is in that session's closing note). Run it with -m extended.
+# Out of the default run for now (-m extended): it passed alone on its branch; in the merged main's full run of
+# 2026-11-26 main_ppo, GCS and raylet died, but Ray's dashboard agent and runtime_env agent outlived the 180 s bound.
 @pytest.mark.extended
 @pytest.mark.timeout(STARTUP_TIMEOUT + 600)
 def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_left(tmp_path):
