@@ -168,7 +168,7 @@ def take_over_our_names() -> None:
 
 def collision(kind: str, name: str) -> str | None:
     """Why ``name`` of ``kind`` in verl's registry is not (only) verl-offpolicy's, or None."""
-    if kind not in ("adv_estimator", "policy_loss"):
+    if kind not in CONFIG_KEYS:
         return None
     registry, _ = _algorithm_registries()[kind]
     key = CONFIG_KEYS[kind]
@@ -326,5 +326,5 @@ def require_registration(kind: str, name: str) -> None:
             f"verl-offpolicy's {kind} '{name}' is missing from verl's registry although registration "
             "reported no error; run `verl-offpolicy doctor`."
         )
-    if kind in ("adv_estimator", "policy_loss") and not is_ours(_algorithm_registries()[kind][0][name]):
+    if kind in CONFIG_KEYS and not is_ours(_algorithm_registries()[kind][0][name]):
         raise RegistrationError(f"verl-offpolicy: {collision(kind, name)}.")  # (one ours replaced only warns)
