@@ -303,20 +303,19 @@ def test_ctrl_c_at_startup_stops_the_run_with_one_line(tmp_path):
 
 # The kernel signals main_ppo and Ray's GCS and raylet at once (parent-death signals): bounded well under the
 # minute the run used to go on for (until main_ppo's next write to the dead demo's pipe), generously for a loaded
-# 2-core machine. Ray's agents and workers notice their raylet is gone on their own polling.
+# 2-core machine. Ray's agents and workers notice their raylet is gone on their own polling, the agents at times
+# minutes later under load: the next start ends whatever of the run is still alive.
 KILLED_RUN_CORE_ENDS_S = 30
-KILLED_RUN_ENDS_S = 180
+KILLED_RUN_ENDS_S = 60
 RUN_CORE = ("verl.trainer.main_ppo", "gcs_server", "raylet")
 
 
-# Out of the default run for now (-m extended): it passed alone on its branch; in the merged main's full run of
-# 2026-11-26 main_ppo, GCS and raylet died, but Ray's dashboard agent and runtime_env agent outlived the 180 s bound.
-@pytest.mark.extended
 @pytest.mark.timeout(STARTUP_TIMEOUT + 600)
 def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_left(tmp_path):
     """SIGKILL of the demo alone (the OOM killer, kill -9): nothing of it can clean up. main_ppo (in a session
     of its own) used to run on for a minute and its Ray temp dir stayed. Now the run dies with the demo, and
-    the next start removes the Ray temp dir (its owner is dead) before anything else."""
+    the next start ends what is left of it (Ray's dashboard and runtime-env agents can outlive the raylet by
+    minutes on a loaded machine) and removes its Ray temp dir (its owner is dead) before anything else."""
     demo = DemoProcess(tmp_path)
     try:
         demo.wait_for(demo.find_ray_dir, "Ray session")
@@ -328,10 +327,6 @@ def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_lef
         demo.proc.wait(timeout=60)
         _, alive = psutil.wait_procs(core, timeout=KILLED_RUN_CORE_ENDS_S)
         assert [" ".join(p.cmdline()) for p in alive if _running(p)] == []
-        _, alive = psutil.wait_procs(procs, timeout=KILLED_RUN_ENDS_S)
-        alive = [" ".join(p.cmdline()) for p in alive if _running(p)]
-        alive += [" ".join(p.cmdline()) for p in session_processes(demo.ray_dir)]
-        assert alive == [], alive
         assert Path(demo.ray_dir).is_dir()  # left behind: the demo could not remove it
         a_file = tmp_path / "a_file"  # a start refused at once (its output dir is a file), after the clean-up
         a_file.write_text("x")
@@ -339,6 +334,10 @@ def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_lef
                                 env=demo.env, stdin=subprocess.DEVNULL)
         assert second.returncode == 2 and "is not a directory" in second.stderr, second.stderr
         assert not Path(demo.ray_dir).exists()
+        _, alive = psutil.wait_procs(procs, timeout=KILLED_RUN_ENDS_S)  # the clean-up waits for what it ends
+        alive = [" ".join(p.cmdline()) for p in alive if _running(p)]
+        alive += [" ".join(p.cmdline()) for p in session_processes(demo.ray_dir)]
+        assert alive == [], alive
     finally:
         demo.cleanup()
 

@@ -81,6 +81,17 @@ def test_the_first_run_writes_metrics_jsonl_itself_and_a_killed_reruns_records_a
     assert restarts(tmp_path / "metrics.jsonl") == [1, 2]
 
 
+def test_a_start_that_failed_before_logging_and_its_retry_mark_one_restart(tmp_path):
+    """Ray's start-up timed out (nothing logged) and the demo started again, resuming from the same step."""
+    (tmp_path / "metrics.jsonl").write_text(_record(1, 0.1) + "\n")
+    start_records(tmp_path, resumed=1)
+    merge_part(tmp_path)  # the failed start: no part file was written
+    start_records(tmp_path, resumed=1).write_text(_record(2, 0.2) + "\n")
+    merge_part(tmp_path)
+    assert restarts(tmp_path / "metrics.jsonl") == [1]
+    assert [m["step"] for m in training_metrics(read_metrics(tmp_path / "metrics.jsonl"))] == [1, 2]
+
+
 def test_the_log_banner_marks_a_rerun(tmp_path):
     assert log_banner(tmp_path, 2, 6) == ""  # no earlier log: written anew
     (tmp_path / "train.log").write_text("step:2 - ...\n")

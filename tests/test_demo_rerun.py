@@ -35,10 +35,7 @@ from verl_offpolicy.demo.process import kill_process_tree, spawn
 from verl_offpolicy.demo.records import PART_NAME, RESTART_KEY
 from verl_offpolicy.demo.results import read_metrics, training_metrics
 
-# Out of the default run for now (-m extended): in the merged main's full run of 2026-11-26 the interrupted
-# re-run's step-2 record was missing from metrics.jsonl (restart records 1 and 2 and steps 1, 3-5 were
-# there); it passed on its branch before the parent-death launcher and the run's TMPDIR were merged.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STEPS = 5
 RUN_TIMEOUT = 1200  # one run, start-up included (start-up alone took 200-300 s on a loaded 2-core machine)
@@ -124,9 +121,16 @@ def test_a_rerun_continues_at_the_scheduled_versions_and_keeps_every_record(reru
     assert marks == [1, resumed], marks
     first_run = lines[: next(i for i, r in enumerate(lines) if RESTART_KEY in r["data"])]
     assert [r["step"] for r in first_run if "critic/score/mean" in r["data"]] == [1]  # run 1's record kept
+    # verl saves step k's checkpoint before it logs step k: a Ctrl-C between the two (this test interrupts
+    # right after a checkpoint) leaves step k = resumed without a record; the re-run must say so, and only so
+    summary = json.loads((out / "summary.json").read_text())
+    unlogged = summary["unlogged_steps"]
+    assert unlogged in ([], [resumed]), unlogged
+    assert ("[cpu-demo] note: no metrics record of step(s)" in output) == bool(unlogged), output[-3000:]
     metrics = training_metrics(read_metrics(out / "metrics.jsonl"))
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
-    assert [int(m["offpolicy/version"]) for m in metrics] == [0, 0, 1, 2, 3]
+    assert [m["step"] for m in metrics] == [s for s in range(1, STEPS + 1) if s not in unlogged]
+    version = {1: 0, 2: 0, 3: 1, 4: 2, 5: 3}  # (1, 1): v(t) = max(0, t - 2)
+    assert {m["step"]: int(m["offpolicy/version"]) for m in metrics} == {s: version[s] for s in version if s not in unlogged}
     assert not (out / PART_NAME).exists()
 
     # train.log: run 1's lines first, then a banner per re-run

@@ -7,6 +7,7 @@ import math
 
 from verl_offpolicy.demo.progress import progress_line
 from verl_offpolicy.demo.results import (
+    missing_steps,
     read_metrics,
     rollout_vs_trainer_gap,
     run_timings,
@@ -38,6 +39,16 @@ def test_steps_are_merged_and_validation_read_per_step(tmp_path):
     assert metrics[0]["training/rollout_probs_diff_max"] == 0.002  # the second record of step 1 merged in
     assert validation_rewards(by_step) == {0: 0.05, 2: 0.5}
     assert read_metrics(tmp_path / "missing.jsonl") == {}
+
+
+def test_a_step_checkpointed_before_an_interrupt_but_never_logged_is_told_apart_from_a_missing_one():
+    """Steps 1, 3, 4 logged, 5 steps run: step 2 is "unlogged" if this run resumed after a checkpoint at or past
+    it (an earlier run trained it, then stopped between verl's save and its log), else "missing" (an error)."""
+    logged = [{"step": s} for s in (1, 3, 4)]
+    assert missing_steps(logged, 5, resumed=2) == ([2], [5])
+    assert missing_steps(logged, 5, resumed=1) == ([], [2, 5])
+    assert missing_steps(logged, 5) == ([], [2, 5])
+    assert missing_steps(logged + [{"step": 5}], 5, resumed=3) == ([2], [])
 
 
 def test_timings_and_rollout_gap(tmp_path):

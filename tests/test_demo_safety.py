@@ -5,6 +5,7 @@ read-only directory is ``/sys/kernel``, where the kernel refuses new files to ev
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -182,8 +183,28 @@ def test_only_temp_dirs_whose_owner_died_are_removed(tmp_path):
     other = tmp_path / "not-ours"
     other.mkdir()
     (other / OWNER_NAME).write_text(f"{dead.pid} {started}\n")
-    assert remove_dead_owners_dirs("vo-ray-", str(tmp_path)) == [str(killed)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "vo-ray-unknown", "not-ours"])
+    # the killed run's orphans (Ray's agents outlive its raylet; reparented, as here, to init): one ends on
+    # SIGTERM, one ignores it (only SIGKILL ends it); a live run's process stays
+    script = tmp_path / "sleeper.py"
+    script.write_text("import signal, sys, time\nif sys.argv[1] == 'stubborn':\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n")
+
+    def orphan(kind: str, temp_dir: Path) -> psutil.Process:
+        shell = f"{sys.executable} {script} {kind} --temp-dir={temp_dir} >/dev/null 2>&1 & echo $!"
+        return psutil.Process(int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60).stdout))
+
+    orphans = [orphan("polite", killed), orphan("stubborn", killed)]
+    bystander = orphan("polite", live)
+    try:
+        time.sleep(1.0)  # the handlers are installed
+        assert remove_dead_owners_dirs("vo-ray-", str(tmp_path), grace_s=2.0) == [str(killed)]
+        assert sorted(p.name for p in tmp_path.iterdir() if p != script) == sorted([live.name, "vo-ray-unknown", "not-ours"])
+        _, alive = psutil.wait_procs(orphans, timeout=60)
+        assert alive == []
+        assert bystander.is_running()
+    finally:
+        for proc in (*orphans, bystander):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def test_a_finished_run_without_matplotlib_skips_the_plot_with_a_note(tmp_path, monkeypatch):

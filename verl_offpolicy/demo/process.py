@@ -9,6 +9,7 @@ loopback is the CPU platform's rule (:func:`verl_offpolicy.cpu.platform.is_loopb
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -16,6 +17,12 @@ import subprocess
 import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+
+# What Ray says when a new node's raylet misses the fixed 30 s it is given to register with the GCS
+# (ray/_private/node.py): a loaded machine, nothing trained yet; starting Ray again is the remedy.
+RAY_START_TIMED_OUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3
 
 
 def session_processes(marker: str) -> list:
@@ -121,20 +128,23 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
         killed.append(proc.pid)
     if ray_marker:
         leftovers = session_processes(ray_marker)
-        for p in leftovers:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(leftovers, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=grace_s)
+        end_processes(leftovers, grace_s)
         killed += [p.pid for p in leftovers]
     return killed
+
+
+def end_processes(procs: Sequence, grace_s: float = 10.0) -> None:
+    """SIGTERM each of ``procs`` (psutil processes), SIGKILL those still alive after ``grace_s``, and wait."""
+    import psutil
+
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()) -> subprocess.Popen:
@@ -283,10 +293,12 @@ def owner_alive(path: str | os.PathLike) -> Optional[bool]:
     return now is not None and abs(now - started_at) < 1.0
 
 
-def remove_dead_owners_dirs(prefix: str, parent: str = "/tmp") -> list[str]:
+def remove_dead_owners_dirs(prefix: str, parent: str = "/tmp", grace_s: float = 10.0) -> list[str]:
     """Remove the temp dirs ``parent/prefix*`` of runs that were killed (SIGKILL leaves them): those whose
-    owner process is dead and that no live process names in its command line (Ray's). A dir without an
-    owner file, or not ours to remove, is left alone. Returns the dirs removed."""
+    owner process is dead. The processes still naming such a dir in their command line are that run's
+    orphans (Ray's dashboard and runtime-env agents can outlive its raylet by minutes on a loaded machine):
+    they are ended first (SIGTERM, SIGKILL after ``grace_s``). A dir without an owner file, or not ours to
+    remove, is left alone. Returns the dirs removed."""
     import shutil
 
     removed = []
@@ -296,8 +308,9 @@ def remove_dead_owners_dirs(prefix: str, parent: str = "/tmp") -> list[str]:
                 continue
         except OSError:
             continue
-        if owner_alive(path) is not False or session_processes(str(path)):
+        if owner_alive(path) is not False:
             continue
+        end_processes([p for p in session_processes(str(path)) if p.uids().real == os.getuid()], grace_s)
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
             removed.append(str(path))

@@ -90,8 +90,11 @@ def start_records(output_dir: Path, resumed: int) -> Path:
     metrics = output_dir / METRICS_NAME
     if not metrics.exists() or metrics.stat().st_size == 0:
         return metrics
-    with open(metrics, "a") as f:
-        f.write(json.dumps({"step": resumed, "data": {RESTART_KEY: resumed}}) + "\n")
+    restart = json.dumps({"step": resumed, "data": {RESTART_KEY: resumed}})
+    lines = metrics.read_text().splitlines()
+    if not lines or lines[-1] != restart:  # the same restart again (a start that failed before logging): once
+        with open(metrics, "a") as f:
+            f.write(restart + "\n")
     return output_dir / PART_NAME
 
 

@@ -68,6 +68,17 @@ def training_metrics(by_step: dict[int, dict[str, Any]]) -> list[dict[str, Any]]
     return [{"step": s, **m} for s, m in sorted(by_step.items()) if s >= 1 and TRAIN_SCORE in m]
 
 
+def missing_steps(metrics: list[dict[str, Any]], steps: int, resumed: int = 0) -> tuple[list[int], list[int]]:
+    """The steps of 1..``steps`` without a record in ``metrics`` (:func:`training_metrics`), split in two:
+    (unlogged, missing).
+
+    Unlogged: at or before ``resumed``, the checkpoint this run resumed from. verl saves a step's checkpoint
+    before it logs the step, so an earlier run stopped between the two trained the step and left no record
+    of it (nothing can recover it). Missing: after ``resumed``, steps this run should have logged."""
+    absent = sorted(set(range(1, steps + 1)) - {m["step"] for m in metrics})
+    return [s for s in absent if s <= resumed], [s for s in absent if s > resumed]
+
+
 def validation_rewards(by_step: dict[int, dict[str, Any]]) -> dict[int, float]:
     """step -> mean validation reward (greedy), for the steps that logged one (step 0: before training)."""
     validation = {}
@@ -120,6 +131,8 @@ class DemoResult:
     # behind (unlinked by the demo after the run)
     shared_memory: dict[str, list[str]] = field(default_factory=dict)
     resumed_after_step: Optional[int] = None  # this run resumed from the checkpoint of that step (re-run in its dir)
+    # steps an earlier run trained and checkpointed but was stopped before logging (no record exists)
+    unlogged_steps: list[int] = field(default_factory=list)
 
     @property
     def rewards(self) -> list[float]:
@@ -137,8 +150,9 @@ class DemoResult:
         rewards = self.rewards
         window = max(1, min(3, len(rewards) // 3))
         return {
-            "steps": len(self.metrics),
+            "steps": len(self.metrics) + len(self.unlogged_steps),
             "resumed_after_step": self.resumed_after_step,
+            "unlogged_steps": self.unlogged_steps,
             "reward_first": rewards[0] if rewards else None,
             "reward_last": rewards[-1] if rewards else None,
             f"reward_first{window}_mean": sum(rewards[:window]) / window if rewards else None,

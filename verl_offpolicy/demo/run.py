@@ -46,11 +46,19 @@ from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
 from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
 from verl_offpolicy.demo.parent_death import launcher
-from verl_offpolicy.demo.process import Interrupt, InterruptSignals, make_owned_temp_dir, remove_dead_owners_dirs
+from verl_offpolicy.demo.process import (
+    RAY_START_ATTEMPTS,
+    RAY_START_TIMED_OUT,
+    Interrupt,
+    InterruptSignals,
+    make_owned_temp_dir,
+    remove_dead_owners_dirs,
+)
 from verl_offpolicy.demo.progress import StartupPhases, plain_summary, progress_line
 from verl_offpolicy.demo.records import continued_step, log_banner, merge_part, start_records
 from verl_offpolicy.demo.results import (
     DemoResult,
+    missing_steps,
     read_metrics,
     rollout_vs_trainer_gap,
     run_timings,
@@ -180,21 +188,30 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     _say(console, f"[cpu-demo] preparing {get_model(run.model).preparing} ...")
     resumed = _resume_step(run, console)
     inputs = build_inputs(run.output_dir, seed=run.seed, model=run.model)
-    # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
-    ray_temp_dir = make_owned_temp_dir(RAY_DIR_PREFIX)
-    command = run.command(inputs, ray_temp_dir)
-    _say(
-        console,
-        f"[cpu-demo] output: {run.output_dir}; running {' '.join(command[:4])} ... (log: {run.log_path})\n"
-        "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
-        "minutes on a small machine; phases below as they complete, seconds since launch:",
-    )
     listening: list[str] = []
     shared_memory: dict[str, list[str]] = {}
-    wall, marks = _train(
-        run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
-        on_line=_console_lines(console, signals), resumed=resumed,
-    )
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
+        ray_temp_dir = make_owned_temp_dir(RAY_DIR_PREFIX)
+        command = run.command(inputs, ray_temp_dir)
+        if attempt == 1:
+            _say(
+                console,
+                f"[cpu-demo] output: {run.output_dir}; running {' '.join(command[:4])} ... (log: {run.log_path})\n"
+                "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
+                "minutes on a small machine; phases below as they complete, seconds since launch:",
+            )
+        try:
+            wall, marks = _train(
+                run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
+                on_line=_console_lines(console, signals), resumed=resumed,
+            )
+            break
+        except DemoError as exc:
+            if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            _say(console, f"[cpu-demo] Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; "
+                          f"nothing was trained): starting again, attempt {attempt + 1} of {RAY_START_ATTEMPTS}")
     result = _collect(
         run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
         listening=listening, shared_memory=shared_memory, resumed=resumed, console=console,
@@ -281,7 +298,13 @@ def _collect(
     from launch to verl's step 1 line, if seen."""
     by_step = read_metrics(run.metrics_path)
     metrics = training_metrics(by_step)
-    missing = sorted(set(range(1, run.steps + 1)) - {m["step"] for m in metrics})
+    unlogged, missing = missing_steps(metrics, run.steps, resumed)
+    if unlogged:
+        _say(
+            console,
+            f"[cpu-demo] note: no metrics record of step(s) {unlogged}: the earlier run that trained them was "
+            "stopped after their checkpoint and before verl logged them (verl saves a step's checkpoint first)",
+        )
     if missing:
         resume = f" (steps {resumed + 1}.. by this run, resumed from the checkpoint of step {resumed})" if resumed else ""
         raise DemoError(
@@ -305,6 +328,7 @@ def _collect(
         listening=listening,
         shared_memory=shared_memory,
         resumed_after_step=resumed or None,
+        unlogged_steps=unlogged,
     )
 
 
