@@ -16,6 +16,7 @@ Writes ``benchmarks/results/anchor_corr_cost.md`` (the table and this command).
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import sys
@@ -92,7 +93,9 @@ def main() -> int:
         "# Cost of the off-policy health statistics (`offpolicy/anchor_corr/*`)",
         "",
         f"`{COMMAND}` (median per call, one CPU thread; {platform.processor() or platform.machine()}, "
-        f"Python {sys.version.split()[0]}, torch {torch.__version__}). No forward pass: the statistics use the "
+        f"Python {sys.version.split()[0]}, torch {torch.__version__}; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores when it finished: absolute times on a shared machine are inflated, compare the "
+        "ratio). No forward pass: the statistics use the "
         "log-probs the anchor swap already holds. Compared with one call of the registered `rec` loss (one-side, "
         "forward and backward through log π) on the same batch; a training step also runs the model's forward "
         "and backward passes, which this loss call does not include.",

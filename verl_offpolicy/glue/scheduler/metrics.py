@@ -7,6 +7,11 @@ that generated each trajectory), from the version tag the rollout server puts on
 ``trajectory_spans/*``. This package does not log a second copy: the trainer checks the same version tags
 against the schedule before it trains a batch (:func:`verl_offpolicy.glue.scheduler.rollout.check_observed_version`),
 and logs under ``offpolicy/`` only what verl has no name for.
+
+Off-policy health (:func:`anchor_corr_metrics`): on a stale batch the trainer logs verl's own ``rollout_corr/*``
+statistics, computed by verl's functions between the ratio anchor and the proximal policy, under
+``offpolicy/anchor_corr/`` with verl's suffixes (verl computes them only between the rollout and the proximal
+log-probs, and only with ``algorithm.rollout_correction`` set).
 """
 
 from __future__ import annotations

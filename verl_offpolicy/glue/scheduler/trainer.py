@@ -10,7 +10,8 @@ schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
   every batch that will be trained stale (staleness > 0) at the generating weights; the loss then
   uses them as ``old_log_prob``. ``rollout`` uses the inference engine's log-probs, ``proximal``
   keeps verl's recomputation. KL-in-reward (AGRO's regularised reward) always uses the proximal
-  log-prob: the swap happens after the advantage is computed.
+  log-prob: the swap happens after the advantage is computed. On a stale batch the anchor and the proximal
+  log-probs the swap holds also give verl's off-policy statistics (``offpolicy/anchor_corr/*``, no extra pass).
 
 The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
 version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
