@@ -39,6 +39,12 @@ METRICS = {
     "actor/ratio_max",
     "actor/ppo_kl",
 }
+# each loss's fraction of tokens clipped, masked or truncated (docs/algorithms.md), written out
+FRACTIONS = {
+    "rec": "actor/offpolicy/rec/clipped_frac",
+    "m2po": "actor/offpolicy/m2po/masked_frac",
+    "topr": "actor/offpolicy/topr/truncated_frac",
+}
 
 
 def call(config, old, log_prob, adv, mask, agg="token-sum", weights=None):
@@ -54,7 +60,8 @@ def call(config, old, log_prob, adv, mask, agg="token-sum", weights=None):
         rollout_is_weights=weights,
     )
     (grad,) = torch.autograd.grad(loss, log_prob)
-    assert set(metrics) == METRICS and all(type(v) is float for v in metrics.values())
+    expected = METRICS | ({FRACTIONS[config.policy_loss.loss_mode]} if config.policy_loss.loss_mode in FRACTIONS else set())
+    assert set(metrics) == expected and all(type(v) is float for v in metrics.values())
     return loss.detach(), grad, metrics
 
 

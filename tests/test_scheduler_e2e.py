@@ -22,6 +22,15 @@ STEPS = SCHEDULED_STEPS
 # verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
 VERL_OFF_POLICY = "training/off_policy"
 STALENESS = f"{VERL_OFF_POLICY}/trajectory_staleness/mean"
+# off-policy health (docs/scheduler.md): verl's rollout_corr/* suffixes under our prefix, on stale steps only
+ANCHOR_CORR = "offpolicy/anchor_corr/"
+ANCHOR_CORR_SUFFIXES = (
+    "kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
+    "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+    "rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_std", "rollout_is_max", "rollout_is_min",
+    "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min", "rollout_is_seq_max_deviation",
+)
+REC_CLIPPED = "actor/offpolicy/rec/clipped_frac"
 TIMEOUT = SHARED_RUN_TIMEOUT
 SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step (the demo's default is 8 x 16)
 
@@ -104,6 +113,21 @@ def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(runs):
     assert all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale)
     assert any(m["actor/pg_clipfrac"] > 0 for m in stale), [m["actor/pg_clipfrac"] for m in stale]
     assert all(m["actor/pg_clipfrac"] == 0 for m in metrics if m[STALENESS] == 0)
+    _assert_anchor_corr_on_stale_steps_only(metrics)
+    assert not any(key.startswith("actor/offpolicy/") for m in metrics for key in m)  # verl's vanilla loss: no fraction
+
+
+def _assert_anchor_corr_on_stale_steps_only(metrics):
+    """Every stale step logs the whole anchor_corr set, consistent with the anchor lag; no fresh step logs any of it."""
+    for m in metrics:
+        logged = {key[len(ANCHOR_CORR):] for key in m if key.startswith(ANCHOR_CORR)}
+        if m[STALENESS] == 0:
+            assert logged == set(), (m["step"], logged)
+            continue
+        assert logged == set(ANCHOR_CORR_SUFFIXES), (m["step"], logged)
+        assert m[ANCHOR_CORR + "kl"] == pytest.approx(-m["offpolicy/anchor_log_ratio/mean"], rel=1e-4, abs=1e-7)
+        assert 0 < m[ANCHOR_CORR + "rollout_is_eff_sample_size"] < 1  # the anchor lags: unequal weights
+        assert m[ANCHOR_CORR + "k3_kl"] > 0 and m[ANCHOR_CORR + "chi2_token"] > 0
 
 
 def test_sync_interval_1_is_the_stock_sync_trainer(runs):
@@ -134,6 +158,11 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
     assert all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale)
     fresh = [m for m in behaviour.metrics if m[STALENESS] == 0]
     assert all(m["actor/pg_clipfrac"] == 0 for m in fresh)
+    _assert_anchor_corr_on_stale_steps_only(behaviour.metrics)
+    # the REC mask's fraction under the loss's own name, every step: verl's pg_clipfrac is the same number
+    assert all(m[REC_CLIPPED] == m["actor/pg_clipfrac"] for m in behaviour.metrics + proximal.metrics)
+    # the proximal anchor is the proximal policy: nothing to compare, nothing logged
+    assert not any(key.startswith(ANCHOR_CORR) for m in proximal.metrics for key in m)
     assert [m[STALENESS] for m in proximal.metrics] == [m[STALENESS] for m in behaviour.metrics]
     assert all(m["actor/pg_clipfrac"] == 0 and m["actor/ratio_max"] == pytest.approx(1.0) for m in proximal.metrics)
 

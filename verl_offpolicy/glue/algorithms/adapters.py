@@ -161,9 +161,25 @@ def aggregate(
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
 
 
-def as_metrics(values: Tensor) -> dict[str, float]:
-    """verl's metric names as plain Python floats (one device sync)."""
-    return dict(zip(core.METRIC_NAMES, values.detach().tolist(), strict=True))
+# What a loss did to its tokens, one name per loss: actor/offpolicy/<loss_mode>/<action>_frac (docs/algorithms.md,
+# "Policy losses"). verl's own actor/pg_clipfrac carries the same number under a name every loss shares.
+LOSS_FRACTION_PREFIX = "actor/offpolicy/"
+LOSS_FRACTIONS = {"rec": "clipped", "m2po": "masked", "topr": "truncated"}
+
+
+def loss_fraction_name(loss_mode: str) -> str:
+    """``actor/offpolicy/<loss_mode>/<action>_frac`` of a loss of :data:`LOSS_FRACTIONS`, e.g. ``actor/offpolicy/rec/clipped_frac``."""
+    return f"{LOSS_FRACTION_PREFIX}{loss_mode}/{LOSS_FRACTIONS[loss_mode]}_frac"
+
+
+def as_metrics(values: Tensor, loss_mode: str | None = None) -> dict[str, float]:
+    """verl's metric names as plain Python floats (one device sync); with ``loss_mode``, also the loss's
+    fraction of response tokens clipped, masked or truncated (:func:`loss_fraction_name`), which is
+    ``actor/pg_clipfrac``'s value (the fraction of response tokens with M_t = 0, or with w_i < 1 for TOPR)."""
+    metrics = dict(zip(core.METRIC_NAMES, values.detach().tolist(), strict=True))
+    if loss_mode is not None:
+        metrics[loss_fraction_name(loss_mode)] = metrics[core.METRIC_NAMES[0]]
+    return metrics
 
 
 def unclipped_metrics(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> dict[str, float]:

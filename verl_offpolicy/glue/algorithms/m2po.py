@@ -224,4 +224,4 @@ def compute_policy_loss_m2po(
         )
     loss_mat, keep, log_ratio, ratio = core.m2po_loss(log_prob, old_log_prob, advantages, mask, keep.to(mask.device))
     loss = aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
-    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio))
+    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio), LOSS_MODE)

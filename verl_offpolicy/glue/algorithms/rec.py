@@ -110,4 +110,4 @@ def compute_policy_loss_rec(
     )
     loss = aggregate(terms.loss, mask, loss_agg_mode, config, rollout_is_weights)
     metrics = core.ratio_metrics(terms.log_ratio, terms.ratio, mask, terms.keep, terms.band_ratio)
-    return loss, as_metrics(metrics)
+    return loss, as_metrics(metrics, REC)

@@ -41,7 +41,8 @@ def compute_policy_loss_topr(
 ) -> tuple[Tensor, dict[str, float]]:
     """ℓ_t = −w_i·A·log π_t, w_i = 1 if A_i ≥ 0 else min(1, π(y_i)/π_old(y_i)) (TOPR, arXiv 2503.14286).
 
-    ``actor/pg_clipfrac`` is the fraction of response tokens whose weight was truncated below 1.
+    ``actor/offpolicy/topr/truncated_frac`` (and verl's ``actor/pg_clipfrac``) is the fraction of response tokens
+    whose weight was truncated below 1.
     """
     our_loss_config("topr", config)
     check_dtype("topr", log_prob)
@@ -50,5 +51,5 @@ def compute_policy_loss_topr(
     loss = aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
     log_ratio = core.clamp_log_ratio(core.token_log_ratio(log_prob, old_log_prob, mask))
     ratio = torch.exp(log_ratio)
-    truncated = weight >= 1.0  # kept at full weight; tapered tokens count as "clipped" (below the band)
-    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, truncated, torch.zeros_like(ratio)))
+    full_weight = weight >= 1.0  # tapered tokens (w_i < 1) count as "clipped" (below the band)
+    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, full_weight, torch.zeros_like(ratio)), "topr")

@@ -7,9 +7,20 @@ that generated each trajectory), from the version tag the rollout server puts on
 ``trajectory_spans/*``. This package does not log a second copy: the trainer checks the same version tags
 against the schedule before it trains a batch (:func:`verl_offpolicy.glue.scheduler.rollout.check_observed_version`),
 and logs under ``offpolicy/`` only what verl has no name for.
+
+Off-policy health (:func:`anchor_corr_metrics`): on a stale batch the trainer logs verl's own ``rollout_corr/*``
+statistics, computed by verl's functions between the ratio anchor and the proximal policy, under
+``offpolicy/anchor_corr/`` with verl's suffixes (verl computes them only between the rollout and the proximal
+log-probs, and only with ``algorithm.rollout_correction`` set).
 """
 
 from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from verl.trainer.ppo.rollout_corr_helper import SAFETY_BOUND, compute_offpolicy_metrics, compute_rollout_correction_weights
 
 # verl's names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), logged by verl itself.
 VERL_STALENESS = "training/off_policy/trajectory_staleness"
@@ -24,6 +35,25 @@ ROLLOUT_BATCHES_PER_SYNC = "offpolicy/rollout_batches_per_sync"
 ROLLOUT_CALLS = "offpolicy/rollout_calls"
 GENERATED_BATCHES = "offpolicy/generated_batches"
 ANCHOR_LOG_RATIO = "offpolicy/anchor_log_ratio/mean"
+
+# verl's rollout_corr/* statistics, computed between the ratio anchor and the proximal policy on every batch
+# trained stale: ANCHOR_CORR_PREFIX + each of ANCHOR_CORR_STATS (verl's suffixes, rollout_corr_helper.py).
+ANCHOR_CORR_PREFIX = "offpolicy/anchor_corr/"
+# compute_offpolicy_metrics: every key it returns when given both log-probs
+ANCHOR_CORR_DIVERGENCE = (
+    "kl", "k3_kl", "chi2_token", "chi2_seq",
+    "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
+    "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+)
+# compute_rollout_correction_weights (token level): the keys that do not depend on a truncation threshold
+ANCHOR_CORR_WEIGHTS = (
+    "rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_std", "rollout_is_max", "rollout_is_min",
+    "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min", "rollout_is_seq_max_deviation",
+)
+ANCHOR_CORR_STATS = ANCHOR_CORR_DIVERGENCE + ANCHOR_CORR_WEIGHTS
+# No truncation: the weights are verl's SAFETY_BOUND-clamped ratios (ρ ≤ e²⁰, as in our losses), so the ESS is the raw ratio's.
+UNTRUNCATED = math.exp(SAFETY_BOUND)
+
 
 
 def staleness_key(stat: str = "mean") -> str:
@@ -44,3 +74,36 @@ def queue_metrics(version: int, queue_len: int, rollout_batches_per_sync: int) -
 def rollout_call_metrics(generated_batches: int) -> dict[str, float]:
     """Whether this step made a rollout call (a wake-up and weight sync) and how many batches it generated."""
     return {ROLLOUT_CALLS: float(generated_batches > 0), GENERATED_BATCHES: float(generated_batches)}
+
+
+def anchor_corr_metrics(proximal: Tensor, anchor: Tensor, response_mask: Tensor) -> dict[str, float]:
+    """verl's ``rollout_corr/*`` statistics with π_old := the proximal policy and π_rollout := the ratio anchor,
+    under :data:`ANCHOR_CORR_PREFIX` (padded [B, T] tensors; empty when no token is a response token).
+
+    Per response token t of sequence i, log ρ_t = log π_proximal − log π_anchor (verl's ρ = π_old/π_rollout with
+    the anchor in the sampling policy's place), ρ_t = exp(clamp(log ρ_t, ±20)); ⟨·⟩ is the mean over response
+    tokens, mean_i over sequences:
+
+    - ``kl`` = ⟨−log ρ_t⟩ (verl's KL(π_anchor‖π_proximal) estimator; = −``offpolicy/anchor_log_ratio/mean``),
+      ``k3_kl`` = ⟨ρ_t − log ρ_t − 1⟩;
+    - ``chi2_token`` = ⟨ρ_t²⟩ − 1, ``chi2_seq`` = mean_i exp(2·clamp(Σ_t log ρ_t, ±20)) − 1;
+    - ``rollout_is_eff_sample_size`` = ⟨ρ_t⟩² / ⟨ρ_t²⟩ (the ESS as a fraction of the tokens, in (0, 1]);
+      ``rollout_is_mean/std/max/min`` of ρ_t; ``rollout_is_seq_*`` of the per-sequence means ρ̄_i = mean_t ρ_t
+      (``seq_max_deviation`` = max_i |ρ̄_i − 1|, ``seq_std`` unbiased);
+    - ``training_*`` are the proximal policy's perplexities, ``rollout_*`` the anchor's, ``log_ppl_diff`` =
+      mean_i(⟨log π_anchor⟩_i − ⟨log π_proximal⟩_i) (with ``_abs``, ``_max``, ``_min``), ``ppl_ratio`` = mean_i
+      exp of it.
+
+    The arithmetic is verl's own (``compute_offpolicy_metrics``; ``compute_rollout_correction_weights`` with
+    token weights and no truncation, keeping the keys of :data:`ANCHOR_CORR_WEIGHTS`); its masked sums select
+    the response tokens, so anything on padding (−inf, NaN) is ignored.
+    """
+    mask = response_mask.bool()
+    if not bool(mask.any()):
+        return {}
+    stats = compute_offpolicy_metrics(old_log_prob=proximal, rollout_log_prob=anchor, response_mask=mask)
+    _, weights = compute_rollout_correction_weights(
+        log_ratio=proximal - anchor, response_mask=mask, rollout_is="token", rollout_is_threshold=UNTRUNCATED
+    )
+    stats.update((key, weights[key]) for key in ANCHOR_CORR_WEIGHTS)
+    return {ANCHOR_CORR_PREFIX + key: float(stats[key]) for key in ANCHOR_CORR_STATS}

@@ -10,7 +10,8 @@ schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
   every batch that will be trained stale (staleness > 0) at the generating weights; the loss then
   uses them as ``old_log_prob``. ``rollout`` uses the inference engine's log-probs, ``proximal``
   keeps verl's recomputation. KL-in-reward (AGRO's regularised reward) always uses the proximal
-  log-prob: the swap happens after the advantage is computed.
+  log-prob: the swap happens after the advantage is computed. On a stale batch the anchor and the proximal
+  log-probs the swap holds also give verl's off-policy statistics (``offpolicy/anchor_corr/*``, no extra pass).
 
 The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
 version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
@@ -46,7 +47,7 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
-from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, queue_metrics
+from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, anchor_corr_metrics, queue_metrics
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -320,6 +321,11 @@ class OffPolicyTrainer(PPOTrainer):
         else:
             return batch  # trained at staleness 0: behaviour weights are the proximal weights
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[source, "old_log_probs", "response_mask"])
+        if self.schedule.staleness(self.global_steps) > 0:
+            # off-policy health on stale batches only (docs/scheduler.md, "What it logs"); on a fresh batch a
+            # rollout anchor differs from the proximal policy only by the two engines' mismatch
+            padded = data.to_padded_tensor()
+            metrics.update(anchor_corr_metrics(padded["old_log_probs"], padded[source], padded["response_mask"]))
         proximal = data.pop("old_log_probs")
         anchored = data.pop(source)
         metrics[ANCHOR_LOG_RATIO] = _masked_mean_gap(proximal, anchored, data["response_mask"])
