@@ -55,6 +55,21 @@ def test_import_verl_alone_registers_every_name_in_a_fresh_process(after_import_
     assert len(expected_names()) >= 10
 
 
+@pytest.mark.slow  # a fresh process imports verl
+def test_our_adapters_imported_before_verls_registry_module_still_register_every_name():
+    """A user's code (or a test) importing our adapters first: importing verl's core_algos from them ran our
+    registration while the adapters module was half-initialised, and no name of ours was registered."""
+    code = """
+import json
+import verl_offpolicy.glue.algorithms.adapters
+from verl_offpolicy.glue.registration import expected_names, registration_failure
+print(json.dumps({"failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
+"""
+    proc = _run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"failure": None, "missing": []}
+
+
 def _defined_by_us(entry) -> bool:
     """A registry value of ours: a function or class of verl_offpolicy, or the dotted path of one
     (verl's adapter dict holds paths, its agent-loop registry ``{"_target_": path}``)."""

@@ -33,8 +33,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from verl.trainer.ppo.core_algos import agg_loss
-
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyConfig, OffPolicyLossConfig, offpolicy_section
 
@@ -158,6 +156,9 @@ def aggregate(
     """The per-token loss × verl's rollout IS weights (if any), aggregated by verl's ``agg_loss``."""
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights
+    # imported here: importing verl's core_algos runs our registration, which imports this module's families
+    from verl.trainer.ppo.core_algos import agg_loss
+
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
 
 
