@@ -326,3 +326,14 @@ def test_check_reports_a_broken_entry_point(capsys, monkeypatch, tmp_path):
     err = capsys.readouterr().err
     assert "entry point verl_offpolicy = verl_offpolicy.glue.no_such_plugin failed to load" in err
     assert "No module named 'verl_offpolicy.glue.no_such_plugin'" in err and "reinstall" in err
+
+
+def test_cluster_rejects_bad_sizes_and_a_stop_without_its_dir_before_starting_anything(capsys):
+    before = set(Path("/tmp").glob("vo-cluster-*"))
+    assert main(["cluster", "start", "--nodes", "0"]) == 2
+    assert "--nodes must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["cluster", "start", "--gpus-per-node", "-1"]) == 2
+    assert "--gpus-per-node must be >= 1, got -1" in capsys.readouterr().err
+    assert main(["cluster", "stop"]) == 2
+    assert "--dir is required" in capsys.readouterr().err
+    assert set(Path("/tmp").glob("vo-cluster-*")) == before

@@ -196,3 +196,16 @@ def test_is_loopback_reads_psutil_addresses(address, loopback):
     from verl_offpolicy.cpu.platform import is_loopback
 
     assert is_loopback(address) is loopback
+
+
+def test_joining_an_existing_cluster_leaves_its_sizing_to_the_nodes(tiny):
+    """``ray_kwargs.ray_init.address`` (demo --ray-address): Ray refuses num_cpus/num_gpus when connecting, the
+    cluster's nodes decide; trainer.nnodes may exceed 1 there, not on a cluster the run starts itself."""
+    from verl_offpolicy.demo.cluster import join_overrides
+
+    joined = join_overrides("127.0.0.1:6379")
+    assert _problems(tiny, *joined) == []
+    assert _problems(tiny, *joined, "trainer.nnodes=2") == []
+    assert_named_with_fix(_problems(tiny, *joined[:1], "ray_kwargs.ray_init.num_cpus=null"),
+                          "ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_gpus=null")
+    assert_named_with_fix(_problems(tiny, "trainer.nnodes=2"), "trainer.nnodes=2", "cluster start")

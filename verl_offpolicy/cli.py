@@ -187,6 +187,7 @@ def schedule(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """The main job: a real verl training run (stock main_ppo, Ray, FSDP2, agent loop) on the CPU."""
+    from verl_offpolicy.demo.cluster import join_overrides
     from verl_offpolicy.demo.command import CPU_ENGINES
     from verl_offpolicy.demo.errors import DemoError
     from verl_offpolicy.demo.models import MODELS, model_names
@@ -214,7 +215,7 @@ def demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             output_dir=args.output_dir,
             timeout=model.default_timeout_s(steps) if args.timeout is None else args.timeout,
-            overrides=args.overrides,
+            overrides=[*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides],
             config_name=CPU_ENGINES[args.engine][0],
             model=args.model,
         )
@@ -225,6 +226,33 @@ def demo(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy demo: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0  # run_demo printed the summary (plain lines, then the JSON)
+
+
+def cluster(args: argparse.Namespace) -> int:
+    """Start a Ray cluster of several nodes on 127.0.0.1 that runs join (``demo --ray-address``), or stop one."""
+    from verl_offpolicy.demo.cluster import ClusterError, LocalCluster, NodeSpec
+
+    try:
+        if args.action == "stop":
+            if not args.dir:
+                print("verl-offpolicy cluster stop: --dir is required (the dir `cluster start` printed)", file=sys.stderr)
+                return 2
+            LocalCluster(args.dir).stop()
+            print(f"[cluster] stopped {args.dir}")
+            return 0
+        for key, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node)):
+            if value < 1:
+                print(f"verl-offpolicy cluster start: {key} must be >= 1, got {value}", file=sys.stderr)
+                return 2
+        started = LocalCluster.start([NodeSpec(args.gpus_per_node, args.cpus_per_node) for _ in range(args.nodes)])
+    except ClusterError as exc:
+        print(f"verl-offpolicy cluster {args.action}: {exc}", file=sys.stderr)
+        return 1
+    exports = " ".join(f"{k}={v}" for k, v in started.env().items())
+    print(f"address: {started.address}\ndir: {started.path}\n"
+          f"join it:  export {exports}; verl-offpolicy demo --ray-address {started.address} ...\n"
+          f"stop it:  verl-offpolicy cluster stop --dir {started.path}")
+    return 0
 
 
 def run_startup_callbacks(cfg) -> None:
@@ -360,8 +388,21 @@ def main(argv: list[str] | None = None) -> int:
         help="verl's training engine: fsdp (FSDP2, +cpu=demo) or megatron (verl's Megatron engine, +cpu=megatron; "
         "needs the megatron-cpu extra)",
     )
+    p.add_argument(
+        "--ray-address", default=None, metavar="HOST:PORT",
+        help="join this existing Ray cluster (e.g. one of `verl-offpolicy cluster start`) instead of starting one; "
+        "export the cluster's RAY_AUTH_TOKEN_PATH and RAY_AUTH_MODE first",
+    )
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     p.set_defaults(func=demo)
+
+    p = sub.add_parser("cluster", help="a Ray cluster of several nodes on this machine (127.0.0.1), for runs to join")
+    p.add_argument("action", choices=("start", "stop"))
+    p.add_argument("--nodes", type=int, default=2, help="nodes (raylets), the first is the head (start)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="fake GPUs per node (start)")
+    p.add_argument("--cpus-per-node", type=int, default=8, help="logical CPUs per node (start)")
+    p.add_argument("--dir", default=None, help="the cluster's dir, as `start` printed it (stop)")
+    p.set_defaults(func=cluster)
 
     p = sub.add_parser("check", help="compose a main_ppo command line (no GPU) and run every startup check")
     p.add_argument("--config-name", default="ppo_trainer", help="primary config, as for main_ppo")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
+from verl_offpolicy.demo.cluster import joins_cluster
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
@@ -98,7 +99,8 @@ def demo_command(
         f"trainer.default_local_dir={output_dir / 'checkpoints'}",
         f"hydra.run.dir={output_dir / 'hydra'}",
     ]
-    if ray_temp_dir:
+    # joining an existing cluster: Ray would look for a node of that cluster in this temp dir, and fail
+    if ray_temp_dir and not joins_cluster(list(overrides)):
         command.append(f"+ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
     return command + run_overrides(preset, config_name, model, overrides)
 

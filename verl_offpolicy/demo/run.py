@@ -46,6 +46,7 @@ from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
 from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
 from verl_offpolicy.demo.parent_death import launcher
+from verl_offpolicy.demo.cluster import joins_cluster, worker_env_overrides
 from verl_offpolicy.demo.process import (
     RAY_START_ATTEMPTS,
     RAY_START_TIMED_OUT,
@@ -254,6 +255,8 @@ def _train(
         env.update(run_files_env(run.output_dir, ray_temp_dir, env))
         if cpu_engine(run.config_name) == "fsdp":  # the driver too skips importing Megatron (its workers: +cpu=demo)
             env.setdefault(SKIP_ENGINES_ENV, FSDP_RUN_SKIPS)
+        if joins_cluster(command):  # the cluster's workers inherit its raylets' environment, not this one
+            command = command + worker_env_overrides(env)
         returncode, wall, marks = run_subprocess(
             launcher(os.getpid(), command),  # main_ppo dies with this process, even when it is SIGKILLed
             env=env,

@@ -1,0 +1,232 @@
+"""A Ray cluster of several nodes on this host, started before a run, as a user's cluster exists before
+their job: ``verl-offpolicy cluster start|stop``.
+
+Each node is its own raylet with its own fake GPUs and CPUs (and a custom resource ``vo_node_<i>``);
+the first is the head (GCS). ``main_ppo`` joins with ``+ray_kwargs.ray_init.address=<address>`` (the
+demo: ``--ray-address``), as on a real cluster, and verl's resource pools land on the nodes that have the
+GPUs they ask for.
+
+The nodes are made by Ray's own tool for several nodes on one host (``ray.cluster_utils.Cluster``) in a
+server process (``python -m verl_offpolicy.demo.cluster serve DIR``) that holds them until SIGTERM:
+``ray start --address`` would need ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` on, and then Ray binds its GCS,
+raylets and agents to every interface and rewrites 127.0.0.1 to the machine's address. With it off
+(:data:`verl_offpolicy.cpu.platform.LOOPBACK_ENV`), every process of every node listens on 127.0.0.1.
+
+Every process of the cluster names its dir (``/tmp/vo-cluster-*``) in its command line:
+:meth:`LocalCluster.stop` ends exactly those, never another Ray cluster of the machine (``ray stop``
+would end them all). The cluster's Ray token is in that dir (mode 0600); a process that joins needs
+:meth:`LocalCluster.env`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+from verl_offpolicy.demo.environment import ray_token_env
+from verl_offpolicy.demo.process import (
+    RAY_START_ATTEMPTS,
+    RAY_START_TIMED_OUT,
+    end_processes,
+    make_owned_temp_dir,
+    session_processes,
+)
+
+CLUSTER_DIR_PREFIX = "vo-cluster-"
+STATE_NAME = "cluster.json"  # in the cluster's dir, written by the server once every node is up
+LOG_NAME = "server.log"
+START_TIMEOUT_S = 600.0  # every node up (about 20 s on an idle 2-core machine, minutes under load)
+MODULE = "verl_offpolicy.demo.cluster"
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not start (with the end of its server's log), or is not there."""
+
+
+@dataclass
+class NodeSpec:
+    """One node: its fake GPUs and logical CPUs, and environment variables of its raylet and workers."""
+
+    gpus: int = 1
+    cpus: int = 8
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def join_overrides(address: str) -> list[str]:
+    """The ``main_ppo`` overrides that join the Ray cluster at ``address`` instead of starting one (the CPU
+    configs size a cluster of their own: on an existing one its nodes' resources decide)."""
+    return [f"+ray_kwargs.ray_init.address={address}", "ray_kwargs.ray_init.num_cpus=null", "ray_kwargs.ray_init.num_gpus=null"]
+
+
+# What a demo run's workers need from its environment (where verl's file logger writes; no download):
+# on a cluster the run starts, its workers inherit the driver's environment; on an existing one, only
+# what the job's runtime_env gives them.
+WORKER_ENV = ("VERL_FILE_LOGGER_PATH", "HF_HUB_OFFLINE")
+
+
+def joins_cluster(command: list[str]) -> bool:
+    """Whether a ``main_ppo`` command line joins an existing Ray cluster (:func:`join_overrides`)."""
+    return any(arg.lstrip("+").startswith("ray_kwargs.ray_init.address=") for arg in command)
+
+
+def worker_env_overrides(env: dict[str, str]) -> list[str]:
+    """The :data:`WORKER_ENV` variables of ``env`` as ``runtime_env`` overrides, for a run joining a cluster."""
+    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={env[key]}" for key in WORKER_ENV if key in env]
+
+
+def node_resource(index: int) -> str:
+    """The custom resource node ``index`` has one of (to place a task on it, or to tell nodes apart)."""
+    return f"vo_node_{index}"
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCluster:
+    """The cluster whose dir is ``path`` (``parent/vo-cluster-*``)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    @classmethod
+    def start(cls, nodes: list[NodeSpec], parent: str = "/tmp", timeout: float = START_TIMEOUT_S,
+              log: Callable[[str], None] = print) -> "LocalCluster":
+        """Start the server holding ``nodes`` and wait until every node is up (or stop it and raise).
+
+        A node that misses Ray's fixed 30 s start-up wait (:data:`~verl_offpolicy.demo.process.RAY_START_TIMED_OUT`,
+        a loaded machine) makes the whole cluster start again, :data:`~verl_offpolicy.demo.process.RAY_START_ATTEMPTS`
+        times in all."""
+        if not nodes:
+            raise ClusterError("a cluster needs at least one node")
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                return cls._start_once(nodes, parent, timeout, log)
+            except ClusterError as exc:
+                if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                    raise
+                log(f"[cluster] a node missed Ray's 30 s start-up wait (a loaded machine): attempt {attempt + 1} of {RAY_START_ATTEMPTS}")
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None]) -> "LocalCluster":
+        cluster = cls(make_owned_temp_dir(CLUSTER_DIR_PREFIX, parent))
+        (cluster.path / "nodes.json").write_text(json.dumps([asdict(n) for n in nodes]))
+        env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+        env.update(_token_env(cluster.path))
+        log(f"[cluster] starting {len(nodes)} node(s) in {cluster.path} ...")
+        with open(cluster.path / LOG_NAME, "w") as out:
+            # its own session: a Ctrl-C of the terminal that started it does not end the cluster
+            server = subprocess.Popen([sys.executable, "-m", MODULE, "serve", str(cluster.path)], env=env, stdout=out,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not (cluster.path / STATE_NAME).exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                why = f"exited with {server.returncode}" if server.poll() is not None else f"not up within {timeout:g} s"
+                message = f"the cluster {why}; end of {cluster.path / LOG_NAME}:\n{_tail(cluster.path / LOG_NAME)}"
+                cluster.stop()
+                raise ClusterError(message)
+            time.sleep(0.5)
+        log(f"[cluster] up: {cluster.address}")
+        return cluster
+
+    @property
+    def state(self) -> dict:
+        try:
+            return json.loads((self.path / STATE_NAME).read_text())
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"{self.path} holds no running cluster ({STATE_NAME} missing)") from exc
+
+    @property
+    def address(self) -> str:
+        return self.state["address"]
+
+    def env(self) -> dict[str, str]:
+        """What a process joining the cluster needs in its environment: the cluster's Ray token."""
+        return _token_env(self.path)
+
+    def processes(self) -> list:
+        return session_processes(str(self.path))
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the server (it shuts its nodes down), end whatever of the cluster is left, remove the dir."""
+        import shutil
+
+        server = [p for p in self.processes() if f"{MODULE} serve" in " ".join(p.cmdline())]
+        end_processes(server, grace_s)
+        end_processes(self.processes(), 10.0)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def workers_by_node(self) -> dict[int, list[str]]:
+        """Node index -> the names of the Ray worker processes running on it now (``ray::WorkerDict``, ...):
+        each is a child of its node's raylet, whose resources name the node (:func:`node_resource`)."""
+        import psutil
+
+        found: dict[int, list[str]] = {}
+        for raylet in (p for p in self.processes() if p.name() == "raylet"):
+            try:
+                line = " ".join(raylet.cmdline())
+                index = next(i for i in range(len(self.state["nodes"])) if f"{node_resource(i)}," in line)
+                found[index] = sorted(c.name() for c in raylet.children() if c.name().startswith("ray::"))
+            except (psutil.Error, StopIteration):
+                continue
+        return found
+
+
+def _token_env(path: Path) -> dict[str, str]:
+    """The cluster's token (created once, mode 0600); the head turns token authentication on by itself, and a
+    joining process sends the token only in mode "token"."""
+    token = path / "auth_token"
+    env = {"RAY_AUTH_TOKEN_PATH": str(token), "RAY_AUTH_MODE": "token"}
+    if not token.exists():
+        ray_token_env(path, {})
+    return env
+
+
+def serve(path: Path) -> int:
+    """The server: start the nodes of ``path/nodes.json``, write the state, hold them until SIGTERM."""
+    from ray.cluster_utils import Cluster
+
+    specs = [NodeSpec(**n) for n in json.loads((path / "nodes.json").read_text())]
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    cluster = None
+    try:
+        for index, spec in enumerate(specs):
+            args = {"num_cpus": spec.cpus, "num_gpus": spec.gpus, "resources": {node_resource(index): 1},
+                    "include_dashboard": False, "env_vars": spec.env or None, "node_ip_address": "127.0.0.1"}
+            if cluster is None:
+                cluster = Cluster(initialize_head=True, head_node_args={**args, "temp_dir": str(path)})
+            else:
+                cluster.add_node(**args)
+            print(f"node {index} up", flush=True)
+        cluster.wait_for_nodes()
+        state = {"address": cluster.address, "nodes": [{"index": i, **asdict(s)} for i, s in enumerate(specs)], "server_pid": os.getpid()}
+        tmp = path / (STATE_NAME + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.rename(path / STATE_NAME)
+        while not stop:
+            time.sleep(0.5)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["serve"] or len(sys.argv) != 3:
+        print(f"usage: python -m {MODULE} serve DIR", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(serve(Path(sys.argv[2])))
