@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
 
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
@@ -56,12 +57,24 @@ def _load() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min) on {os.cpu_count()} cores"
 
 
+def _run(name: str, overrides: list[str], steps: int, workdir: Path, attempts: int = 3):
+    """One demo run; started again (at most ``attempts`` times) when Ray's node does not come up within its fixed
+    30 s (a loaded machine), the only failure retried."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_demo(
+                preset="opmd", steps=steps, seed=0, output_dir=workdir / f"{name}_{attempt}", timeout=3600,
+                overrides=NO_VALIDATION + overrides, stream=False, plot=False,
+            )
+        except DemoError as exc:
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            print(f"[bench] {name}: Ray's node did not start in time (load {_load()}); again", flush=True)
+
+
 def measure(name: str, overrides: list[str], steps: int, workdir: Path) -> dict:
     load_before = _load()
-    result = run_demo(
-        preset="opmd", steps=steps, seed=0, output_dir=workdir / name, timeout=3600,
-        overrides=NO_VALIDATION + overrides, stream=False, plot=False,
-    )
+    result = _run(name, overrides, steps, workdir)
     all_steps = result.metrics
     ms = all_steps[1:]  # step 1 includes the generation of every batch of version 0 and the warm-up
     step_s = [m["timing_s/step"] for m in ms]
@@ -141,8 +154,15 @@ def main(argv=None) -> int:
             runs[name] = measure(name.replace(" ", "_"), overrides + args.overrides, args.steps, Path(tmp))
             r = runs[name]
             print(f"[bench] {name}: {r['steps_per_s']:.3f} steps/s, step {r['step_s']:.2f} s, wait {r['wait_s']:.2f} s", flush=True)
-    minutes = (time.time() - started) / 60
+            report(args, argv, settings, runs, batching, (time.time() - started) / 60)  # after every run: a partial table
+    return 0
 
+
+def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> None:
+    """Write overlap.md (the settings both of whose runs are done) and the reward plot."""
+    planned = len(settings)
+    settings = [(s, d) for s, d in settings if f"colocated s{s}d{d}" in runs and f"overlapped s{s}d{d}" in runs]
+    partial = "" if len(settings) == planned else f" PARTIAL: {len(settings)} of {planned} settings done so far."
     rows = []
     for s, d in settings:
         c, o = runs[f"colocated s{s}d{d}"], runs[f"overlapped s{s}d{d}"]
@@ -177,7 +197,7 @@ def main(argv=None) -> int:
         "and training did not share the cores; 'of bound' = overlapped steps/s / bound. Overlapped columns: the "
         "wait for B_t, the wait for in-flight batches before a weight push, the push; training (colocated / "
         "overlapped: the same work, slower when the rollout generates on the same cores); rollout busy s per batch "
-        "= the rollout server's generation time per batch generated.",
+        "= the rollout server's generation time per batch generated." + partial,
         ["(s, d)", "colocated steps/s", "overlapped steps/s", "ratio", "gen (s/batch)", "train (s)", "bound (steps/s)",
          "bound / colocated", "of bound", "wait for B_t (s)", "wait before push (s)", "push (s)", "training (s) col / ovl",
          "rollout busy (s/batch)"],
@@ -214,7 +234,7 @@ def main(argv=None) -> int:
             a.legend()
         fig.tight_layout()
         fig.savefig(RESULTS / "overlap_reward_wallclock.png", dpi=120)
-    return 0
+        plt.close(fig)
 
 
 if __name__ == "__main__":
