@@ -1,34 +1,50 @@
-"""Overlapped vs colocated scheduler, and verl's separate_async, on the CPU end-to-end path.
+"""Overlapped vs colocated scheduler on the CPU end-to-end path, against the bound max(generation, training).
 
-One real ``main_ppo`` run per setting (``opmd``, the demo's 8 prompts x 16 samples, no validation),
-measured in one invocation:
+One real ``main_ppo`` run per setting (``opmd``, the demo's 8 prompts x 16 samples, no validation, seed 0),
+all in one invocation: colocated and overlapped (``+cpu_rollout=standalone``) at each (s, d) of
+``--settings`` (default (1, 1), (2, 1), (4, 1), (4, 0)). Steps 2.. are measured (step 1 holds the
+generation of version 0's s + d batches and the warm-up). Per setting:
 
-- colocated and overlapped (``+cpu_rollout=standalone``) at each (s, d) of ``--settings``: training steps
-  per second (verl's ``timing_s/step``, steps 2.. to leave out the first step's warm-up), the
-  trainer's wait for data (``offpolicy/wait_s``: colocated, the whole generation; overlapped, the wait
-  for the head batch) plus the wait before a weight push (``offpolicy/sync_wait_s``), the weight
-  push (``timing_s/update_weights``), training (``timing_s/update_actor`` + ``old_log_prob`` + ``ref``)
-  and the rollout's busy fraction;
-- verl's own ``separate_async`` with the same preset (its rollout on its own pool, the cpu_mailbox
-  transport; ``parameter_sync_step`` 1);
-- reward against wall-clock time (PNG) for colocated (1, 0), colocated (1, 1) and overlapped (1, 1).
+- steps/s of both modes (verl's ``timing_s/step``) and their ratio;
+- the bound of overlap from the colocated run's own timings: a colocated step is generation (its
+  ``offpolicy/wait_s``, per batch generated: ``gen``) plus everything else (``train`` = step − wait); with
+  generation entirely hidden behind training, or training behind generation, a step takes
+  max(gen, train), so overlapped steps/s ≤ 1 / max(gen, train) (on separate devices; here both share
+  the same 2 cores);
+- the rollout's busy seconds per batch in the overlapped run (``offpolicy/rollout_busy_fraction`` x wall
+  time, over the batches generated): the cost of generating one batch per server batch (streaming);
+- per overlapped step, what the trainer waited for: B_t (``offpolicy/wait_s``), in-flight batches before a
+  weight push (``offpolicy/sync_wait_s``), the push (``timing_s/update_weights``), training
+  (``update_actor`` + ``old_log_prob`` + ``ref`` + ``adv``), the rest.
 
-    python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1]
+Before the runs, the rollout server alone (``tests/scenario_rollout.py::rollout_batching_cost``, no trainer):
+4 x 128 requests as one server batch (a version's batches in one call) vs as 4 server batches (streamed),
+the batching efficiency streaming gives up.
 
-Writes benchmarks/results/overlap.md (table, breakdown, command) and benchmarks/results/overlap_reward_wallclock.png.
+Also a reward vs wall-clock plot of colocated and overlapped at ``--plot-setting`` (default 4,1), same seed:
+the same rewards step by step, reached sooner.
+
+    python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async]
+
+Writes benchmarks/results/overlap.md (tables, load, command) and benchmarks/results/overlap_reward_wallclock.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
+
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 STANDALONE = ["+cpu_rollout=standalone"]
+TRAIN_TIMERS = ("update_actor", "old_log_prob", "ref", "adv")
 
 
 def _mean(values) -> float:
@@ -36,88 +52,190 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min) on {os.cpu_count()} cores"
+
+
+def _run(name: str, overrides: list[str], steps: int, workdir: Path, attempts: int = 3):
+    """One demo run; started again (at most ``attempts`` times) when Ray's node does not come up within its fixed
+    30 s (a loaded machine), the only failure retried."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_demo(
+                preset="opmd", steps=steps, seed=0, output_dir=workdir / f"{name}_{attempt}", timeout=3600,
+                overrides=NO_VALIDATION + overrides, stream=False, plot=False,
+            )
+        except DemoError as exc:
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            print(f"[bench] {name}: Ray's node did not start in time (load {_load()}); again", flush=True)
+
+
 def measure(name: str, overrides: list[str], steps: int, workdir: Path) -> dict:
-    result = run_demo(
-        preset="opmd", steps=steps, seed=0, output_dir=workdir / name, timeout=3600,
-        overrides=NO_VALIDATION + overrides, stream=False, plot=False,
-    )
-    ms = result.metrics[1:]  # step 1 includes the first generation of every batch of version 0 and warm-up
+    load_before = _load()
+    result = _run(name, overrides, steps, workdir)
+    all_steps = result.metrics
+    ms = all_steps[1:]  # step 1 includes the generation of every batch of version 0 and the warm-up
     step_s = [m["timing_s/step"] for m in ms]
-    train = [sum(m.get(f"timing_s/{k}", 0.0) for k in ("update_actor", "old_log_prob", "ref", "adv")) for m in ms]
+    wait = [m.get("offpolicy/wait_s", 0.0) for m in ms]
+    generated = sum(m.get("offpolicy/generated_batches", 0.0) for m in ms)
+    # overlapped: rollout busy seconds (the fraction is over the wall time since the previous step)
+    busy_s = [m["offpolicy/rollout_busy_fraction"] * m["timing_s/step"] for m in all_steps if "offpolicy/rollout_busy_fraction" in m]
+    all_generated = sum(m.get("offpolicy/generated_batches", 0.0) for m in all_steps)
     elapsed, wall = [], 0.0
-    for m in result.metrics:
+    for m in all_steps:
         wall += m["timing_s/step"]
         elapsed.append(wall)
+    per_step = []
+    for m in all_steps:
+        train = sum(m.get(f"timing_s/{k}", 0.0) for k in TRAIN_TIMERS)
+        sync_wait = m.get("offpolicy/sync_wait_s", 0.0)  # timed inside update_weights (the push waits first)
+        parts = (m.get("offpolicy/wait_s", 0.0), sync_wait, m.get("timing_s/update_weights", 0.0) - sync_wait, train)
+        per_step.append((int(m["step"]), int(m["offpolicy/version"]), *parts, m["timing_s/step"] - sum(parts), m["timing_s/step"]))
     return {
         "name": name,
         "steps_per_s": len(step_s) / sum(step_s),
         "step_s": _mean(step_s),
-        "wait_s": _mean(m.get("offpolicy/wait_s", m.get("timing_s/gen", 0.0)) for m in ms),
+        "wait_s": _mean(wait),
         "sync_wait_s": _mean(m.get("offpolicy/sync_wait_s", 0.0) for m in ms),
-        "push_s": _mean(m.get("timing_s/update_weights", 0.0) for m in ms),
-        "train_s": _mean(train),
-        "busy": _mean(m["offpolicy/rollout_busy_fraction"] for m in ms if "offpolicy/rollout_busy_fraction" in m),
-        "reward_curve": (elapsed, [m["critic/score/mean"] for m in result.metrics]),
+        "push_s": _mean(m.get("timing_s/update_weights", 0.0) - m.get("offpolicy/sync_wait_s", 0.0) for m in ms),
+        "train_s": _mean(sum(m.get(f"timing_s/{k}", 0.0) for k in TRAIN_TIMERS) for m in ms),
+        # colocated: generation per batch generated, and the rest of a step (the two parts of the bound)
+        "gen_per_batch": sum(wait) / generated if generated else float("nan"),
+        "rest_s": _mean(s - w for s, w in zip(step_s, wait)),
+        "busy_per_batch": sum(busy_s) / all_generated if busy_s and all_generated else float("nan"),
+        "per_step": per_step,
+        "rewards": [m["critic/score/mean"] for m in all_steps],
+        "elapsed": elapsed,
+        "load": f"before: {load_before}; after: {_load()}",
     }
+
+
+def measure_batching() -> dict:
+    """The hf server alone: a version's 4 x 128 requests as one server batch vs 4 streamed ones (fresh CPU process)."""
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))  # the repository's tests package (the scenario runs in a process of its own)
+    from tests.cpu_harness import isolated
+
+    with tempfile.TemporaryDirectory(prefix="vo-bench-batching-") as tmp:
+        result = isolated("tests.scenario_rollout:rollout_batching_cost", timeout=900, workdir=tmp)
+    result["load"] = _load()
+    return result
+
+
+def _x(value: float, digits: int = 2) -> str:
+    return "" if value != value else f"{value:.{digits}f}"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1"])
-    parser.add_argument("--only", nargs="+", default=None, help="run only these rows (e.g. 'overlapped s1d1')")
+    parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1", "4,0"])
+    parser.add_argument("--plot-setting", default="4,1", help="(s, d) of the reward vs wall-clock plot")
+    parser.add_argument("--verl-async", action="store_true", help="also run verl's own separate_async (vs colocated (1, 1))")
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
-    runs: dict[str, dict] = {}
-    plan = [("colocated s1d0", ["algorithm.offpolicy.sync_offset=0"])]
+    plan = []
     for s, d in settings:
         schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
         plan += [(f"colocated s{s}d{d}", schedule), (f"overlapped s{s}d{d}", schedule + STANDALONE)]
-    plan.append(("verl separate_async", STANDALONE + ["trainer.v1.trainer_mode=separate_async"]))
-    plan = [(name, overrides + args.overrides) for name, overrides in plan if args.only is None or name in args.only]
+    if args.verl_async:
+        plan.append(("verl separate_async", STANDALONE + ["trainer.v1.trainer_mode=separate_async"]))
+    runs: dict[str, dict] = {}
+    started = time.time()
+    print(f"[bench] rollout server batching (load {_load()}) ...", flush=True)
+    batching = measure_batching()
+    print(f"[bench] {batching}", flush=True)
     with tempfile.TemporaryDirectory(prefix="vo-bench-overlap-") as tmp:
         for name, overrides in plan:
-            print(f"[bench] {name}: {args.steps} steps ...", flush=True)
-            runs[name] = measure(name.replace(" ", "_"), overrides, args.steps, Path(tmp))
-            print(f"[bench] {({k: v for k, v in runs[name].items() if k != 'reward_curve'})}", flush=True)
+            print(f"[bench] {name}: {args.steps} steps (load {_load()}) ...", flush=True)
+            runs[name] = measure(name.replace(" ", "_"), overrides + args.overrides, args.steps, Path(tmp))
+            r = runs[name]
+            print(f"[bench] {name}: {r['steps_per_s']:.3f} steps/s, step {r['step_s']:.2f} s, wait {r['wait_s']:.2f} s", flush=True)
+            report(args, argv, settings, runs, batching, (time.time() - started) / 60)  # after every run: a partial table
+    return 0
 
+
+def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> None:
+    """Write overlap.md (the settings both of whose runs are done) and the reward plot."""
+    planned = len(settings)
+    settings = [(s, d) for s, d in settings if f"colocated s{s}d{d}" in runs and f"overlapped s{s}d{d}" in runs]
+    partial = "" if len(settings) == planned else f" PARTIAL: {len(settings)} of {planned} settings done so far."
     rows = []
-    for name, r in runs.items():
-        # overlapped: vs colocated at the same (s, d); verl's separate_async (one step off-policy): vs colocated (1, 1)
-        base = runs.get(name.replace("overlapped", "colocated") if name.startswith("overlapped") else "colocated s1d1")
-        ratio = f"{r['steps_per_s'] / base['steps_per_s']:.2f}x" if base and not name.startswith("colocated") else ""
-        busy = "" if r["busy"] != r["busy"] else f"{r['busy']:.2f}"
-        rows.append([name, f"{r['steps_per_s']:.3f}", ratio, f"{r['step_s']:.2f}", f"{r['wait_s']:.2f}", f"{r['sync_wait_s']:.2f}",
-                     f"{r['push_s']:.2f}", f"{r['train_s']:.2f}", busy])
+    for s, d in settings:
+        c, o = runs[f"colocated s{s}d{d}"], runs[f"overlapped s{s}d{d}"]
+        bound = 1.0 / max(c["gen_per_batch"], c["rest_s"]) if c["gen_per_batch"] == c["gen_per_batch"] else float("nan")
+        rows.append([
+            f"({s}, {d})", f"{c['steps_per_s']:.3f}", f"{o['steps_per_s']:.3f}", f"{o['steps_per_s'] / c['steps_per_s']:.2f}x",
+            _x(c["gen_per_batch"]), _x(c["rest_s"]), _x(bound, 3), _x(bound / c["steps_per_s"]) + "x",
+            _x(o["steps_per_s"] / bound) if bound == bound else "",
+            _x(o["wait_s"]), _x(o["sync_wait_s"]), _x(o["push_s"]), f"{c['train_s']:.2f} / {o['train_s']:.2f}", _x(o["busy_per_batch"]),
+        ])
+    if "verl separate_async" in runs:
+        v, c = runs["verl separate_async"], runs.get("colocated s1d1")
+        ratio = f"{v['steps_per_s'] / c['steps_per_s']:.2f}x vs colocated (1, 1)" if c else ""
+        rows.append(["verl separate_async", "", f"{v['steps_per_s']:.3f}", ratio, "", "", "", "", "", _x(v["wait_s"]), "", _x(v["push_s"]), f"/ {v['train_s']:.2f}", ""])
+
+    breakdown = []
+    for s, d in settings:
+        o = runs[f"overlapped s{s}d{d}"]
+        breakdown += [f"\n### What the overlapped trainer waits for, per step: (s, d) = ({s}, {d})\n",
+                      "| step | version | wait for B_t (s) | wait before push (s) | push (s) | training (s) | rest (s) | step (s) |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        breakdown += ["| " + " | ".join([str(p[0]), str(p[1])] + [f"{x:.2f}" for x in p[2:]]) + " |" for p in o["per_step"]]
+    loads = "\n".join(f"- {name}: {r['load']}" for name, r in runs.items())
     write_table(
         "overlap.md",
         "Overlapped vs colocated scheduler on the CPU end-to-end path",
         command_line("bench_overlap.py", argv),
-        f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation; "
-        "one run per row, in one invocation on a 2-core machine. Seconds are means per step. The ratio compares an "
-        "overlapped run with the colocated run at the same (s, d), and verl's separate_async with colocated (1, 1).",
-        ["run", "steps/s", "ratio", "step (s)", "wait for data (s)", "wait before push (s)", "push (s)", "training (s)", "rollout busy"],
+        f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation, seed 0; "
+        f"one run per mode and setting, all in one invocation ({minutes:.0f} min) on a {os.cpu_count()}-core machine. "
+        "Seconds are means per step unless said otherwise. gen = the colocated run's generation per batch generated; "
+        "train = the rest of its step; bound = 1 / max(gen, train) steps/s, the most overlap can give if generation "
+        "and training did not share the cores; 'of bound' = overlapped steps/s / bound. Overlapped columns: the "
+        "wait for B_t, the wait for in-flight batches before a weight push, the push; training (colocated / "
+        "overlapped: the same work, slower when the rollout generates on the same cores); rollout busy s per batch "
+        "= the rollout server's generation time per batch generated." + partial,
+        ["(s, d)", "colocated steps/s", "overlapped steps/s", "ratio", "gen (s/batch)", "train (s)", "bound (steps/s)",
+         "bound / colocated", "of bound", "wait for B_t (s)", "wait before push (s)", "push (s)", "training (s) col / ovl",
+         "rollout busy (s/batch)"],
         rows,
+        after=(
+            f"Streaming's cost to the rollout (the hf server alone, {batching['num_threads']} thread, "
+            f"`tests/scenario_rollout.py::rollout_batching_cost`): {batching['batches']} x {batching['per_batch']} sampled "
+            f"requests of 8 tokens take {batching['one_batch_s']:.2f} s as one server batch (a version's batches in one "
+            f"call) and {batching['streamed_s']:.2f} s as {batching['batches']} streamed server batches "
+            f"({batching['streamed_s'] / batching['one_batch_s']:.2f}x; fastest of 3 rounds each; load {batching['load']}).\n\n"
+            f"Machine load (`os.getloadavg`) at the start and end of each run:\n\n{loads}\n" + "\n".join(breakdown)
+        ),
     )
 
-    import matplotlib
+    s, d = (int(x) for x in args.plot_setting.split(","))
+    pair = [f"colocated s{s}d{d}", f"overlapped s{s}d{d}"]
+    if all(name in runs for name in pair):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name in ("colocated s1d0", "colocated s1d1", "overlapped s1d1"):
-        if name in runs:
-            x, y = runs[name]["reward_curve"]
-            ax.plot(x, y, marker=".", label=name)
-    ax.set_xlabel("wall-clock training time (s, start-up excluded)")
-    ax.set_ylabel("train reward (critic/score/mean)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "overlap_reward_wallclock.png", dpi=120)
-    return 0
+        fig, (ax, ax_steps) = plt.subplots(1, 2, figsize=(11, 4))
+        for name, marker in zip(pair, ("o", "x")):
+            r = runs[name]
+            ax.plot(r["elapsed"], r["rewards"], marker=marker, label=name)
+            ax_steps.plot(range(1, len(r["rewards"]) + 1), r["rewards"], marker=marker, label=name)
+        ax.set_xlabel("wall-clock training time (s, start-up excluded)")
+        ax.set_ylabel("train reward (critic/score/mean)")
+        ax.set_title(f"(s, d) = ({s}, {d}), seed 0: reward vs wall clock")
+        ax_steps.set_xlabel("training step")
+        ax_steps.set_title("the same rewards per step")
+        for a in (ax, ax_steps):
+            a.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / "overlap_reward_wallclock.png", dpi=120)
+        plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 
 - :func:`rollout_server_semantics`: generation of the server against an independent transformers pass.
 - :func:`rollout_vs_trainer_after_sync`: a real weight sync, then rollout vs trainer log-probs.
+- :func:`rollout_priority_order`: requests of several priorities sent together are generated one
+  priority after the other, lowest first, with the samples they get when batched together.
 """
 
 from __future__ import annotations
@@ -215,3 +217,86 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
 
         shutil.rmtree(temp_dir, ignore_errors=True)
 
+
+
+def rollout_priority_order(workdir: str, groups: int = 3, per_group: int = 8) -> dict[str, Any]:
+    """``groups`` priorities of ``per_group`` sampled requests each, sent interleaved and at once (what the
+    overlapped scheduler's streamed batches look like at the server): the order in which they complete,
+    the server's generation batches, and the tokens, against the same requests without priorities."""
+    from verl_offpolicy.demo.tiny import build_tiny
+
+    paths = build_tiny(Path(workdir) / "tiny")
+    server, _ = _server(paths["model_path"], paths["tokenizer_path"])
+    tok = server.model_config.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "repeat a b"}], add_generation_prompt=True, tokenize=True)
+    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    # interleaved: priority groups, groups - 1, ..., 1, then again (the last group is sent first)
+    requests = [(groups - (i % groups), i) for i in range(groups * per_group)]
+
+    async def send(with_priority: bool) -> tuple[list[int], dict[int, list[int]], int]:
+        done: list[int] = []
+        before = server.stats["batches"]
+
+        async def one(priority: int, seed: int):
+            params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "seed": seed}
+            if with_priority:
+                params["priority"] = priority
+            out = await server.generate(prompt, params, request_id=f"r{seed}")
+            done.append(priority)
+            return seed, out.token_ids
+
+        outs = await asyncio.gather(*[one(p, seed) for p, seed in requests])
+        return done, dict(outs), server.stats["batches"] - before
+
+    async def run() -> dict[str, Any]:
+        order, tokens, batches = await send(with_priority=True)
+        _, unprioritised, unprioritised_batches = await send(with_priority=False)
+        return {
+            "completion_order": order,
+            "batches": batches,
+            "same_samples": tokens == unprioritised,
+            "unprioritised_batches": unprioritised_batches,
+        }
+
+    return asyncio.run(run())
+
+
+def rollout_batching_cost(workdir: str, batches: int = 4, per_batch: int = 128, repeats: int = 3, num_threads: int = 1) -> dict[str, Any]:
+    """What streaming costs the hf rollout: the same ``batches x per_batch`` sampled requests (8-token
+    responses, the demo's prompt sizes, ``num_threads`` as the overlapped mode's rollout) generated as one
+    server batch (no priorities: a version's batches in one call) and as ``batches`` server batches (priority
+    = batch: streamed). Seconds per round, the fastest of ``repeats`` rounds of each, alternated."""
+    import time
+
+    from verl_offpolicy.demo.tiny import build_tiny
+
+    paths = build_tiny(Path(workdir) / "tiny")
+    server, _ = _server(paths["model_path"], paths["tokenizer_path"], [f"actor_rollout_ref.rollout.engine_kwargs.hf.num_threads={num_threads}"])
+    tok = server.model_config.tokenizer
+    words = ["a", "b", "c", "d", "a b", "c d", "a b c", "b c d"]
+    prompts = []
+    for text in words:
+        ids = tok.apply_chat_template([{"role": "user", "content": f"repeat {text}"}], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+
+    async def round_(streamed: bool) -> float:
+        start = time.perf_counter()
+        calls = []
+        for i in range(batches * per_batch):
+            params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "ignore_eos": True, "seed": i}
+            if streamed:
+                params["priority"] = 1 + i // per_batch
+            calls.append(server.generate(prompts[i % len(prompts)], params, request_id=f"r{i}"))
+        await asyncio.gather(*calls)
+        return time.perf_counter() - start
+
+    async def run() -> dict[str, Any]:
+        times: dict[str, list[float]] = {"one_batch": [], "streamed": []}
+        await round_(False)  # warm-up
+        for _ in range(repeats):
+            times["one_batch"].append(await round_(False))
+            times["streamed"].append(await round_(True))
+        return {"batches": batches, "per_batch": per_batch, "num_threads": num_threads, "server_batches": server.stats["batches"],
+                "one_batch_s": min(times["one_batch"]), "streamed_s": min(times["streamed"]), "all": times}
+
+    return asyncio.run(run())

@@ -63,6 +63,18 @@ def test_server_generation_semantics_against_transformers(tmp_path):
     assert report["serves_after_resume"]
 
 
+@pytest.mark.slow
+def test_server_generates_the_lowest_priority_first_with_the_same_samples(tmp_path):
+    """Streaming in the overlapped mode rests on this: 3 priorities x 8 requests, sent interleaved and at
+    once, come back priority 1 first, then 2, then 3 (one generation batch each, where without priorities
+    the 24 share one batch), and every request gets the tokens it gets without priorities (its seed)."""
+    report = isolated("tests.scenario_rollout:rollout_priority_order", timeout=TIMEOUT, workdir=str(tmp_path))
+    assert report["completion_order"] == [1] * 8 + [2] * 8 + [3] * 8
+    assert report["batches"] == 3
+    assert report["unprioritised_batches"] == 1
+    assert report["same_samples"]
+
+
 @pytest.mark.e2e  # a Ray cluster for the rollout server
 @pytest.mark.slow
 def test_rollout_logprobs_match_trainer_after_weight_sync(tmp_path):

@@ -203,3 +203,61 @@ def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(wron
     log = (wrong_version_run.output_dir / "train.log").read_text(errors="replace")
     assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
     assert "step:1 - " not in log  # nothing was trained
+
+
+# ------------------------------------------------------------------------------ streamed submission
+
+
+def _submitted_batches(s, d, version, total_steps=12, prompts=2, agent_loop_workers=2):
+    """What OverlappedTrainer._submit hands the agent loop for ``version`` of a (s, d) run: per batch, its step,
+    its prompts, and the fields each agent-loop worker reads of each prompt (verl's AgentLoopWorkerTQ: a
+    NonTensorData field is one value for every prompt of the chunk it was given)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from tensordict import NonTensorData
+
+    import verl_offpolicy.glue.scheduler.overlapped as overlapped
+    from verl.utils import tensordict_utils as tu
+    from verl_offpolicy.core.schedule import Schedule
+    from verl_offpolicy.glue.scheduler.trainer import steps_to_generate
+
+    schedule = Schedule(sync_interval=s, sync_offset=d)
+    rows = iter(range(1000))
+    submitted = []
+    fake = SimpleNamespace(schedule=schedule, _last_submission=None)
+    fake.replay_buffer = SimpleNamespace(batches=[], last_generation_size=0)
+    fake.replay_buffer.push = fake.replay_buffer.batches.append
+    fake._queued_steps = lambda: {b.step for b in fake.replay_buffer.batches}
+    fake._steps_generated_at = lambda v, queued=(): steps_to_generate(schedule, v, total_steps, queued)
+
+    def next_train_batch():
+        index = [next(rows) for _ in range(prompts)]
+        return tu.get_tensordict({"uid": np.array([f"u{i}" for i in index], dtype=object), "index": np.array(index)})
+
+    def to_rollout(chunk):
+        fields = []
+        for part in chunk.chunk(agent_loop_workers):
+            for i in range(len(part)):
+                fields.append({k: v.data for k, v in part.items() if isinstance(v, NonTensorData)} | {"uid": part["uid"][i]})
+        submitted.append(fields)
+
+    fake._next_train_batch, fake._submit_batch_to_rollout = next_train_batch, to_rollout
+    original, overlapped.tq = overlapped.tq, SimpleNamespace(kv_batch_put=lambda **kw: None)
+    try:
+        overlapped.OverlappedTrainer._submit(fake, version)
+    finally:
+        overlapped.tq = original
+    return [b.step for b in fake.replay_buffer.batches], submitted
+
+
+@pytest.mark.parametrize("s, d, version, steps", [(4, 1, 0, [1, 2, 3, 4, 5]), (4, 1, 4, [6, 7, 8, 9]), (2, 1, 2, [4, 5]), (1, 1, 3, [5])])
+def test_a_versions_batches_are_submitted_in_schedule_order_with_their_step_as_priority(s, d, version, steps):
+    """Streaming: the rollout generates the lowest priority first, so every prompt of B_t must carry
+    priority t (v(t) from docs/scheduler.md: (4, 1) version 4 generates steps 6-9), one call per batch in
+    step order, and a version's batches never exceed the FIFO bound s + d."""
+    queued, submitted = _submitted_batches(s, d, version)
+    assert queued == steps
+    assert len(submitted) == len(steps) <= s + d
+    for step, prompts in zip(steps, submitted):
+        assert {p["priority"] for p in prompts} == {step}, (step, prompts)

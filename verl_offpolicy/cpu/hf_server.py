@@ -7,6 +7,12 @@ reason and the weights' ``global_steps``), the life-cycle methods verl calls (``
 (``update_weights_chunk``, ``finish_weight_update``). Concurrent requests with identical sampling
 parameters are batched (left padding, KV cache). Sampling and seeding: :mod:`.sampling`.
 
+- A request's ``sampling_params["priority"]`` (an integer, default 0; lower runs first, vLLM's
+  ``scheduling_policy=priority`` convention) orders generation: each generation batch takes only the
+  pending requests of the lowest priority, so with the overlapped scheduler's priority = the step a batch
+  is trained at, B_t is generated (and usable) before B_t+1 starts. verl forwards its own ``priority``
+  argument to vLLM only; the CPU agent loop (:mod:`.agent_loop`) passes it here in ``sampling_params``.
+
 - ``max_tokens`` (or ``max_new_tokens``) caps the response; otherwise the default is vLLM's
   ``min(response_length, prompt_length + response_length - len(prompt))``. EOS stops a response
   (and is included in it) unless ``ignore_eos``.
@@ -80,9 +86,16 @@ class _Request:
     want_log_probs: bool
     future: asyncio.Future
     sample_seed: int = 0
+    priority: int = 0  # lower runs first (vLLM's scheduling_policy=priority convention)
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     stop_reason: str = "completed"
+
+
+def _lowest_priority(pending: list[_Request]) -> tuple[list[_Request], list[_Request]]:
+    """(the pending requests of the lowest priority value, in arrival order; the others, in arrival order)."""
+    first = min(request.priority for request in pending)
+    return [r for r in pending if r.priority == first], [r for r in pending if r.priority != first]
 
 
 class HFRolloutServer:
@@ -254,6 +267,7 @@ class HFRolloutServer:
             want_log_probs=bool(params.get("logprobs", False)),
             future=asyncio.get_running_loop().create_future(),
             sample_seed=self.request_seeds.next(key, prompt_ids, self.global_steps, params.get("seed")),
+            priority=int(params.get("priority", 0) or 0),
         )
         self.stats["requests"] += 1
         self._pending.append(request)
@@ -283,7 +297,9 @@ class HFRolloutServer:
                 await asyncio.sleep(self.batch_window_s)
             while self._pending:
                 await self._resume_event.wait()
-                requests, self._pending = self._pending, []
+                if not self._pending:  # rejected while paused
+                    break
+                requests, self._pending = _lowest_priority(self._pending)
                 groups: dict[SamplingKey, list[_Request]] = {}
                 for request in requests:
                     groups.setdefault(request.key, []).append(request)

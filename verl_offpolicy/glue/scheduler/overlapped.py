@@ -10,7 +10,8 @@ hook (verl PPOTrainer) what happens to the rollout
 ====================  =====================================================================================
 ``on_init_end``       push the current version (0, or the step a checkpoint resumed)
 ``on_train_begin``    submit the batches of that version not already queued, one agent-loop call per batch,
-                      in schedule order (the FIFO never holds more than s + d batches, finished or not)
+                      in schedule order, each with priority = its step, so the rollout server generates them
+                      one after the other, B_t first (the FIFO never holds more than s + d batches, finished or not)
 ``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports
 ``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
                       request is aborted or resumed under new weights), push version t, submit its batches
@@ -28,6 +29,7 @@ import time
 
 import transfer_queue as tq
 
+from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
@@ -39,6 +41,10 @@ from verl_offpolicy.glue.scheduler.trainer import (
     OffPolicyTrainer,
     QueuedBatch,
 )
+
+
+# The per-prompt field verl's agent loop passes to the rollout as the request's priority (lower runs first).
+PRIORITY_FIELD = "priority"
 
 
 class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
@@ -105,6 +111,9 @@ class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
         for step in steps:
             assert self.schedule.version(step) == version
             chunk = self._next_train_batch()
+            # The rollout server generates the lowest priority first (verl's agent-loop `priority`, vLLM's
+            # scheduling_policy=priority convention): B_t before B_t+1 (docs/scheduler.md, what this does not order).
+            tu.assign_non_tensor_data(chunk, PRIORITY_FIELD, step)
             uids = [str(u) for u in chunk["uid"]]
             tq.kv_batch_put(
                 keys=uids, partition_id=TRAIN, tags=[{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids)
