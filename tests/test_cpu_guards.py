@@ -209,3 +209,14 @@ def test_joining_an_existing_cluster_leaves_its_sizing_to_the_nodes(tiny):
     assert_named_with_fix(_problems(tiny, *joined[:1], "ray_kwargs.ray_init.num_cpus=null"),
                           "ray_kwargs.ray_init.num_gpus=1", "ray_kwargs.ray_init.num_gpus=null")
     assert_named_with_fix(_problems(tiny, "trainer.nnodes=2"), "trainer.nnodes=2", "cluster start")
+
+
+def test_a_joining_runs_worker_environment_reaches_ray_as_strings(tiny):
+    """On an existing cluster the workers inherit its raylets' environment: the run's file-logger path and
+    HF_HUB_OFFLINE go through runtime_env, whose values Ray wants as strings (a bare 1 became an int)."""
+    from verl_offpolicy.demo.cluster import join_overrides, worker_env_overrides
+
+    env = {"VERL_FILE_LOGGER_PATH": "/tmp/it's here/metrics.jsonl", "HF_HUB_OFFLINE": "1", "OTHER": "x"}
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], join_overrides("127.0.0.1:1") + worker_env_overrides(env))
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert (env_vars.VERL_FILE_LOGGER_PATH, env_vars.HF_HUB_OFFLINE, "OTHER" in env_vars) == (env["VERL_FILE_LOGGER_PATH"], "1", False)

@@ -79,7 +79,8 @@ def joins_cluster(command: list[str]) -> bool:
 
 def worker_env_overrides(env: dict[str, str]) -> list[str]:
     """The :data:`WORKER_ENV` variables of ``env`` as ``runtime_env`` overrides, for a run joining a cluster."""
-    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={env[key]}" for key in WORKER_ENV if key in env]
+    quoted = {key: "'" + env[key].replace("\\", "\\\\").replace("'", "\\'") + "'" for key in WORKER_ENV if key in env}
+    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={value}" for key, value in quoted.items()]  # strings, as Ray wants
 
 
 def node_resource(index: int) -> str:
