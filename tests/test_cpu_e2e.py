@@ -310,6 +310,16 @@ KILLED_RUN_ENDS_S = 60
 RUN_CORE = ("verl.trainer.main_ppo", "gcs_server", "raylet")
 
 
+def _is_core(proc) -> bool:
+    """main_ppo (the module it runs), Ray's GCS or raylet (the executable): not a helper process whose
+    command line only mentions one of them (Ray's agents and log monitor name the raylet)."""
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:
+        return False
+    return argv[1:3] == ["-m", RUN_CORE[0]] or (bool(argv) and argv[0].rsplit("/", 1)[-1] in RUN_CORE[1:])
+
+
 @pytest.mark.timeout(STARTUP_TIMEOUT + 600)
 def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_left(tmp_path):
     """SIGKILL of the demo alone (the OOM killer, kill -9): nothing of it can clean up. main_ppo (in a session
@@ -321,7 +331,7 @@ def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_lef
         demo.wait_for(demo.find_ray_dir, "Ray session")
         procs = demo.run_processes()
         assert len(procs) >= 3, procs  # main_ppo, GCS, raylet at least
-        core = [p for p in procs if any(name in " ".join(p.cmdline()) for name in RUN_CORE)]
+        core = [p for p in procs if _is_core(p)]
         assert len(core) == 3, [p.cmdline() for p in procs]
         demo.proc.kill()
         demo.proc.wait(timeout=60)
