@@ -296,3 +296,36 @@ def test_tiny_models_built_in_threads_at_once_are_the_seeded_model(tmp_path):
         built = weights(tmp_path / f"t{i}")
         assert built.keys() == alone.keys()
         assert all(torch.equal(built[k], alone[k]) for k in alone), i
+
+
+def test_ray_start_is_retried_only_on_rays_start_up_timeout_and_at_most_three_times():
+    """The demo and the local cluster start Ray again when a raylet missed Ray's fixed 30 s (a loaded machine);
+    any other error, and the third timeout, are raised."""
+    from verl_offpolicy.demo.process import RAY_START_TIMED_OUT, retry_ray_start
+
+    said, calls = [], []
+
+    def start(outcomes):
+        def attempt(n):
+            calls.append(n)
+            outcome = outcomes[n - 1]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return attempt
+
+    timeout = RuntimeError(f"main_ppo exited: Exception: {RAY_START_TIMED_OUT}. This could happen ...")
+    assert retry_ray_start(start([timeout, timeout, "ok"]), RuntimeError, said.append, "[x]") == "ok"
+    assert calls == [1, 2, 3]
+    assert said == [f"[x] Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; nothing ran yet): "
+                    f"starting again, attempt {n} of 3" for n in (2, 3)]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="timed out during startup"):
+        retry_ray_start(start([timeout, timeout, timeout, "never"]), RuntimeError, said.append, "[x]")
+    assert calls == [1, 2, 3]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="bad key"):
+        retry_ray_start(start([RuntimeError("bad key"), "never"]), RuntimeError, said.append, "[x]")
+    assert calls == [1]
+    with pytest.raises(ValueError):  # not one of the errors retried
+        retry_ray_start(start([ValueError(RAY_START_TIMED_OUT), "never"]), RuntimeError, said.append, "[x]")

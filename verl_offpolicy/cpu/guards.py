@@ -215,29 +215,26 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
         for key, value in ((f"{ray_init}.num_gpus", num_gpus), (f"{ray_init}.num_cpus", num_cpus)):
             need(key, value is None, value, f"{ray_init}.address={address} joins an existing Ray cluster, whose nodes' "
                  f"resources decide (Ray refuses num_cpus/num_gpus when connecting); set {key}=null")
-        check_micro_batch_sizes(cfg, need)
-        n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
-        need("trainer.n_gpus_per_node", isinstance(n_gpus, int) and n_gpus >= 1, n_gpus,
-             "the number of training processes per node (FSDP2 ranks on gloo): an integer >= 1")
-        return problems
-    need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
-         f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
-         f"CPU these are fake: set ++{ray_init}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
-         f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
-    have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
-    required = required_ray_cpus(cfg)
-    units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
-    need(f"{ray_init}.num_cpus", have >= required, num_cpus,
-         f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
-         f"logical Ray CPUs, Ray would have {have} and wait forever; set {ray_init}.num_cpus=16 and "
-         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
+    else:
+        need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
+             f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
+             f"CPU these are fake: set ++{ray_init}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
+             f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
+        have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+        required = required_ray_cpus(cfg)
+        units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
+        need(f"{ray_init}.num_cpus", have >= required, num_cpus,
+             f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
+             f"logical Ray CPUs, Ray would have {have} and wait forever; set {ray_init}.num_cpus=16 and "
+             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
 
     check_micro_batch_sizes(cfg, need)
 
     n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
     nnodes = _select(cfg, "trainer.nnodes", 1)
-    need("trainer.nnodes", nnodes == 1, nnodes, "a Ray cluster the run starts itself has one node; set trainer.nnodes=1, "
-         f"or join a cluster of several nodes ({ray_init}.address, `verl-offpolicy cluster start`)")
+    if address is None:
+        need("trainer.nnodes", nnodes == 1, nnodes, "a Ray cluster the run starts itself has one node; set trainer.nnodes=1, "
+             f"or join a cluster of several nodes ({ray_init}.address, `verl-offpolicy cluster start`)")
     need("trainer.n_gpus_per_node", isinstance(n_gpus, int) and n_gpus >= 1, n_gpus,
          "the number of training processes (FSDP2 ranks on gloo, sharing this machine's cores): set "
          "trainer.n_gpus_per_node=1, or 2 to train on two ranks (docs/cpu.md)")

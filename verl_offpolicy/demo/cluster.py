@@ -33,10 +33,9 @@ from typing import Callable, Optional
 from verl_offpolicy.cpu.platform import LOOPBACK_ENV
 from verl_offpolicy.demo.environment import ray_token_env
 from verl_offpolicy.demo.process import (
-    RAY_START_ATTEMPTS,
-    RAY_START_TIMED_OUT,
     end_processes,
     make_owned_temp_dir,
+    retry_ray_start,
     session_processes,
 )
 
@@ -106,19 +105,11 @@ class LocalCluster:
               log: Callable[[str], None] = print) -> "LocalCluster":
         """Start the server holding ``nodes`` and wait until every node is up (or stop it and raise).
 
-        A node that misses Ray's fixed 30 s start-up wait (:data:`~verl_offpolicy.demo.process.RAY_START_TIMED_OUT`,
-        a loaded machine) makes the whole cluster start again, :data:`~verl_offpolicy.demo.process.RAY_START_ATTEMPTS`
-        times in all."""
+        A node that misses Ray's fixed 30 s start-up wait (a loaded machine) makes the whole cluster start again
+        (:func:`~verl_offpolicy.demo.process.retry_ray_start`)."""
         if not nodes:
             raise ClusterError("a cluster needs at least one node")
-        for attempt in range(1, RAY_START_ATTEMPTS + 1):
-            try:
-                return cls._start_once(nodes, parent, timeout, log)
-            except ClusterError as exc:
-                if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
-                    raise
-                log(f"[cluster] a node missed Ray's 30 s start-up wait (a loaded machine): attempt {attempt + 1} of {RAY_START_ATTEMPTS}")
-        raise AssertionError("unreachable")
+        return retry_ray_start(lambda _: cls._start_once(nodes, parent, timeout, log), ClusterError, log, "[cluster]")
 
     @classmethod
     def _start_once(cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None]) -> "LocalCluster":

@@ -16,13 +16,30 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 # What Ray says when a new node's raylet misses the fixed 30 s it is given to register with the GCS
 # (ray/_private/node.py): a loaded machine, nothing trained yet; starting Ray again is the remedy.
 RAY_START_TIMED_OUT = "The current node timed out during startup"
 RAY_START_ATTEMPTS = 3
+
+
+def retry_ray_start(start: Callable[[int], T], errors: type[Exception], say: Callable[[str], None], prefix: str) -> T:
+    """``start(attempt)`` (attempt 1, 2, ...), again while it raises one of ``errors`` saying
+    :data:`RAY_START_TIMED_OUT`, :data:`RAY_START_ATTEMPTS` times in all; any other error, or the last
+    attempt's, is raised. ``say`` gets one line per retry, after ``prefix``."""
+    for attempt in range(1, RAY_START_ATTEMPTS):
+        try:
+            return start(attempt)
+        except errors as exc:
+            if RAY_START_TIMED_OUT not in str(exc):
+                raise
+            say(f"{prefix} Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; nothing ran "
+                f"yet): starting again, attempt {attempt + 1} of {RAY_START_ATTEMPTS}")
+    return start(RAY_START_ATTEMPTS)
 
 
 def session_processes(marker: str) -> list:

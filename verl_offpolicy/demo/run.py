@@ -48,12 +48,11 @@ from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
 from verl_offpolicy.demo.parent_death import launcher
 from verl_offpolicy.demo.cluster import joins_cluster, worker_env_overrides
 from verl_offpolicy.demo.process import (
-    RAY_START_ATTEMPTS,
-    RAY_START_TIMED_OUT,
     Interrupt,
     InterruptSignals,
     make_owned_temp_dir,
     remove_dead_owners_dirs,
+    retry_ray_start,
 )
 from verl_offpolicy.demo.progress import StartupPhases, plain_summary, progress_line
 from verl_offpolicy.demo.records import continued_step, log_banner, merge_part, start_records
@@ -191,7 +190,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     inputs = build_inputs(run.output_dir, seed=run.seed, model=run.model)
     listening: list[str] = []
     shared_memory: dict[str, list[str]] = {}
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+    def attempt_run(attempt: int) -> tuple[list[str], str, float, dict[str, float]]:
         # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
         ray_temp_dir = make_owned_temp_dir(RAY_DIR_PREFIX)
         command = run.command(inputs, ray_temp_dir)
@@ -202,17 +201,13 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
                 "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
                 "minutes on a small machine; phases below as they complete, seconds since launch:",
             )
-        try:
-            wall, marks = _train(
-                run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
-                on_line=_console_lines(console, signals), resumed=resumed,
-            )
-            break
-        except DemoError as exc:
-            if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
-                raise
-            _say(console, f"[cpu-demo] Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; "
-                          f"nothing was trained): starting again, attempt {attempt + 1} of {RAY_START_ATTEMPTS}")
+        wall, marks = _train(
+            run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
+            on_line=_console_lines(console, signals), resumed=resumed,
+        )
+        return command, ray_temp_dir, wall, marks
+
+    command, ray_temp_dir, wall, marks = retry_ray_start(attempt_run, DemoError, lambda line: _say(console, line), "[cpu-demo]")
     result = _collect(
         run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
         listening=listening, shared_memory=shared_memory, resumed=resumed, console=console,
