@@ -257,6 +257,27 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     assert session_processes("vo-doctor-") == []
 
 
+def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flags_other_versions():
+    """doctor --address's per-node findings (the e2e in tests/test_cluster_e2e.py runs it on a real cluster):
+    a node is named as ``ray status`` shows it; a version that differs from the driver's is a finding naming
+    both versions, one that matches is not."""
+    from verl_offpolicy.cli import node_label, version_problems
+
+    node = {"node_id": "b828e61747d3aa01", "ip": "127.0.0.1",
+            "resources": {"CPU": 8.0, "GPU": 1.0, "memory": 1e9, "object_store_memory": 1e8, "node:127.0.0.1": 1.0,
+                          "accelerator_type:A100": 1.0, "vo_node_1": 1.0, "big_disk": 1.0}}
+    assert node_label(node) == "node b828e61747d3 at 127.0.0.1 (big_disk, vo_node_1)"
+    assert node_label({**node, "resources": {"CPU": 1.0}}) == "node b828e61747d3 at 127.0.0.1"
+    here = {"verl-offpolicy": "0.1.0", "verl": "0.9.1"}
+    assert version_problems("node x", dict(here), here) == []
+    assert version_problems("node x", {"verl-offpolicy": "0.0.9", "verl": "0.9.1"}, here) == [
+        "node x: verl-offpolicy 0.0.9 on the node, 0.1.0 here; install the same version on every node"
+    ]
+    assert version_problems("node x", {"verl": "0.9.1"}, here) == [
+        "node x: verl-offpolicy not installed on the node, 0.1.0 here; install the same version on every node"
+    ]
+
+
 def test_doctors_ray_probe_keeps_its_token_in_its_own_dir(tmp_path):
     """doctor's Ray cluster enables Ray's token authentication; Ray used to write the token to
     ~/.ray/auth_token, world-readable (0644), and leave it. The probe's environment points Ray at a fresh

@@ -7,6 +7,10 @@ pool the other's, so the trainer and the rollout run on different nodes, and the
 node's worker to the other's. Checked: the run trains the scheduled versions, which node ran what (each
 worker process is a child of its node's raylet), every socket of the cluster on loopback, the cluster
 still up after the run (a user's cluster outlives their job), and nothing left once it is stopped.
+
+A third node has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin
+(``VERL_USE_EXTERNAL_PLUGINS=none`` in its raylet's environment, which its workers inherit): after the run,
+``verl-offpolicy doctor --address`` must name that node, and only that one.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import pytest
 
 from tests.scenario_runs import PRIMARY_CONFIG, opmd_overrides
 from verl_offpolicy.cpu.platform import is_loopback_host
-from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, join_overrides
+from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, join_overrides, node_resource
+from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV
 from verl_offpolicy.demo.results import read_metrics, training_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -32,6 +37,10 @@ STEPS = 4
 VERSIONS = [0, 0, 0, 2]  # (2, 1): v(t) = 2·max(0, ⌊(t − 2)/2⌋), t = 1..4 (docs/scheduler.md)
 RUN_TIMEOUT = 1200
 TRAINER, ROLLOUT = "ray::WorkerDict", "ray::HFRolloutServer"
+DOCTOR_TIMEOUT = 900
+# nodes 0 and 1: one fake GPU each (the trainer's pool and the rollout's); node 2: no resources, no plugin
+NODES = [NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=0, cpus=0, env={PLUGINS_ENV: "none"})]
+BLIND = 2
 
 
 def _listening(procs) -> set[str]:
@@ -47,7 +56,7 @@ def _listening(procs) -> set[str]:
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory):
     """The cluster, the demo run that joined it (exit code, output), what ran on each node and what listened."""
-    cluster = LocalCluster.start([NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=1, cpus=12)])
+    cluster = LocalCluster.start(NODES)
     seen: dict[int, set[str]] = {}
     listening: set[str] = set()
     done = threading.Event()
@@ -70,7 +79,12 @@ def cluster_run(tmp_path_factory):
         done.set()
         watcher.join(timeout=60)
         alive_after = bool(cluster.processes()) and cluster.address
-        yield {"cluster": cluster, "proc": proc, "out": out, "seen": seen, "listening": listening, "alive_after": alive_after}
+        doctor = subprocess.run(
+            [sys.executable, "-m", "verl_offpolicy.cli", "doctor", "--address", cluster.address, "--timeout", str(DOCTOR_TIMEOUT)],
+            env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL,
+        )
+        yield {"cluster": cluster, "proc": proc, "out": out, "seen": seen, "listening": listening, "alive_after": alive_after,
+               "doctor": doctor}
     finally:
         done.set()
         cluster.stop()
@@ -99,6 +113,31 @@ def test_the_trainer_and_the_rollout_ran_on_different_nodes(cluster_run):
     rollout_nodes = {n for n, names in seen.items() if ROLLOUT in names}
     assert len(trainer_nodes) == 1 and len(rollout_nodes) == 1, seen
     assert trainer_nodes != rollout_nodes, seen
+
+
+def test_doctor_checks_every_node_of_the_cluster_and_names_the_one_without_the_plugin(cluster_run):
+    doctor = cluster_run["doctor"]
+    out = doctor.stdout
+    assert doctor.returncode == 1, out + doctor.stderr[-3000:]
+    sections = {}  # node index -> its section of doctor's report (from its header to the next blank line)
+    for block in out.split("\n\n"):
+        header = block.strip().splitlines()[0] if block.strip() else ""
+        if header.startswith("[Ray worker on node "):
+            index = next(i for i in range(len(NODES)) if f"({node_resource(i)})" in header)
+            sections[index] = block
+    assert sorted(sections) == list(range(len(NODES))), out
+    for index, block in sections.items():
+        assert block.strip().splitlines()[0].endswith(f"of {len(NODES)})]"), block
+        if index == BLIND:
+            assert f"FAILED: {PLUGINS_ENV}=none disables verl's plugins" in block, block
+            assert "MISSING" in block and " ok " not in block, block
+        else:
+            assert "FAILED" not in block and "MISSING" not in block and "COLLISION" not in block, block
+            assert block.count("\n  ok ") >= 10, block  # every name of ours, registered in that node's worker
+    summary = out[out.index("verl-offpolicy doctor found problems:"):]
+    assert node_resource(BLIND) in summary and PLUGINS_ENV in summary, summary
+    assert all(node_resource(i) not in summary for i in range(len(NODES)) if i != BLIND), summary
+    assert "Traceback" not in out
 
 
 def test_the_cluster_listens_on_loopback_outlives_the_run_and_stops_clean(cluster_run):

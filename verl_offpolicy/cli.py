@@ -95,6 +95,66 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     return report
 
 
+def cluster_worker_states(env: dict[str, str], address: str, timeout: float) -> list[dict]:
+    """What a fresh Ray worker on each node of the existing cluster at ``address`` sees
+    (``diagnose._cluster_state``), from a driver process that joins it with ``env`` (the user's Ray token
+    settings, as for ``demo --ray-address``) and is ended, alone, after ``timeout`` seconds: the cluster is
+    the user's and is left running."""
+    from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+    from verl_offpolicy.demo.process import kill_process_tree, spawn
+    from verl_offpolicy.glue.diagnose import parse_report
+
+    proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--cluster", address],
+                 {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}, None)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeError(
+            f"the Ray workers of the cluster at {address} did not all answer within {timeout:g} s (a worker on each "
+            f"node imports verl): a node may be overloaded; rerun with a larger --timeout (e.g. --timeout {2 * timeout:g})"
+        ) from exc
+    finally:
+        kill_process_tree(proc, None)
+    report = parse_report(output)
+    if report is None:
+        raise ProbeError(f"could not probe the Ray cluster at {address}: {_probe_failure(output, proc.returncode)}")
+    return report["nodes"]
+
+
+_STANDARD_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def node_label(node: dict) -> str:
+    """A node as a user finds it in ``ray status``: its id (start), address and custom resources."""
+    custom = sorted(k for k in node["resources"] if k not in _STANDARD_RESOURCES and not k.startswith(("node:", "accelerator_type:")))
+    return f"node {node['node_id'][:12]} at {node['ip']}" + (f" ({', '.join(custom)})" if custom else "")
+
+
+def version_problems(label: str, versions: dict, here: dict) -> list[str]:
+    """``label``: a version of :data:`~verl_offpolicy.glue.diagnose.VERSIONED` on the node that differs from
+    the one installed ``here`` (where doctor runs, hence where the job is submitted from)."""
+    return [
+        f"{label}: {dist} {versions.get(dist) or 'not installed'} on the node, {here[dist] or 'not installed'} here; "
+        "install the same version on every node"
+        for dist in here if versions.get(dist) != here[dist]
+    ]
+
+
+def _cluster_problems(address: str, timeout: float) -> list[str]:
+    """Print and return the findings of every node of the cluster at ``address``."""
+    from verl_offpolicy.glue.diagnose import installed_versions
+
+    here, problems = installed_versions(), []
+    nodes = cluster_worker_states(dict(os.environ), address, timeout)
+    for index, node in enumerate(nodes):
+        label = node_label(node)
+        problems += _print_registry(f"Ray worker on {label} ({index + 1} of {len(nodes)})", node["state"])
+        versions = node["state"].get("versions", {})
+        print("  versions: " + ", ".join(f"{d} {versions.get(d) or 'not installed'}" for d in here))
+        problems += version_problems(label, versions, here)
+    return problems
+
+
 def _print_registry(where: str, report: dict) -> list[str]:
     problems = []
     print(f"\n[{where}]")
@@ -123,13 +183,16 @@ def doctor(args: argparse.Namespace) -> int:
     print(f"  {'python':16s} {sys.version.split()[0]}")
 
     # Both in fresh processes with this environment: this process would register everything itself.
-    probes = (
-        ("fresh process (`import verl` alone, as every verl process starts)", fresh_process_state),
-        ("fresh Ray worker", ray_worker_state),
-    )
+    # With --address, a worker on every node of that cluster instead of a private one.
+    fresh = "fresh process (`import verl` alone, as every verl process starts)"
+    probes = [(fresh, lambda: _print_registry(fresh, fresh_process_state(dict(os.environ), args.timeout)))]
+    if args.address:
+        probes.append((f"Ray cluster at {args.address}", lambda: _cluster_problems(args.address, args.timeout)))
+    else:
+        probes.append(("fresh Ray worker", lambda: _print_registry("fresh Ray worker", ray_worker_state(dict(os.environ), args.timeout))))
     for where, probe in probes:
         try:
-            problems += _print_registry(where, probe(dict(os.environ), args.timeout))
+            problems += probe()
         except Exception as exc:  # noqa: BLE001 - reported as a doctor finding
             message = str(exc) if isinstance(exc, ProbeError) else f"{type(exc).__name__}: {exc}"
             print(f"\n[{where}]\n  FAILED: {message}")
@@ -363,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds to wait for each fresh process and the Ray worker (default {DEFAULT_PROBE_TIMEOUT:g})",
     )
     p.add_argument("--verbose", action="store_true", help="print every preset composition")
+    p.add_argument(
+        "--address", default=None, metavar="HOST:PORT",
+        help="check a worker on every node of this existing Ray cluster (plugin, names, versions) instead of a "
+        "private one; export the cluster's RAY_AUTH_TOKEN_PATH and RAY_AUTH_MODE first, as for demo --ray-address",
+    )
     p.set_defaults(func=doctor)
 
     p = sub.add_parser("list", help="every algorithm preset with its description and paper setting")

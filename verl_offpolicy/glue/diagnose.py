@@ -61,9 +61,26 @@ def _why_not_loaded() -> str:
     return f"`import verl` did not load the entry point {ENTRY_POINT_NAME} = {entry_point.value}; reinstall verl-offpolicy"
 
 
+# The distributions whose versions a node must share with the driver (doctor --address).
+VERSIONED = ("verl-offpolicy", "verl")
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The installed version of each of :data:`VERSIONED` in this process's environment (None: not installed)."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for dist in VERSIONED:
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
 def plugin_state() -> dict[str, Any]:
     """After ``import verl`` alone: ``{"problem": str|None, "names": [[kind, name, registered], ...],
-    "collisions": [registration.collisions() entries]}``.
+    "collisions": [registration.collisions() entries], "versions": installed_versions()}``.
 
     Never registers anything itself: a process that registered on its own (``check``, ``doctor``)
     must not report what its workers will not have.
@@ -78,7 +95,8 @@ def plugin_state() -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - reported, with the cause
         from verl_offpolicy.glue.startup import import_failure_message
 
-        return {"problem": problem or import_failure_message("verl_offpolicy.glue.registration", exc), "names": names}
+        problem = problem or import_failure_message("verl_offpolicy.glue.registration", exc)
+        return {"problem": problem, "names": names, "versions": installed_versions()}
     for entry in registration.expected_names():
         try:
             # The lookup imports verl's registry module, which runs our deferred registration into it,
@@ -100,7 +118,7 @@ def plugin_state() -> dict[str, Any]:
             found = registration.collisions()
         except Exception as exc:  # noqa: BLE001 - reported, with the cause
             problem = problem or f"checking name collisions raised {type(exc).__name__}: {exc}"
-    return {"problem": problem, "names": names, "collisions": found}
+    return {"problem": problem, "names": names, "collisions": found, "versions": installed_versions()}
 
 
 def parse_report(output: str) -> dict[str, Any] | None:
@@ -133,11 +151,40 @@ def _ray_worker_state(temp_dir: str) -> dict[str, Any]:
         ray.shutdown()
 
 
+def _cluster_state(address: str) -> dict[str, Any]:
+    """:func:`plugin_state` in a fresh Ray worker on every alive node of the existing cluster at ``address``
+    (a task pinned to the node, needing no CPU, so a node busy with a job or without CPUs still answers):
+    ``{"nodes": [{"node_id", "ip", "resources", "state"}, ...]}``. Joins as a driver; starts nothing else."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from verl_offpolicy.glue.diagnose import plugin_state as worker_state
+
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
+        probe = ray.remote(worker_state)
+        refs = [
+            probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes
+        ]
+        states = ray.get(refs)
+        return {"nodes": [
+            {"node_id": n["NodeID"], "ip": n.get("NodeManagerAddress"), "resources": n.get("Resources", {}), "state": state}
+            for n, state in zip(nodes, states)
+        ]}
+    finally:
+        ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_offpolicy.glue.diagnose [--ray TEMP_DIR]``: print the state as one JSON line."""
+    """``python -m verl_offpolicy.glue.diagnose [--ray TEMP_DIR | --cluster ADDRESS]``: print the state as one
+    JSON line."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--ray"]:
         state = _ray_worker_state(argv[1])
+    elif argv[:1] == ["--cluster"]:
+        state = _cluster_state(argv[1])
     else:
         state = plugin_state()
     print(REPORT_PREFIX + json.dumps(state), flush=True)
