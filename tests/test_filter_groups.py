@@ -175,3 +175,32 @@ def test_filtered_runs_keep_exact_versions(dapo_runs, mode):
     # the demo's tiny model gives many groups one reward on every sample: filtering acted, a top-up happened
     assert sum(m["training/filter_groups/evicted_samples"] for m in metrics) > 0
     assert max(rounds.values()) > 1
+
+
+def _trained_groups(run) -> dict[int, list[tuple]]:
+    """Per step, each trained prompt group's (prompt, sorted (response, score) of its samples), from verl's rollout dumps."""
+    import json
+    from collections import defaultdict
+    from pathlib import Path
+
+    out = {}
+    for step in range(1, len(E2E_VERSIONS) + 1):
+        groups = defaultdict(list)
+        for line in (Path(run.output_dir) / "rollouts" / f"{step}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            groups[(row["uid"].split("_")[0], row["input"])].append((row["output"], row["score"]))
+        out[step] = sorted((prompt, tuple(sorted(samples))) for (_, prompt), samples in groups.items())
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_only_groups_with_a_spread_are_trained_and_both_modes_train_the_same(dapo_runs):
+    colocated, overlapped = _trained_groups(dapo_runs("colocated")), _trained_groups(dapo_runs("overlapped"))
+    for step, groups in colocated.items():
+        assert len(groups) == BATCH, step
+        assert all(len({score for _, score in samples}) > 1 for _, samples in groups), step  # no zero-spread group
+    # the same prompts drawn in the same order (the version's batches, then each round's top-ups in step order),
+    # generated at the same versions: the same samples
+    assert overlapped == colocated
