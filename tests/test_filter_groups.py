@@ -35,10 +35,11 @@ def test_groups_whose_metric_is_the_same_on_every_sample_are_dropped():
 
 
 def test_the_metric_is_read_as_verl_reads_it():
-    # "reward": the sum of each trajectory's rm_scores (verl puts the score on the last response token)
-    scores = torch.nested.nested_tensor([torch.tensor([0.0, 0.0, 0.5]), torch.tensor([0.0, 0.25])], layout=torch.jagged)
-    assert trajectory_metric({"rm_scores": scores}, "reward").tolist() == [0.5, 0.25]
-    assert trajectory_metric({"rm_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]])}, "reward").tolist() == [1.0, 0.0]
+    # "reward": the sum of each trajectory's rm_scores, as verl's filter reads it (verl's reward loop puts the
+    # score on the last response token; a sum over several tokens counts them all): 0.25 + 0.5, 0.25
+    scores = torch.nested.nested_tensor([torch.tensor([0.25, 0.0, 0.5]), torch.tensor([0.0, 0.25])], layout=torch.jagged)
+    assert trajectory_metric({"rm_scores": scores}, "reward").tolist() == [0.75, 0.25]
+    assert trajectory_metric({"rm_scores": torch.tensor([[0.5, 0.5], [0.0, 0.0]])}, "reward").tolist() == [1.0, 0.0]
     # any other name: the trajectory's reward_extra_info
     extra = [{"reward_extra_info": {"acc": 1.0}}, {"reward_extra_info": {"acc": 0.0}}]
     assert trajectory_metric({"extra_fields": extra}, "acc").tolist() == [1.0, 0.0]
