@@ -166,7 +166,7 @@ class VersionFill:
         shared = ", ".join(f"{value:g}: {count}" for value, count in sorted(values.items()))
         return (
             f"offpolicy scheduler: {FILTER_GROUPS}.max_num_gen_batches={self.max_rounds} exhausted: version "
-            f"{self.version} generated {generated} prompt groups in {self.rounds} rounds and kept {kept} of the {need} its "
+            f"{self.version} generated {generated} prompt groups in {self.rounds} round{'s' if self.rounds > 1 else ''} and kept {kept} of the {need} its "
             f"batches need (steps {sorted(short)} are short by {[short[s] for s in sorted(short)]} groups); "
             f"{sum(values.values())} groups had the same {self.metric} on every sample (value: groups = {{{shared}}}). "
             f"The prompts are too hard or too easy for the model at this version: raise {FILTER_GROUPS}.max_num_gen_batches "
@@ -180,7 +180,7 @@ class VersionFill:
         surplus = sum(len(b.surplus) for b in self.batches.values())
         values = sum((b.dropped_values for b in self.batches.values()), Counter())
         return (
-            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation rounds, "
+            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation round{'s' if self.rounds > 1 else ''}, "
             f"{generated} prompt groups generated, {dropped} dropped (same {self.metric} on every sample; value: groups = "
             f"{dict(sorted(values.items()))}), {surplus} surplus discarded, steps {sorted(self.batches)} full"
         )

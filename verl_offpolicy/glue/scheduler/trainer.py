@@ -319,7 +319,7 @@ class OffPolicyTrainer(PPOTrainer):
 
     # ------------------------------------------------------------------ group filtering (DAPO)
 
-    def _submit_round(self, chunks: dict[int, "TensorDict"]) -> None:  # noqa: F821 - tensordict's
+    def _submit_round(self, chunks: dict) -> None:
         """Submit one top-up round (step -> its prompts) to the rollout; the mode decides how."""
         raise NotImplementedError
 
