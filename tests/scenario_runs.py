@@ -55,6 +55,18 @@ def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
     return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"opmd_{mode}_s{s}d{d}")
 
 
+DAPO_STEPS = 4  # (2, 1): versions 0 0 0 2, two versions that generate
+DAPO = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward", "algorithm.filter_groups.max_num_gen_batches=8"]
+
+
+def dapo_run(demo_runs, mode: str):
+    """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode`` (tests/test_filter_groups.py):
+    :func:`opmd_overrides` + :data:`DAPO`, :data:`DAPO_STEPS` steps."""
+    return demo_runs.start(
+        "opmd", DAPO_STEPS, opmd_overrides(2, 1, mode) + DAPO, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"dapo_{mode}_s2d1",
+    )
+
+
 def dumped_batches(rollout_dir: Path, steps) -> dict[int, list[tuple]]:
     """Per step, the trained samples as sorted (prompt, response, score) from verl's rollout dumps
     (``trainer.rollout_data_dir``). Uids are left out: they are uuid4, new in every run; the content is

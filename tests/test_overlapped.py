@@ -254,7 +254,7 @@ def _submitted_batches(s, d, version, total_steps=12, prompts=2, agent_loop_work
     schedule = Schedule(sync_interval=s, sync_offset=d)
     rows = iter(range(1000))
     submitted = []
-    fake = SimpleNamespace(schedule=schedule, _last_submission=None)
+    fake = SimpleNamespace(schedule=schedule, _last_submission=None, filter_groups=None)
     fake.replay_buffer = SimpleNamespace(batches=[], last_generation_size=0)
     fake.replay_buffer.push = fake.replay_buffer.batches.append
     fake._queued_steps = lambda: {b.step for b in fake.replay_buffer.batches}

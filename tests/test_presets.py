@@ -328,7 +328,6 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("opmd", ["algorithm.offpolicy.sync_offset=-2"], "sync_offset must be an integer >= 0"),
         ("opmd", ["+algorithm.offpolicy.sync_intervl=2"], "unknown key(s) ['sync_intervl']"),
         ("red_weight", ["algorithm.offpolicy.temperature=0"], "temperature must be > 0"),
-        ("rec_oneside_nois", ["algorithm.filter_groups.enable=true"], "set algorithm.filter_groups.enable=false"),
         ("grpo", ["skip.rollout_tq.enable=true"], "set skip.rollout_tq.enable=false"),
         ("grpo", ["trainer.v1.sampler.custom_sampler.path=my.py"], "remove trainer.v1.sampler.custom_sampler"),
         # verl's version bound N admits staleness <= N - 1; (4, 1)'s worst is step 5 at version 0: 4 versions old

@@ -187,7 +187,6 @@ def check_overlapped(view: ConfigView) -> None:
 
 # Features of verl that the scheduler's per-version batches cannot serve: key -> why.
 UNSUPPORTED_WITH_SCHEDULER = {
-    "algorithm.filter_groups.enable": "DAPO group filtering refills groups, which would break the per-version batches",
     "skip.rollout_tq.enable": "rollout skipping replays dumped rollouts instead of the scheduled generation",
 }
 
@@ -216,6 +215,45 @@ def check_scheduler_features(view: ConfigView) -> None:
         raise OffPolicyConfigError(
             "algorithm.offpolicy.ratio_anchor=rollout needs the inference engine's log-probs: "
             "set actor_rollout_ref.rollout.calculate_log_probs=true (or choose ratio_anchor=behaviour|proximal)"
+        )
+
+
+FILTER_GROUPS = "algorithm.filter_groups"
+
+
+def check_filter_groups(view: ConfigView) -> None:
+    """DAPO dynamic sampling under the scheduler (``glue/scheduler/filtering.py``): verl's keys, checked before Ray.
+
+    The metric must name what verl reads at sampling time (``reward``, or a ``reward_extra_info`` key); the rounds
+    bound ``max_num_gen_batches`` is an integer (<= 0: none, verl's meaning); a group needs two samples to have a
+    spread; and the reward must be computed while generating (verl asserts it only in its TaskRunner)."""
+    if not _uses_scheduler(view) or not view.select(f"{FILTER_GROUPS}.enable", False):
+        return
+    metric = view.select(f"{FILTER_GROUPS}.metric")
+    if not isinstance(metric, str) or not metric:
+        raise OffPolicyConfigError(
+            f"{FILTER_GROUPS}.enable=true drops the prompt groups whose {FILTER_GROUPS}.metric is the same on every "
+            f"sample, but metric={metric!r}: set it to 'reward' (verl's canonical reward, rm_scores) or a key of your "
+            "reward function's reward_extra_info (e.g. 'acc', 'score')"
+        )
+    rounds = view.select(f"{FILTER_GROUPS}.max_num_gen_batches", 0)
+    if isinstance(rounds, bool) or not isinstance(rounds, int):
+        raise OffPolicyConfigError(
+            f"{FILTER_GROUPS}.max_num_gen_batches must be an integer: the generation rounds a version may take to fill "
+            f"its batches (>= 1), or <= 0 for no bound; got {rounds!r}"
+        )
+    samples = view.select("actor_rollout_ref.rollout.n", 1)
+    if isinstance(samples, int) and samples < 2:
+        raise OffPolicyConfigError(
+            f"{FILTER_GROUPS}.enable=true filters prompt groups by the spread of their samples' {metric}, but "
+            f"actor_rollout_ref.rollout.n={samples} gives one sample per group (never filtered): set "
+            f"actor_rollout_ref.rollout.n >= 2 or {FILTER_GROUPS}.enable=false"
+        )
+    if view.select("reward.reward_model.enable", False) and not view.select("reward.reward_model.enable_resource_pool", False):
+        raise OffPolicyConfigError(
+            f"{FILTER_GROUPS}.enable=true needs each group's reward while it is generated, but a colocated reward model "
+            "(reward.reward_model.enable=true, enable_resource_pool=false) scores only after sampling: set "
+            f"reward.reward_model.enable_resource_pool=true, use a rule-based reward, or {FILTER_GROUPS}.enable=false"
         )
 
 
@@ -248,5 +286,5 @@ ROLLOUT_CORRECTION_RULES = (check_rollout_correction,)
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
     check_trainer_mode, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
-    check_staleness_threshold,
+    check_filter_groups, check_staleness_threshold,
 )

@@ -12,7 +12,8 @@ hook (verl PPOTrainer) what happens to the rollout
 ``on_init_end``       wake at the current version (0, or the step a checkpoint resumed): weights synced
 ``on_validate_begin`` wake at the current version (validation samples with the current weights)
 ``prepare_step`` (t)  version t − 1 generates: wake at t − 1 (no-op if ``on_step_end`` already did),
-                      generate every batch of that version in one call, sleep; otherwise: sleep
+                      generate every batch of that version in one call (with ``algorithm.filter_groups``:
+                      then filter and top up at t − 1, one call per round), sleep; otherwise: sleep
 ``on_step_end`` (t)   version t generates: sync the new weights now (timed as ``update_weights``)
 ``_load_checkpoint``  rollout untouched; the FIFO is rebuilt from the TransferQueue tags
 ====================  =====================================================================================
@@ -107,7 +108,7 @@ class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
             stale = self.schedule.staleness(step) > 0
             behaviour = stale and self.offpolicy.ratio_anchor == "behaviour"
             assert self.schedule.version(step) == version
-            entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour))
+            entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour, settled=self.filter_groups is None))
             tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]
         all_uids = [uid for entry in entries for uid in entry.uids]
         # The schedule tags go in first (TransferQueue merges tags); verl then registers the prompts and
@@ -117,6 +118,7 @@ class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
             tq.kv_batch_put(keys=all_uids, partition_id=TRAIN, tags=tags)
             self._submit_batch_to_rollout(chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks))
             self._wait_for_generation(set(all_uids), version)
+            self._settle(entries, version)  # DAPO: filtered and topped up while the rollout holds this version
             self._rollout_sleep()
         behaviour_uids = {uid for entry in entries if entry.behaviour for uid in entry.uids}
         if behaviour_uids:
@@ -125,6 +127,11 @@ class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
         for entry in entries:
             self.replay_buffer.push(entry)
         self.replay_buffer.last_generation_size = len(entries)
+
+    def _submit_round(self, chunks: dict) -> None:
+        """A top-up round is one more rollout call at the same version (the rollout is still awake)."""
+        batches = list(chunks.values())
+        self._submit_batch_to_rollout(batches[0] if len(batches) == 1 else tu.concat_tensordict(batches))
 
     def _trajectory_meta(self, uids: set[str]) -> KVBatchMeta:
         items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})

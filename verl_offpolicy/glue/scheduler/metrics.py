@@ -36,6 +36,13 @@ ROLLOUT_CALLS = "offpolicy/rollout_calls"
 GENERATED_BATCHES = "offpolicy/generated_batches"
 ANCHOR_LOG_RATIO = "offpolicy/anchor_log_ratio/mean"
 
+# DAPO group filtering (algorithm.filter_groups, glue/scheduler/filtering.py), logged at the step that trains the
+# batch: verl's names for what was filtered (verl counts prompt groups as "samples"), ours for the rounds.
+FILTER_EVICTED = "training/filter_groups/evicted_samples"
+FILTER_SURPLUS = "training/filter_groups/discarded_surplus_samples"
+FILTER_GENERATED = "offpolicy/filter_groups/generated_groups"
+FILTER_ROUNDS = "offpolicy/filter_groups/gen_rounds"
+
 # verl's rollout_corr/* statistics, computed between the ratio anchor and the proximal policy on every batch
 # trained stale: ANCHOR_CORR_PREFIX + each of ANCHOR_CORR_STATS (verl's suffixes, rollout_corr_helper.py).
 ANCHOR_CORR_PREFIX = "offpolicy/anchor_corr/"
@@ -69,6 +76,25 @@ def queue_metrics(version: int, queue_len: int, rollout_batches_per_sync: int) -
         QUEUE_LEN: float(queue_len),
         ROLLOUT_BATCHES_PER_SYNC: float(rollout_batches_per_sync),
     }
+
+
+def filter_metrics(generated: int, dropped: int, surplus: int, rounds: int, dropped_values: dict | None = None) -> dict:
+    """What group filtering did to one trained batch: the prompt groups generated for it over all rounds
+    (= data.train_batch_size + dropped + surplus), the groups dropped (the same metric on every sample) and
+    the surplus discarded, and the generation rounds its version took (1: no top-up). ``dropped_values``
+    ({shared metric value: groups}) goes under verl's key, which verl's trainer turns into its wandb table."""
+    metrics = {
+        FILTER_GENERATED: float(generated),
+        FILTER_EVICTED: float(dropped),
+        FILTER_SURPLUS: float(surplus),
+        FILTER_ROUNDS: float(rounds),
+    }
+    if dropped_values:
+        # verl's key (imported here: importing verl.trainer.ppo.v1 registers the trainers, which import this module)
+        from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
+
+        metrics[DAPO_FILTERED_REWARD_COUNTS_KEY] = dict(dropped_values)
+    return metrics
 
 
 def rollout_call_metrics(generated_batches: int) -> dict[str, float]:

@@ -12,9 +12,12 @@ hook (verl PPOTrainer) what happens to the rollout
 ``on_train_begin``    submit the batches of that version not already queued, one agent-loop call per batch,
                       in schedule order, each with priority = its step, so the rollout server generates them
                       one after the other, B_t first (the FIFO never holds more than s + d batches, finished or not)
-``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports
+``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports; with
+                      ``algorithm.filter_groups``, B_t not yet filtered: filter and top up every batch of its
+                      version (the version the rollout holds) first
 ``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
-                      request is aborted or resumed under new weights), push version t, submit its batches
+                      request is aborted or resumed under new weights) and its batches are filtered and topped
+                      up, push version t, submit its batches
 ``_save_checkpoint``  wait until nothing is in flight, then save (the FIFO is checkpointed finished)
 ====================  =====================================================================================
 
@@ -119,16 +122,24 @@ class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
                 keys=uids, partition_id=TRAIN, tags=[{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids)
             )
             self._submit_batch_to_rollout(chunk)
-            self.replay_buffer.push(QueuedBatch(step=step, version=version, uids=uids, behaviour=False))
+            self.replay_buffer.push(QueuedBatch(step=step, version=version, uids=uids, behaviour=False, settled=self.filter_groups is None))
         self.replay_buffer.last_generation_size = len(steps)
         self._last_submission = (version, len(steps))
 
+    def _submit_round(self, chunks: dict) -> None:
+        """A top-up round: one agent-loop call per batch, priority = its step (as :meth:`_submit`)."""
+        for step, chunk in chunks.items():
+            tu.assign_non_tensor_data(chunk, PRIORITY_FIELD, step)
+            self._submit_batch_to_rollout(chunk)
+
     def _wait_in_flight(self) -> float:
-        """Block until every submitted batch finished; returns the seconds waited."""
+        """Block until every submitted batch finished (and, with ``algorithm.filter_groups``, is filtered and
+        topped up at the version the rollout holds); returns the seconds waited."""
         start = time.perf_counter()
         uids = {uid for entry in self.replay_buffer.batches for uid in entry.uids}
         if uids:
             self._wait_for_generation(uids, self.standalone.version)
+        self._settle(self.replay_buffer.batches, self.standalone.version)
         return time.perf_counter() - start
 
     def _make_batch_ready(self) -> dict:
@@ -142,6 +153,8 @@ class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
             )
         start = time.perf_counter()
         with marked_timer("gen", self.timing_raw, color="red"):
+            if not entry.settled:  # its version is the one the rollout holds (settled before every push)
+                self._settle(self.replay_buffer.batches, self.standalone.version)
             self._wait_for_generation(set(entry.uids), entry.version)
         version, batches = self._last_submission if self._last_submission else (None, 0)
         submitted = version == step - 1

@@ -11,7 +11,9 @@ schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
   uses them as ``old_log_prob``. ``rollout`` uses the inference engine's log-probs, ``proximal``
   keeps verl's recomputation. KL-in-reward (AGRO's regularised reward) always uses the proximal
   log-prob: the swap happens after the advantage is computed. On a stale batch the anchor and the proximal
-  log-probs the swap holds also give verl's off-policy statistics (``offpolicy/anchor_corr/*``, no extra pass).
+  log-probs the swap holds also give verl's off-policy statistics (``offpolicy/anchor_corr/*``, no extra pass);
+- ``algorithm.filter_groups.enable=true`` (DAPO dynamic sampling, :mod:`.filtering`): before the rollout leaves a
+  version, its batches are filtered and topped up with prompts generated at that same version (:meth:`OffPolicyTrainer._settle`).
 
 The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
 version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
@@ -37,17 +39,21 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import torch
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import FILTER_GROUPS_REWARD_METRIC, ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
-from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, anchor_corr_metrics, queue_metrics
+from verl_offpolicy.glue.scheduler.filtering import (
+    FilterGroups, FilterGroupsExhausted, VersionFill, trajectory_metric, zero_spread_groups,
+)
+from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, anchor_corr_metrics, filter_metrics, queue_metrics
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -59,6 +65,7 @@ STEP_TAG = "offpolicy_step"
 VERSION_TAG = "offpolicy_version"
 BEHAVIOUR_TAG = "offpolicy_behaviour"
 BEHAVIOUR_FIELD = "behaviour_log_probs"
+FILTER_TAG = "offpolicy_filter"  # on a filtered batch's prompts: [generated, dropped, surplus, rounds] (filter_metrics)
 GENERATION_POLL_SECONDS = 0.05
 PROGRESS_LOG_SECONDS = 60.0
 
@@ -71,6 +78,8 @@ class QueuedBatch:
     version: int  # trainer steps the generating weights had seen
     uids: list[str]  # its prompt groups
     behaviour: bool  # behaviour log-probs were stored (batches trained stale)
+    settled: bool = True  # False: generated, not yet filtered and topped up (algorithm.filter_groups)
+    filtered: dict | None = None  # what group filtering did to it (metrics.filter_metrics)
 
 
 class StalenessQueue(ReplayBuffer):
@@ -105,6 +114,8 @@ class StalenessQueue(ReplayBuffer):
             entry = by_step.setdefault(step, QueuedBatch(step, tag[VERSION_TAG], [], False))
             entry.uids.append(uid)
             entry.behaviour = bool(tag.get(BEHAVIOUR_TAG, False))
+            if tag.get(FILTER_TAG) is not None:  # settled before the save (its dropped-values breakdown is not kept)
+                entry.filtered = filter_metrics(*tag[FILTER_TAG])
         self.batches = sorted(by_step.values(), key=lambda b: b.step)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
@@ -136,7 +147,7 @@ class StalenessQueue(ReplayBuffer):
         self.current = entry
         staleness = self.schedule.staleness(global_steps)
         assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
-        return batch, queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size)
+        return batch, {**queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size), **(entry.filtered or {})}
 
 
 def steps_to_generate(schedule: Schedule, version: int, total_steps: int, queued=(), past_end: bool = False) -> list[int]:
@@ -187,6 +198,7 @@ class OffPolicyTrainer(PPOTrainer):
         validate_offpolicy_config(config)
         self.offpolicy = offpolicy_section(config.algorithm)
         self.schedule = self.offpolicy.schedule
+        self.filter_groups = FilterGroups.of(config)  # None: no group filtering
         self._warned_unobserved = False
         # A batch that makes no progress for this long fails the run (a stopped, hung or dead rollout never hangs it).
         self.generation_deadline = GenerationDeadline.from_env()
@@ -304,6 +316,85 @@ class OffPolicyTrainer(PPOTrainer):
                     now - started, len(uids) - done, len(uids), version, dict(status), deadline.describe(),
                 )
             time.sleep(GENERATION_POLL_SECONDS)
+
+    # ------------------------------------------------------------------ group filtering (DAPO)
+
+    def _submit_round(self, chunks: dict) -> None:
+        """Submit one top-up round (step -> its prompts) to the rollout; the mode decides how."""
+        raise NotImplementedError
+
+    def _settle(self, entries: list[QueuedBatch], version: int) -> None:
+        """Filter and top up the unsettled ``entries`` (submitted, all of ``version``, which the rollout holds)
+        until each has its groups (:mod:`.filtering`); then drop the filtered and surplus groups from
+        TransferQueue. A no-op without ``algorithm.filter_groups``."""
+        todo = [e for e in entries if not e.settled]
+        if not todo:
+            return
+        if any(e.version != version for e in todo):
+            raise RuntimeError(
+                f"offpolicy scheduler: filtering batches of versions {sorted({e.version for e in todo})} at version "
+                f"{version}: a top-up would be generated under other weights"
+            )
+        fill = VersionFill.start(version, {e.step: len(e.uids) for e in todo}, self.filter_groups.max_num_gen_batches, self.filter_groups.metric)
+        pending = {e.step: list(e.uids) for e in todo}
+        behaviour = {e.step: e.behaviour for e in todo}
+        while True:
+            self._wait_for_generation({uid for uids in pending.values() for uid in uids}, version)
+            fill.record_round(self._classify_groups(pending))
+            try:
+                sizes = fill.top_ups()
+            except FilterGroupsExhausted:
+                logger.error(fill.describe())
+                raise
+            if not sizes:
+                break
+            chunks = {}
+            for step, num_prompts in sizes.items():
+                chunks[step] = self._next_train_batch(num_prompts)
+                uids = [str(u) for u in chunks[step]["uid"]]
+                tags = [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour[step]}] * len(uids)
+                tq.kv_batch_put(keys=uids, partition_id=TRAIN, tags=tags)
+            self._submit_round(chunks)
+            pending = {step: [str(u) for u in chunk["uid"]] for step, chunk in chunks.items()}
+        discard = set()
+        for entry in todo:
+            batch = fill.batches[entry.step]
+            counts = [batch.generated, len(batch.dropped), len(batch.surplus), fill.rounds]
+            entry.uids, entry.settled = batch.selected, True
+            entry.filtered = filter_metrics(*counts, dropped_values=batch.dropped_values)
+            tq.kv_batch_put(keys=entry.uids, partition_id=TRAIN, tags=[{FILTER_TAG: counts}] * len(entry.uids))
+            discard |= set(batch.dropped) | set(batch.surplus)
+        self.replay_buffer._sync_metadata_from_transfer_queue()
+        self.replay_buffer._clear_groups(TRAIN, discard)  # verl's: the prompts and their trajectories
+        logger.info(fill.describe())
+
+    def _classify_groups(self, pending: dict[int, list[str]]) -> dict[int, tuple[list[str], list[bool], list[float]]]:
+        """For each step's groups of this round: whether verl's filter drops it (the metric is the same on every
+        sample of a finished group; a failed group stays, as verl's sync sampler keeps it) and that shared value."""
+        buffer = self.replay_buffer
+        buffer._sync_metadata_from_transfer_queue()
+        order = [uid for uids in pending.values() for uid in uids]
+        index = {uid: i for i, uid in enumerate(order)}
+        finished = buffer.finished_keys[TRAIN]
+        keys = [k for k in buffer.partitions[TRAIN] if k.split("_")[0] in index and k.split("_")[0] in finished]
+        dropped = torch.zeros(len(order), dtype=torch.bool)
+        shared = torch.zeros(len(order), dtype=torch.float64)
+        missing = {uid for uid in index if uid in finished} - {k.split("_")[0] for k in keys}
+        if missing:
+            raise RuntimeError(f"offpolicy scheduler: finished prompt groups without trajectories: {sorted(missing)[:5]}")
+        if keys:
+            metric = self.filter_groups.metric
+            field = "rm_scores" if metric == FILTER_GROUPS_REWARD_METRIC else "extra_fields"
+            values = trajectory_metric(tq.kv_batch_get(keys=keys, partition_id=TRAIN, select_fields=[field]), metric)
+            group = torch.tensor([index[k.split("_")[0]] for k in keys], dtype=torch.long)
+            dropped = zero_spread_groups(values, group, len(order))
+            shared = shared.scatter_reduce(0, group, values, "amax", include_self=False)
+        dropped_list, shared_list = dropped.tolist(), shared.tolist()
+        out, start = {}, 0
+        for step, uids in pending.items():
+            out[step] = (uids, dropped_list[start : start + len(uids)], shared_list[start : start + len(uids)])
+            start += len(uids)
+        return out
 
     # ------------------------------------------------------------------ ratio anchor
 

@@ -1,0 +1,186 @@
+"""DAPO dynamic sampling (``algorithm.filter_groups``, verl's keys) inside the schedule, versions exact.
+
+A version's batches are generated in that version's rollout call; then, while the rollout still holds
+that version's weights, every prompt group whose metric is the same on all its samples is dropped
+(verl's rule, ``ReplayBuffer._dapo_filtered_keys``: zero spread, so zero GRPO advantage) and each batch
+short of groups is topped up with new prompts generated **at the same version**, in rounds, until every
+batch has its ``data.train_batch_size`` groups. A trained sample therefore keeps the version and the
+staleness of the schedule. Per round:
+
+- round 1 is the version's scheduled batches; a round r ≥ 2 submits, for each batch still missing m
+  groups, :data:`TOP_UP_FACTOR` · m new prompts (verl's sync DAPO refill: k evicted, 2k refilled);
+- a batch takes its kept groups in submission order; kept groups beyond its size are the surplus,
+  discarded (verl's ``discarded_surplus_samples``);
+- ``algorithm.filter_groups.max_num_gen_batches`` R > 0 bounds the rounds of a version (≤ 0: no bound,
+  verl's meaning); a version still short after R rounds stops the run with
+  :class:`FilterGroupsExhausted`.
+
+:class:`VersionFill` is that arithmetic (pure, no I/O); :func:`zero_spread_groups` the vectorised group
+statistic; :func:`trajectory_metric` reads verl's metric of each trajectory from TransferQueue. The trainer
+(:meth:`~verl_offpolicy.glue.scheduler.trainer.OffPolicyTrainer._settle`) runs the rounds; the startup rules
+are :func:`~verl_offpolicy.glue.scheduler.checks.check_filter_groups`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from verl_offpolicy.glue.scheduler.checks import FILTER_GROUPS
+
+# verl's sync DAPO refill rule (ReplayBuffer.sample: "Each k evictions add 2k logical refill credits").
+TOP_UP_FACTOR = 2
+
+
+@dataclass(frozen=True)
+class FilterGroups:
+    """The enabled ``algorithm.filter_groups`` section (validated at startup by ``check_filter_groups``)."""
+
+    metric: str  # "reward": verl's canonical pre-KL reward (rm_scores); else a reward_extra_info key
+    max_num_gen_batches: int  # generation rounds per version; <= 0: no bound
+
+    @classmethod
+    def of(cls, config) -> "FilterGroups | None":
+        section = config.algorithm.get("filter_groups", None)
+        if section is None or not section.get("enable", False):
+            return None
+        return cls(metric=str(section.get("metric")), max_num_gen_batches=int(section.get("max_num_gen_batches", 0) or 0))
+
+
+class FilterGroupsExhausted(RuntimeError):
+    """A version's batches are still short of groups after ``max_num_gen_batches`` generation rounds."""
+
+
+def zero_spread_groups(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Bool [num_groups]: the groups verl's DAPO filter drops, i.e. with at least two samples whose
+    ``values`` (one per sample, ``group`` its group index) are all equal (max = min: zero std, exactly).
+
+    Vectorised (scatter reductions); a group without samples, or with one, is kept (verl: ``len > 1``). verl tests
+    ``np.std(values) == 0``, which misses some equal values (numpy's std of [0.1, 0.1, 0.1] is 1.4e-17).
+    """
+    values = values.to(torch.float64)
+    high = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amax")
+    low = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amin")
+    count = torch.bincount(group, minlength=num_groups)
+    return (count > 1) & (high == low)
+
+
+def trajectory_metric(data: Any, metric: str) -> torch.Tensor:
+    """One value of ``metric`` per trajectory of ``data`` (TransferQueue fields, as verl reads them):
+    ``reward`` sums each trajectory's ``rm_scores`` (verl's canonical pre-KL reward); any other name is
+    read from the trajectory's ``extra_fields['reward_extra_info']`` (a missing one raises, naming it)."""
+    # verl's name (imported here: importing verl.trainer.ppo.v1 registers the trainers, which import this module)
+    from verl.trainer.ppo.v1.replay_buffer import FILTER_GROUPS_REWARD_METRIC
+
+    if metric == FILTER_GROUPS_REWARD_METRIC:
+        scores = data["rm_scores"]
+        if isinstance(scores, torch.Tensor) and scores.is_nested:
+            scores = scores.to_padded_tensor(0.0)
+        elif not isinstance(scores, torch.Tensor):
+            return torch.tensor([float(torch.as_tensor(s).sum()) for s in scores], dtype=torch.float64)
+        return scores.to(torch.float64).reshape(scores.shape[0], -1).sum(-1)
+    values = []
+    for extra in data["extra_fields"]:
+        extra = getattr(extra, "data", extra)
+        info = extra.get("reward_extra_info", {}) if isinstance(extra, dict) else {}
+        if metric not in info:
+            raise RuntimeError(
+                f"offpolicy scheduler: {FILTER_GROUPS}.metric={metric!r} is not in a trajectory's reward_extra_info "
+                f"(keys: {sorted(info)}): use 'reward' or a key your reward function returns"
+            )
+        values.append(float(info[metric]))
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@dataclass
+class BatchFill:
+    """One scheduled batch (step ``step``, ``size`` groups) through its version's rounds."""
+
+    step: int
+    size: int
+    kept: list[str] = field(default_factory=list)  # groups kept by the filter, in submission order
+    dropped: list[str] = field(default_factory=list)  # groups the filter dropped
+    dropped_values: Counter = field(default_factory=Counter)  # the shared metric value of each dropped group
+    generated: int = 0  # groups submitted for this batch, every round
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.size - len(self.kept))
+
+    @property
+    def selected(self) -> list[str]:
+        return self.kept[: self.size]
+
+    @property
+    def surplus(self) -> list[str]:
+        return self.kept[self.size :]
+
+
+@dataclass
+class VersionFill:
+    """The batches of one version through their generation rounds (module docstring)."""
+
+    version: int
+    batches: dict[int, BatchFill]  # step -> its batch
+    max_rounds: int  # algorithm.filter_groups.max_num_gen_batches; <= 0: no bound
+    metric: str
+    rounds: int = 0
+
+    @classmethod
+    def start(cls, version: int, sizes: dict[int, int], max_rounds: int, metric: str) -> "VersionFill":
+        return cls(version, {step: BatchFill(step, size) for step, size in sorted(sizes.items())}, max_rounds, metric)
+
+    def record_round(self, results: dict[int, tuple[Sequence[str], Sequence[bool], Sequence[float]]]) -> None:
+        """One round's outcome per step: its groups in submission order, whether each was dropped, and the
+        metric value each dropped group shares (anything for a kept one)."""
+        self.rounds += 1
+        for step, (uids, dropped, values) in results.items():
+            batch = self.batches[step]
+            batch.generated += len(uids)
+            for uid, drop, value in zip(uids, dropped, values, strict=True):
+                if drop:
+                    batch.dropped.append(uid)
+                    batch.dropped_values[float(value)] += 1
+                else:
+                    batch.kept.append(uid)
+
+    def top_ups(self) -> dict[int, int]:
+        """The prompts the next round submits per short batch (:data:`TOP_UP_FACTOR` × its missing groups), in
+        step order; empty when every batch is full. Raises :class:`FilterGroupsExhausted` if a batch is short
+        and the version has had its ``max_num_gen_batches`` rounds."""
+        short = {step: b.missing for step, b in self.batches.items() if b.missing}
+        if not short:
+            return {}
+        if 0 < self.max_rounds <= self.rounds:
+            raise FilterGroupsExhausted(self.exhausted_message(short))
+        return {step: TOP_UP_FACTOR * missing for step, missing in short.items()}
+
+    def exhausted_message(self, short: dict[int, int]) -> str:
+        need = sum(b.size for b in self.batches.values())
+        kept = sum(min(len(b.kept), b.size) for b in self.batches.values())
+        generated = sum(b.generated for b in self.batches.values())
+        values = sum((b.dropped_values for b in self.batches.values()), Counter())
+        shared = ", ".join(f"{value:g}: {count}" for value, count in sorted(values.items()))
+        return (
+            f"offpolicy scheduler: {FILTER_GROUPS}.max_num_gen_batches={self.max_rounds} exhausted: version "
+            f"{self.version} generated {generated} prompt groups in {self.rounds} round{'s' if self.rounds > 1 else ''} and kept {kept} of the {need} its "
+            f"batches need (steps {sorted(short)} are short by {[short[s] for s in sorted(short)]} groups); "
+            f"{sum(values.values())} groups had the same {self.metric} on every sample (value: groups = {{{shared}}}). "
+            f"The prompts are too hard or too easy for the model at this version: raise {FILTER_GROUPS}.max_num_gen_batches "
+            f"(<= 0: no bound), use more samples per prompt (actor_rollout_ref.rollout.n), or set {FILTER_GROUPS}.enable=false"
+        )
+
+    def describe(self) -> str:
+        """One log line: what the version generated, filtered and kept."""
+        generated = sum(b.generated for b in self.batches.values())
+        dropped = sum(len(b.dropped) for b in self.batches.values())
+        surplus = sum(len(b.surplus) for b in self.batches.values())
+        values = sum((b.dropped_values for b in self.batches.values()), Counter())
+        return (
+            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation round{'s' if self.rounds > 1 else ''}, "
+            f"{generated} prompt groups generated, {dropped} dropped (same {self.metric} on every sample; value: groups = "
+            f"{dict(sorted(values.items()))}), {surplus} surplus discarded, steps {sorted(self.batches)} full"
+        )
