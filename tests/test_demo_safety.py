@@ -329,3 +329,37 @@ def test_ray_start_is_retried_only_on_rays_start_up_timeout_and_at_most_three_ti
     assert calls == [1]
     with pytest.raises(ValueError):  # not one of the errors retried
         retry_ray_start(start([ValueError(RAY_START_TIMED_OUT), "never"]), RuntimeError, said.append, "[x]")
+
+
+def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_not():
+    """What ``run_subprocess`` unlinks after a run besides the files its processes held at the first step:
+    files of the run's kinds created since the run started that no live process maps (a vLLM run left a
+    ``sem.mp-*`` semaphore this way: created after the first step, its creator killed). A file some live
+    process maps (another job's), one that existed before, and one of another kind are never taken."""
+    from verl_offpolicy.demo.process import SHM_DIR, orphaned_since, shared_memory_listing
+
+    tag = f"votest{os.getpid()}"
+    old, left, live, other = (f"{SHM_DIR}/{name}" for name in
+                              (f"psm_{tag}_old", f"sem.mp-{tag}", f"psm_{tag}_live", f"{tag}_other"))
+    holder = None
+    try:
+        Path(old).write_bytes(b"\0" * 4096)
+        before = shared_memory_listing()
+        for path in (left, live, other):
+            Path(path).write_bytes(b"\0" * 4096)
+        # a live process that maps `live`, as a semaphore's or segment's holder does
+        code = f"import mmap, sys, time\nf = open({live!r}, 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\ntime.sleep(600)"
+        holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "mapped"
+        found = [p for p in orphaned_since(before) if tag in p]
+        assert found == [left]
+        holder.kill()
+        holder.wait(timeout=60)
+        assert [p for p in orphaned_since(before) if tag in p] == sorted([left, live])  # its holder is gone
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=60)
+        for path in (old, left, live, other):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

@@ -16,6 +16,7 @@ import pytest
 
 from verl_offpolicy.demo.run import run_demo
 from verl_offpolicy.cpu.platform import is_loopback
+from verl_offpolicy.demo.process import orphaned_since, shared_memory_listing
 
 pytestmark = [
     pytest.mark.e2e,
@@ -36,7 +37,9 @@ PROB_GAP_BOUND = 1e-4
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
-    return run_demo(
+    """The run, and the ``/dev/shm`` files of the run's kinds left unmapped after it (``orphaned_since``)."""
+    before = shared_memory_listing()
+    result = run_demo(
         steps=STEPS,
         model="tiny-h32",
         output_dir=tmp_path_factory.mktemp("vllm_demo"),
@@ -45,6 +48,8 @@ def vllm_run(tmp_path_factory):
         stream=False,
         plot=False,
     )
+    result.shm_left_after = orphaned_since(before)
+    return result
 
 
 @pytest.mark.timeout(TIMEOUT + 300)
@@ -70,4 +75,6 @@ def test_vllm_run_listens_on_loopback_only_and_leaves_no_shared_memory(vllm_run)
     held = vllm_run.shared_memory["held"]
     assert any(os.path.basename(p).startswith("psm_") for p in held), held  # vLLM's engine queues were seen
     assert [p for p in held if os.path.exists(p)] == []
+    # and nothing created later is left either (a semaphore created after the first step, its creator killed)
+    assert vllm_run.shm_left_after == []
     print("shared memory the run left and the demo removed:", vllm_run.shared_memory["removed"])

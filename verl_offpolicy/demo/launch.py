@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from verl_offpolicy.demo.errors import DemoError
-from verl_offpolicy.demo.process import held_shared_memory, kill_process_tree, listening_addresses, remove_leftover_files, spawn
+from verl_offpolicy.demo.process import (
+    held_shared_memory, kill_process_tree, listening_addresses, orphaned_since, remove_leftover_files,
+    shared_memory_listing, spawn,
+)
 from verl_offpolicy.demo.progress import STEP_LINE
 
 
@@ -35,7 +38,8 @@ def run_subprocess(
     is a list, it receives the addresses the run listens on at its first training step. If
     ``shared_memory`` is a dict, ``held`` receives the ``/dev/shm`` files the run's processes have mapped at
     that step and ``removed`` those of them the run left behind, which are unlinked once its processes are
-    gone (vLLM's engine queues and semaphores: their creators never shut down, see docs/vllm_cpu.md). On timeout
+    gone (vLLM's engine queues and semaphores: their creators never shut down, see docs/vllm_cpu.md), plus the
+    files the run created after that step and left unmapped (:func:`~verl_offpolicy.demo.process.orphaned_since`). On timeout
     the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
     processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
     subprocess (the output directory's lock). ``log_banner``: if not empty, ``log_path`` is appended to,
@@ -44,6 +48,7 @@ def run_subprocess(
     start = time.monotonic()
     marks: dict[str, float] = {}
     held: list[str] = []
+    before = shared_memory_listing() if shared_memory is not None else set()
     log_path = Path(log_path)
     with open(log_path, "a" if log_banner else "w", buffering=1) as log:
         log.write(log_banner)
@@ -62,7 +67,8 @@ def run_subprocess(
             returncode = _wait(proc, reader, timeout, ray_marker, log_path)
         finally:
             if shared_memory is not None:
-                shared_memory.update(held=sorted(held), removed=remove_leftover_files(held))
+                left = sorted(set(held) | set(orphaned_since(before)))
+                shared_memory.update(held=sorted(held), removed=remove_leftover_files(left))
     return returncode, time.monotonic() - start, marks
 
 

@@ -107,6 +107,42 @@ def held_shared_memory(proc: subprocess.Popen, ray_marker: Optional[str]) -> lis
     return sorted(held)
 
 
+# Names of the /dev/shm files a run's processes create: Python multiprocessing's named semaphores (vLLM's
+# spawned engine), vLLM's engine queues, verl's weight buffers (cpu/vllm_shims.py, docs/vllm_cpu.md).
+RUN_SHM_PREFIXES = ("sem.mp-", "psm_", "verl_weights_")
+
+
+def shared_memory_listing() -> set[str]:
+    """The files under ``/dev/shm`` now."""
+    try:
+        return {f"{SHM_DIR}/{name}" for name in os.listdir(SHM_DIR)}
+    except OSError:
+        return set()
+
+
+def mapped_anywhere() -> set[str]:
+    """The ``/dev/shm`` files some live process of this machine (that we may read) has mapped."""
+    mapped = set()
+    for maps_path in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            with open(maps_path) as maps:
+                for line in maps:
+                    path = line.rstrip("\n").partition(f" {SHM_DIR}/")[2]
+                    if path and not path.endswith(" (deleted)"):
+                        mapped.add(f"{SHM_DIR}/{path}")
+        except OSError:
+            continue
+    return mapped
+
+
+def orphaned_since(before: set[str]) -> list[str]:
+    """Files of :data:`RUN_SHM_PREFIXES` created under ``/dev/shm`` since ``before`` (a listing) that no live
+    process maps: what a run left once its processes are gone. A semaphore or segment in use is mapped by its
+    holder (``sem_open``/``shm_open`` + ``mmap``), so another job's live files are never among them."""
+    new = {p for p in shared_memory_listing() - before if os.path.basename(p).startswith(RUN_SHM_PREFIXES)}
+    return sorted(new - mapped_anywhere()) if new else []
+
+
 def remove_leftover_files(paths: Sequence[str]) -> list[str]:
     """Unlink those of ``paths`` that still exist (the run's shared memory once its processes are gone);
     returns the ones removed."""
