@@ -60,6 +60,27 @@ def ray_probe_env(env: dict[str, str], temp_dir: str) -> dict[str, str]:
     return {**env, **ray_token_env(temp_dir, env)}
 
 
+def _diagnose_in_child(args: list[str], env: dict[str, str], timeout: float, ray_marker: str | None,
+                       too_slow: str, failed: str) -> dict:
+    """The report of ``python -m verl_offpolicy.glue.diagnose ARGS`` run with ``env``, ended (with the Ray
+    session named by ``ray_marker``, if any) within ``timeout`` seconds; ``too_slow`` + the advice and
+    ``failed`` + the cause are the :class:`ProbeError` messages of a timeout and of a run without a report."""
+    from verl_offpolicy.demo.process import kill_process_tree, spawn
+    from verl_offpolicy.glue.diagnose import parse_report
+
+    proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", *args], env, None)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ProbeError(f"{too_slow}; rerun with a larger --timeout (e.g. --timeout {2 * timeout:g})") from exc
+    finally:
+        kill_process_tree(proc, ray_marker)
+    report = parse_report(output)
+    if report is None:
+        raise ProbeError(f"{failed}: {_probe_failure(output, proc.returncode)}")
+    return report
+
+
 def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     """What a fresh Ray worker sees, from a private Ray cluster that listens on 127.0.0.1 only.
 
@@ -70,29 +91,17 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     import shutil
     import tempfile
 
-    from verl_offpolicy.demo.process import kill_process_tree, spawn
-    from verl_offpolicy.glue.diagnose import parse_report
-
     # Short (Ray puts unix sockets under it) and unique (its processes are found by it).
     temp_dir = tempfile.mkdtemp(prefix="vo-doctor-", dir="/tmp")
-    proc = None
     try:
-        env = ray_probe_env(env, temp_dir)
-        proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--ray", temp_dir], env, None)
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise ProbeError(
-            f"the fresh Ray worker did not answer within {timeout:g} s (starting Ray and a worker that imports "
-            f"verl): the machine may be overloaded by other jobs; rerun with a larger --timeout (e.g. --timeout {2 * timeout:g})"
-        ) from exc
+        return _diagnose_in_child(
+            ["--ray", temp_dir], ray_probe_env(env, temp_dir), timeout, temp_dir,
+            too_slow=f"the fresh Ray worker did not answer within {timeout:g} s (starting Ray and a worker that imports "
+            "verl): the machine may be overloaded by other jobs",
+            failed="Ray could not start a worker",
+        )
     finally:
-        if proc is not None:
-            kill_process_tree(proc, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
-    report = parse_report(output)
-    if report is None:
-        raise ProbeError(f"Ray could not start a worker: {_probe_failure(output, proc.returncode)}")
-    return report
 
 
 def cluster_worker_states(env: dict[str, str], address: str, timeout: float) -> list[dict]:
@@ -101,23 +110,13 @@ def cluster_worker_states(env: dict[str, str], address: str, timeout: float) -> 
     settings, as for ``demo --ray-address``) and is ended, alone, after ``timeout`` seconds: the cluster is
     the user's and is left running."""
     from verl_offpolicy.cpu.platform import LOOPBACK_ENV
-    from verl_offpolicy.demo.process import kill_process_tree, spawn
-    from verl_offpolicy.glue.diagnose import parse_report
 
-    proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", "--cluster", address],
-                 {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}, None)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise ProbeError(
-            f"the Ray workers of the cluster at {address} did not all answer within {timeout:g} s (a worker on each "
-            f"node imports verl): a node may be overloaded; rerun with a larger --timeout (e.g. --timeout {2 * timeout:g})"
-        ) from exc
-    finally:
-        kill_process_tree(proc, None)
-    report = parse_report(output)
-    if report is None:
-        raise ProbeError(f"could not probe the Ray cluster at {address}: {_probe_failure(output, proc.returncode)}")
+    report = _diagnose_in_child(
+        ["--cluster", address], {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}, timeout, None,
+        too_slow=f"the Ray workers of the cluster at {address} did not all answer within {timeout:g} s (a worker on "
+        "each node imports verl): a node may be overloaded",
+        failed=f"could not probe the Ray cluster at {address}",
+    )
     return report["nodes"]
 
 
