@@ -331,6 +331,7 @@ def test_ray_start_is_retried_only_on_rays_start_up_timeout_and_at_most_three_ti
         retry_ray_start(start([ValueError(RAY_START_TIMED_OUT), "never"]), RuntimeError, said.append, "[x]")
 
 
+@pytest.mark.slow  # starts a Python process (the file's live holder)
 def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_not():
     """What ``run_subprocess`` unlinks after a run besides the files its processes held at the first step:
     files of the run's kinds created since the run started that no live process maps (a vLLM run left a
