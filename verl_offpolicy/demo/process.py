@@ -91,20 +91,25 @@ def _run_processes(proc: subprocess.Popen, ray_marker: Optional[str]) -> list:
     return list({p.pid: p for p in procs}.values())
 
 
+def _mapped_shared_memory(pid: int | str) -> set[str]:
+    """The ``/dev/shm`` files process ``pid`` has mapped (``/proc/<pid>/maps``; unlinked ones left out: nothing is
+    left behind of those); empty if it ended meanwhile or is not ours to read."""
+    mapped = set()
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition(f" {SHM_DIR}/")[2]
+                if path and not path.endswith(" (deleted)"):
+                    mapped.add(f"{SHM_DIR}/{path}")
+    except OSError:
+        pass
+    return mapped
+
+
 def held_shared_memory(proc: subprocess.Popen, ray_marker: Optional[str]) -> list[str]:
     """Files under ``/dev/shm`` that the run's processes have mapped (``/proc/<pid>/maps``): POSIX shared
     memory (``psm_*``, ``verl_weights_*``) and named semaphores (``sem.*``)."""
-    held = set()
-    for p in _run_processes(proc, ray_marker):
-        try:
-            with open(f"/proc/{p.pid}/maps") as maps:
-                for line in maps:
-                    path = line.rstrip("\n").partition(f" {SHM_DIR}/")[2]
-                    if path and not path.endswith(" (deleted)"):  # unlinked already: nothing left behind
-                        held.add(f"{SHM_DIR}/{path}")
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-    return sorted(held)
+    return sorted(set().union(*(_mapped_shared_memory(p.pid) for p in _run_processes(proc, ray_marker))))
 
 
 # Names of the /dev/shm files a run's processes create: Python multiprocessing's named semaphores (vLLM's
@@ -122,17 +127,7 @@ def shared_memory_listing() -> set[str]:
 
 def mapped_anywhere() -> set[str]:
     """The ``/dev/shm`` files some live process of this machine (that we may read) has mapped."""
-    mapped = set()
-    for maps_path in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            with open(maps_path) as maps:
-                for line in maps:
-                    path = line.rstrip("\n").partition(f" {SHM_DIR}/")[2]
-                    if path and not path.endswith(" (deleted)"):
-                        mapped.add(f"{SHM_DIR}/{path}")
-        except OSError:
-            continue
-    return mapped
+    return set().union(*(_mapped_shared_memory(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()))
 
 
 def orphaned_since(before: set[str]) -> list[str]:

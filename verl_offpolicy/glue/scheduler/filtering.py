@@ -68,14 +68,20 @@ def zero_spread_groups(values: torch.Tensor, group: torch.Tensor, num_groups: in
     return (count > 1) & (high == low)
 
 
+def metric_field(metric: str) -> str:
+    """The TransferQueue field :func:`trajectory_metric` reads ``metric`` from: ``rm_scores`` for verl's
+    ``reward``, ``extra_fields`` (its ``reward_extra_info``) for any other name."""
+    # verl's name (imported here: importing verl.trainer.ppo.v1 registers the trainers, which import this module)
+    from verl.trainer.ppo.v1.replay_buffer import FILTER_GROUPS_REWARD_METRIC
+
+    return "rm_scores" if metric == FILTER_GROUPS_REWARD_METRIC else "extra_fields"
+
+
 def trajectory_metric(data: Any, metric: str) -> torch.Tensor:
     """One value of ``metric`` per trajectory of ``data`` (TransferQueue fields, as verl reads them):
     ``reward`` sums each trajectory's ``rm_scores`` (verl's canonical pre-KL reward); any other name is
     read from the trajectory's ``extra_fields['reward_extra_info']`` (a missing one raises, naming it)."""
-    # verl's name (imported here: importing verl.trainer.ppo.v1 registers the trainers, which import this module)
-    from verl.trainer.ppo.v1.replay_buffer import FILTER_GROUPS_REWARD_METRIC
-
-    if metric == FILTER_GROUPS_REWARD_METRIC:
+    if metric_field(metric) == "rm_scores":
         scores = data["rm_scores"]
         if isinstance(scores, torch.Tensor) and scores.is_nested:
             scores = scores.to_padded_tensor(0.0)
@@ -158,11 +164,20 @@ class VersionFill:
             raise FilterGroupsExhausted(self.exhausted_message(short))
         return {step: TOP_UP_FACTOR * missing for step, missing in short.items()}
 
+    @property
+    def generated(self) -> int:
+        """Prompt groups submitted for the version's batches, every round."""
+        return sum(b.generated for b in self.batches.values())
+
+    @property
+    def dropped_values(self) -> Counter:
+        """The shared metric value of each dropped group, over the version's batches."""
+        return sum((b.dropped_values for b in self.batches.values()), Counter())
+
     def exhausted_message(self, short: dict[int, int]) -> str:
         need = sum(b.size for b in self.batches.values())
         kept = sum(min(len(b.kept), b.size) for b in self.batches.values())
-        generated = sum(b.generated for b in self.batches.values())
-        values = sum((b.dropped_values for b in self.batches.values()), Counter())
+        generated, values = self.generated, self.dropped_values
         shared = ", ".join(f"{value:g}: {count}" for value, count in sorted(values.items()))
         return (
             f"offpolicy scheduler: {FILTER_GROUPS}.max_num_gen_batches={self.max_rounds} exhausted: version "
@@ -175,10 +190,9 @@ class VersionFill:
 
     def describe(self) -> str:
         """One log line: what the version generated, filtered and kept."""
-        generated = sum(b.generated for b in self.batches.values())
+        generated, values = self.generated, self.dropped_values
         dropped = sum(len(b.dropped) for b in self.batches.values())
         surplus = sum(len(b.surplus) for b in self.batches.values())
-        values = sum((b.dropped_values for b in self.batches.values()), Counter())
         return (
             f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation round{'s' if self.rounds > 1 else ''}, "
             f"{generated} prompt groups generated, {dropped} dropped (same {self.metric} on every sample; value: groups = "

@@ -43,7 +43,7 @@ import torch
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 
-from verl.trainer.ppo.v1.replay_buffer import FILTER_GROUPS_REWARD_METRIC, ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 
 from verl_offpolicy.core.schedule import Schedule
@@ -51,7 +51,7 @@ from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
 from verl_offpolicy.glue.scheduler.filtering import (
-    FilterGroups, FilterGroupsExhausted, VersionFill, trajectory_metric, zero_spread_groups,
+    FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
 )
 from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, anchor_corr_metrics, filter_metrics, queue_metrics
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
@@ -384,8 +384,7 @@ class OffPolicyTrainer(PPOTrainer):
             raise RuntimeError(f"offpolicy scheduler: finished prompt groups without trajectories: {sorted(missing)[:5]}")
         if keys:
             metric = self.filter_groups.metric
-            field = "rm_scores" if metric == FILTER_GROUPS_REWARD_METRIC else "extra_fields"
-            values = trajectory_metric(tq.kv_batch_get(keys=keys, partition_id=TRAIN, select_fields=[field]), metric)
+            values = trajectory_metric(tq.kv_batch_get(keys=keys, partition_id=TRAIN, select_fields=[metric_field(metric)]), metric)
             group = torch.tensor([index[k.split("_")[0]] for k in keys], dtype=torch.long)
             dropped = zero_spread_groups(values, group, len(order))
             shared = shared.scatter_reduce(0, group, values, "amax", include_self=False)
