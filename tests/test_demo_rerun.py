@@ -131,6 +131,9 @@ def test_a_rerun_continues_at_the_scheduled_versions_and_keeps_every_record(reru
     assert [m["step"] for m in metrics] == [s for s in range(1, STEPS + 1) if s not in unlogged]
     version = {1: 0, 2: 0, 3: 1, 4: 2, 5: 3}  # (1, 1): v(t) = max(0, t - 2)
     assert {m["step"]: int(m["offpolicy/version"]) for m in metrics} == {s: version[s] for s in version if s not in unlogged}
+    # verl's own staleness (from the rollout's version tags) agrees: (t − 1) − v(t), 0 1 1 1 1
+    staleness = {1: 0, 2: 1, 3: 1, 4: 1, 5: 1}
+    assert {m["step"]: int(m["training/off_policy/trajectory_staleness/max"]) for m in metrics} == {s: staleness[s] for s in staleness if s not in unlogged}
     assert not (out / PART_NAME).exists()
 
     # train.log: run 1's lines first, then a banner per re-run

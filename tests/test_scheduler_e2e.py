@@ -54,10 +54,18 @@ RUNS = {
 
 @queued_at_start(scope="module")
 def runs(demo_runs):
-    """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (1, 1) or (2, 1) by (s, d)."""
+    """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (2, 1) by (s, d)."""
     jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key) for key, (preset, overrides, config_name) in RUNS.items()}
-    jobs |= {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in [(1, 1), (2, 1)]}
+    jobs[(2, 1)] = opmd_run(demo_runs, 2, 1, mode="colocated")
     return lambda key: jobs[key].result()
+
+
+@queued_at_start(scope="module")
+def extended_runs(demo_runs):
+    """The shared colocated opmd run at (1, 1) (the overlapped tests' extended tier uses it too), queued
+    only in a session that selects an extended test."""
+    job = opmd_run(demo_runs, 1, 1, mode="colocated")
+    return lambda key: job.result()
 
 
 @queued_at_start()
@@ -81,11 +89,26 @@ SPEC_SCHEDULE = {
 }
 # The run that shows each setting: grpo (1, 0) and (2, 0), the REC (4, 1) run, the shared opmd runs otherwise.
 SPEC_RUN = {(1, 0): "grpo_s1d0", (1, 1): (1, 1), (2, 0): "grpo_s2d0", (2, 1): (2, 1), (4, 1): "rec_s4d1"}
+# (1, 1) in the extended tier: its run would serve this test alone. The default run keeps versions and
+# verl's staleness at (1, 1) in tests/test_demo_rerun.py (its chain is opmd at (1, 1), steps 1..5) and the
+# whole claim at s = 1, 2, 4 and d = 0, 1 here.
+EXTENDED_SPEC = [(1, 1)]
 
 
-@pytest.mark.parametrize("s,d", sorted(SPEC_SCHEDULE))
+@pytest.mark.parametrize("s,d", sorted(set(SPEC_SCHEDULE) - set(EXTENDED_SPEC)))
 def test_logged_versions_and_staleness_follow_the_spec(runs, s, d):
-    result, spec = runs(SPEC_RUN[(s, d)]), SPEC_SCHEDULE[(s, d)]
+    _check_versions_and_staleness(runs(SPEC_RUN[(s, d)]), s, d)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("s,d", EXTENDED_SPEC)
+def test_logged_versions_and_staleness_follow_the_spec_at_1_1(extended_runs, s, d):
+    _check_versions_and_staleness(extended_runs(SPEC_RUN[(s, d)]), s, d)
+
+
+def _check_versions_and_staleness(result, s, d):
+    """The claim of the two tests above on the run of (s, d)."""
+    spec = SPEC_SCHEDULE[(s, d)]
     steps = [m["step"] for m in result.metrics]
     assert steps == list(range(1, STEPS + 1))
     assert [int(m["offpolicy/version"]) for m in result.metrics] == spec["versions"]
@@ -170,6 +193,8 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
 # ------------------------------------------------------------------------------ checkpoint / resume
 
 
+@pytest.mark.extended  # the default run resumes an overlapped run exactly (tests/test_overlapped.py: the same
+# FIFO checkpoint of the shared trainer base) and a colocated one mid-version (tests/test_demo_rerun.py)
 def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(resumed_run):
     """Resume the (4, 1) REC run from its step-3 checkpoint (what an interruption right after step 3
     leaves) and compare with the same run uninterrupted: the queue (2 batches of version 0 for steps
