@@ -64,8 +64,8 @@ def runs(demo_runs):
 def extended_runs(demo_runs):
     """The shared colocated opmd run at (1, 1) (the overlapped tests' extended tier uses it too), queued
     only in a session that selects an extended test."""
-    job = opmd_run(demo_runs, 1, 1, mode="colocated")
-    return lambda key: job.result()
+    jobs = {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in EXTENDED_SPEC}
+    return lambda key: jobs[key].result()
 
 
 @queued_at_start()
