@@ -45,6 +45,7 @@ def _run(model: str, overrides: list[str], steps: int, out: Path) -> dict:
         result = run_demo(preset="grpo", steps=steps, seed=0, output_dir=out, timeout=3600, overrides=overrides,
                           stream=False, plot=False, model=model)
     except DemoError as exc:
+        print(f"[bench-stack]   {exc}", flush=True)  # the tail of the run's log (its dir is removed at the end): the table keeps the first line
         return {"error": str(exc).splitlines()[0][:160], "wall_s": time.perf_counter() - start}
     step_s = [m["timing_s/step"] for m in result.metrics if "timing_s/step" in m][1:]
     return {

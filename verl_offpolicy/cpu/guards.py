@@ -289,7 +289,7 @@ def check_vllm_cpu_config(cfg: DictConfig) -> list[str]:
     kv_bytes = _select(cfg, f"{kwargs}.kv_cache_memory_bytes")
     need(f"{kwargs}.kv_cache_memory_bytes", bool(kv_bytes), kv_bytes,
          f"on the CPU vLLM reserves gpu_memory_utilization x the machine's RAM for its KV cache; set "
-         f"+{kwargs}.kv_cache_memory_bytes=268435456 (256 MiB)")
+         f"+{kwargs}.kv_cache_memory_bytes=536870912 (512 MiB, the overlay's)")
     hybrid = _select(cfg, "actor_rollout_ref.hybrid_engine", True)
     need("actor_rollout_ref.hybrid_engine", hybrid is True, hybrid,
          "verl's vLLM rollout on its own pool is not supported on the CPU path yet; set actor_rollout_ref.hybrid_engine=true")
@@ -388,7 +388,7 @@ CPU_ROLLOUT_GROUP = "cpu_rollout"  # +cpu_rollout=standalone, +cpu_rollout=vllm:
 # What each cpu_rollout overlay would do to a config that is not on the CPU path.
 CPU_ROLLOUT_EFFECTS = {
     "standalone": "it caps Ray at 2 GPUs and selects the CPU weight transport (cpu_mailbox)",
-    "vllm": "it turns off vLLM's sleep mode and CUDA graphs and fixes its KV cache at 256 MiB",
+    "vllm": "it turns off vLLM's sleep mode and CUDA graphs and fixes its KV cache at 512 MiB",
 }
 
 
