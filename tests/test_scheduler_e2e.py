@@ -62,8 +62,8 @@ def runs(demo_runs):
 
 @queued_at_start(scope="module")
 def extended_runs(demo_runs):
-    """The shared colocated opmd run at (1, 1) (the overlapped tests' extended tier uses it too), queued
-    only in a session that selects an extended test."""
+    """As :func:`runs`, for the shared colocated opmd runs of :data:`EXTENDED_SPEC` (the overlapped tests'
+    extended tier uses them too), queued only in a session that selects an extended test."""
     jobs = {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in EXTENDED_SPEC}
     return lambda key: jobs[key].result()
 
