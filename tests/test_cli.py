@@ -278,6 +278,20 @@ def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flag
     ]
 
 
+def test_doctor_address_flags_a_node_without_a_cpu_where_transfer_queue_may_deal_a_storage_unit():
+    """TransferQueue deals its storage units (1 CPU each) round-robin over every alive node with hard node
+    affinity: a node with no CPU (no ``CPU`` key, or 0) fails a run on some start-ups and not others (seen in
+    CI on tests/test_cluster_e2e.py's third node), so doctor names it with both keys of the fix; a node
+    with a CPU is not a finding."""
+    from verl_offpolicy.cli import STORAGE_NODE_KEY, STORAGE_UNITS_KEY, storage_placement_problems
+
+    assert storage_placement_problems("node x", {"CPU": 1.0, "GPU": 0.0}) == []
+    for resources in ({"GPU": 1.0}, {"CPU": 0.0, "vo_node_2": 1.0}):
+        [problem] = storage_placement_problems("node x", resources)
+        assert problem.startswith("node x: no CPU"), problem
+        assert STORAGE_UNITS_KEY in problem and f"+{STORAGE_NODE_KEY}=" in problem, problem
+
+
 def test_doctors_ray_probe_keeps_its_token_in_its_own_dir(tmp_path):
     """doctor's Ray cluster enables Ray's token authentication; Ray used to write the token to
     ~/.ray/auth_token, world-readable (0644), and leave it. The probe's environment points Ray at a fresh

@@ -10,7 +10,8 @@ still up after the run (a user's cluster outlives their job), and nothing left o
 
 A third node has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin
 (``VERL_USE_EXTERNAL_PLUGINS=none`` in its raylet's environment, which its workers inherit): after the run,
-``verl-offpolicy doctor --address`` must name that node, and only that one.
+``verl-offpolicy doctor --address`` must name that node, and only that one (its plugin, and its lack of a
+CPU where TransferQueue may deal a storage unit: the run pins that unit to the trainer's node).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import psutil
 import pytest
 
 from tests.scenario_runs import PRIMARY_CONFIG, opmd_overrides
+from verl_offpolicy.cli import STORAGE_NODE_KEY, STORAGE_UNITS_KEY
 from verl_offpolicy.cpu.platform import is_loopback_host
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, join_overrides, node_resource
 from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV
@@ -70,7 +72,10 @@ def cluster_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("cluster") / "out"
     command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(STEPS),
-               "--output-dir", str(out), "--ray-address", cluster.address, *opmd_overrides(2, 1, "overlapped")]
+               "--output-dir", str(out), "--ray-address", cluster.address, *opmd_overrides(2, 1, "overlapped"),
+               # TransferQueue's storage unit (1 CPU) on the trainer's node: dealt by node id, it would land on the
+               # CPU-less third node on one run in three and never start (the fix doctor names, checked below)
+               f"+{STORAGE_NODE_KEY}={node_resource(0)}"]
     env = {**os.environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -131,6 +136,7 @@ def test_doctor_checks_every_node_of_the_cluster_and_names_the_one_without_the_p
         if index == BLIND:
             assert f"FAILED: {PLUGINS_ENV}=none disables verl's plugins" in block, block
             assert "MISSING" in block and " ok " not in block, block
+            assert f"no CPU, and verl's TransferQueue deals its storage units ({STORAGE_UNITS_KEY}" in block, block
         else:
             assert "FAILED" not in block and "MISSING" not in block and "COLLISION" not in block, block
             assert block.count("\n  ok ") >= 10, block  # every name of ours, registered in that node's worker

