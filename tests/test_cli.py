@@ -200,22 +200,23 @@ NO_PLUGINS = {"VERL_USE_EXTERNAL_PLUGINS": "none"}
 
 
 @queued_at_start(scope="module")
-def doctor_runs(demo_runs):
-    """The futures of the two full doctor runs (the session's environment; with ``NO_PLUGINS``) as long jobs
-    of the session; each test waits for its own. Each run spends most of its minute in one process at a
-    time (start Ray, then a worker that imports verl)."""
-    environ = demo_runs.environ
-    return {
-        "default": demo_runs.submit("doctor", run_doctor, env=environ),
-        "no_plugins": demo_runs.submit("doctor_no_plugins", run_doctor, env={**environ, **NO_PLUGINS}),
-    }
+def doctor_run(demo_runs):
+    """The future of the full doctor run in the session's environment, a long job of the session. It spends
+    most of its minute in one process at a time (start Ray, then a worker that imports verl)."""
+    return demo_runs.submit("doctor", run_doctor, env=demo_runs.environ)
+
+
+@queued_at_start(scope="module")
+def doctor_no_plugins_run(demo_runs):
+    """As :func:`doctor_run`, with ``NO_PLUGINS`` (queued only in a session that selects its test)."""
+    return demo_runs.submit("doctor_no_plugins", run_doctor, env={**demo_runs.environ, **NO_PLUGINS})
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
-def test_doctor_reports_every_name_in_driver_and_ray_worker(doctor_runs):
-    proc, listening = doctor_runs["default"].result()
+def test_doctor_reports_every_name_in_driver_and_ray_worker(doctor_run):
+    proc, listening = doctor_run.result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     driver, _, worker = proc.stdout.partition("[fresh Ray worker]")
     for section in (driver, worker):
@@ -230,11 +231,16 @@ def test_doctor_reports_every_name_in_driver_and_ray_worker(doctor_runs):
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(DOCTOR_TIMEOUT + 60)
-def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins(doctor_runs):
+def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins(doctor_no_plugins_run):
     """`VERL_USE_EXTERNAL_PLUGINS=none`: `import verl` registers nothing of ours in any process; doctor
-    must say so with the fix (it used to register the names itself and say ok)."""
-    proc, listening = doctor_runs["no_plugins"].result()
+    must say so with the fix (it used to register the names itself and say ok).
+
+    Extended tier: in the default run, ``doctor --address`` finds the same setting in the workers of the
+    cluster's third node (tests/test_cluster_e2e.py), and main_ppo's driver stops on it
+    (test_plugin.py::test_main_ppo_without_our_plugin_stops_before_ray_naming_the_setting)."""
+    proc, listening = doctor_no_plugins_run.result()
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     fix = "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins"
     process, _, worker = proc.stdout.partition("[fresh Ray worker]")

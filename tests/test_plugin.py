@@ -263,8 +263,12 @@ def test_broken_registration_module_gives_one_readable_message(broken_install, e
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(900)
 def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
+    """doctor on the broken install: one readable line, the missing module among its findings. Extended
+    tier: ``import verl``, ``main_ppo`` and ``check`` on the same install give that line in the default run
+    (:func:`test_broken_registration_module_gives_one_readable_message`)."""
     proc = subprocess.run(
         [sys.executable, "-m", "verl_offpolicy.cli", "doctor"],
         capture_output=True, text=True, timeout=840, env=broken_install, cwd=tmp_path,

@@ -48,8 +48,10 @@ RUNS = {
     "grpo_s1d0": ("grpo", SMALL + schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
     "grpo_s2d0": ("grpo", SMALL + schedule(2, 0), PRIMARY_CONFIG),
     "rec_s4d1": ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], PRIMARY_CONFIG),
-    "rec_s4d1_proximal": ("rec_oneside_nois", REC_41 + ["algorithm.offpolicy.ratio_anchor=proximal"], PRIMARY_CONFIG),
 }
+# The proximal-anchor REC run: the extended tier (in the default run, the behaviour-anchored run's fresh
+# steps, where the anchor equals the proximal policy, show the same: no clipping, nothing logged).
+PROXIMAL_RUN = ("rec_oneside_nois", REC_41 + ["algorithm.offpolicy.ratio_anchor=proximal"], PRIMARY_CONFIG)
 
 
 @queued_at_start(scope="module")
@@ -63,8 +65,11 @@ def runs(demo_runs):
 @queued_at_start(scope="module")
 def extended_runs(demo_runs):
     """As :func:`runs`, for the shared colocated opmd runs of :data:`EXTENDED_SPEC` (the overlapped tests'
-    extended tier uses them too), queued only in a session that selects an extended test."""
+    extended tier uses them too) and :data:`PROXIMAL_RUN`, queued only in a session that selects an extended
+    test."""
     jobs = {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in EXTENDED_SPEC}
+    preset, overrides, config_name = PROXIMAL_RUN
+    jobs["rec_s4d1_proximal"] = demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name="rec_s4d1_proximal")
     return lambda key: jobs[key].result()
 
 
@@ -172,9 +177,9 @@ def test_sync_interval_1_is_the_stock_sync_trainer(runs):
 
 
 def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
-    """s = 4: the REC one-side mask acts against the behaviour policy on stale steps (ratio ≠ 1), and
-    is inert with verl's proximal anchor (one mini-batch: ρ ≡ 1 on the first mini-batch)."""
-    behaviour, proximal = runs("rec_s4d1"), runs("rec_s4d1_proximal")
+    """s = 4: the REC one-side mask acts against the behaviour policy on stale steps (ratio ≠ 1), and not
+    on the fresh step, where the behaviour policy is the proximal one."""
+    behaviour = runs("rec_s4d1")
     stale = [m for m in behaviour.metrics if m[STALENESS] > 0]
     assert len(stale) == STEPS - 1
     assert all(m["actor/pg_clipfrac"] > 0 for m in stale), [m["actor/pg_clipfrac"] for m in stale]
@@ -183,7 +188,15 @@ def test_behaviour_anchor_makes_rec_clip_on_stale_steps(runs):
     assert all(m["actor/pg_clipfrac"] == 0 for m in fresh)
     _assert_anchor_corr_on_stale_steps_only(behaviour.metrics)
     # the REC mask's fraction under the loss's own name, every step: verl's pg_clipfrac is the same number
-    assert all(m[REC_CLIPPED] == m["actor/pg_clipfrac"] for m in behaviour.metrics + proximal.metrics)
+    assert all(m[REC_CLIPPED] == m["actor/pg_clipfrac"] for m in behaviour.metrics)
+
+
+@pytest.mark.extended
+def test_proximal_anchor_leaves_rec_inert_on_stale_steps(runs, extended_runs):
+    """The same (4, 1) REC run with verl's proximal anchor: the mask is inert (one mini-batch: ρ ≡ 1 on the
+    first mini-batch) and nothing is compared or logged, at the same staleness."""
+    behaviour, proximal = runs("rec_s4d1"), extended_runs("rec_s4d1_proximal")
+    assert all(m[REC_CLIPPED] == m["actor/pg_clipfrac"] for m in proximal.metrics)
     # the proximal anchor is the proximal policy: nothing to compare, nothing logged
     assert not any(key.startswith(ANCHOR_CORR) for m in proximal.metrics for key in m)
     assert [m[STALENESS] for m in proximal.metrics] == [m[STALENESS] for m in behaviour.metrics]

@@ -231,6 +231,6 @@ def test_every_fixture_that_queues_shared_jobs_is_queued_at_the_sessions_start()
         "test_scheduler_e2e.py::runs",
         "test_overlapped.py::resumed_run",
         "test_cpu_e2e.py::learn_run",
-        "test_verl_async_modes.py::async_runs",
-        "test_cli.py::doctor_runs",
+        "test_verl_async_modes.py::async_run",
+        "test_cli.py::doctor_run",
     } <= queued

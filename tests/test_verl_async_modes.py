@@ -2,10 +2,10 @@
 
 Fast tier: every preset composed on stock ``main_ppo``'s config with each mode is either accepted by
 the startup validation or rejected with the reason (expected outcome per preset: the literal table
-below, read off the preset files by hand). End to end (e2e): ``opmd`` trains under
-``colocate_async`` and ``rec_oneside_nois`` (bypass mode) under ``separate_async`` on the CPU path
-(``verl-offpolicy demo``), the rollout on its own pool (``+cpu_rollout=standalone``: the
-``cpu_mailbox`` weight transport).
+below, read off the preset files by hand). End to end (e2e): ``rec_oneside_nois`` (bypass mode) trains
+under ``separate_async`` on the CPU path (``verl-offpolicy demo``), the rollout on its own pool
+(``+cpu_rollout=standalone``: the ``cpu_mailbox`` weight transport); in the extended tier, ``opmd`` under
+``colocate_async``.
 """
 
 from __future__ import annotations
@@ -101,29 +101,47 @@ PRESET_FIX = {
     "rec_oneside_nois": ["algorithm.offpolicy.ratio_anchor=rollout", "algorithm.rollout_correction.bypass_mode=true"],
 }
 # Each mode once and each preset once (a full 2 x 2 costs two more minute-long runs): the bypass-mode REC
-# run on its own rollout worker (the weight push through cpu_mailbox), opmd colocated.
-E2E_CASES = [("opmd", "colocate_async"), ("rec_oneside_nois", "separate_async")]
+# run on its own rollout worker (the weight push through cpu_mailbox), in the default tier; opmd colocated,
+# in the extended tier (verl's other async trainer, the same "our preset under verl's async trainer" claim).
+DEFAULT_CASE, EXTENDED_CASE = ("rec_oneside_nois", "separate_async"), ("opmd", "colocate_async")
+
+
+def _start(demo_runs, preset, mode):
+    return demo_runs.start(preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode)
 
 
 @queued_at_start(scope="module")
-def async_runs(demo_runs):
-    """The result of the run of a case of :data:`E2E_CASES`."""
-    runs = {
-        (preset, mode): demo_runs.start(preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode)
-        for preset, mode in E2E_CASES
-    }
-    return lambda preset, mode: runs[(preset, mode)].result()
+def async_run(demo_runs):
+    """The run of :data:`DEFAULT_CASE`."""
+    return _start(demo_runs, *DEFAULT_CASE)
+
+
+@queued_at_start(scope="module")
+def extended_async_run(demo_runs):
+    """The run of :data:`EXTENDED_CASE` (queued only in a session that selects its test)."""
+    return _start(demo_runs, *EXTENDED_CASE)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("preset, mode", E2E_CASES)
-def test_preset_trains_under_verls_async_trainer_on_the_cpu(async_runs, preset, mode):
+def test_preset_trains_under_verls_async_trainer_on_the_cpu(async_run):
     """A short CPU demo run under verl's own trainer mode: it finishes, logs every step, and the rollout
     generated with weights pushed during the run (verl's trajectory-staleness metrics come from the
     version the rollout reports; with separate_async that push went through the cpu_mailbox engine)."""
-    result = async_runs(preset, mode)
+    _check_async_run(async_run.result(), DEFAULT_CASE[1])
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1200)
+def test_preset_trains_under_verls_colocate_async_trainer_on_the_cpu(extended_async_run):
+    """The same claim for opmd under verl's ``colocate_async``."""
+    _check_async_run(extended_async_run.result(), EXTENDED_CASE[1])
+
+
+def _check_async_run(result, mode):
     assert [m["step"] for m in result.metrics] == list(range(1, STEPS + 1))
     assert "offpolicy/version" not in result.metrics[0]  # verl's trainer, not ours
     last = result.metrics[-1]
