@@ -364,3 +364,33 @@ def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_no
         for path in (old, left, live, other):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+@pytest.mark.slow  # starts Python processes
+def test_ending_a_run_ends_the_children_of_its_ray_processes_too(tmp_path):
+    """A Ray worker's own children (vLLM's engine processes) have no Ray temp dir in their command line:
+    ending the run must end them too, before their parent is gone (they then hold ``/dev/shm`` segments as
+    orphans; a SIGINT'd vLLM demo left two). Shown with a process carrying the session's marker that starts
+    ``sleep`` in a session of its own, and the run's main process beside it."""
+    import psutil
+
+    from verl_offpolicy.demo.process import kill_process_tree
+
+    marker = str(tmp_path / "ray-session-marker")
+    code = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); print(p.pid, flush=True); time.sleep(300)"
+    worker = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    main = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    grandchild = None
+    try:
+        grandchild = psutil.Process(int(worker.stdout.readline()))
+        killed = kill_process_tree(main, marker, grace_s=10)
+        worker.wait(timeout=60)
+        psutil.wait_procs([grandchild], timeout=30)
+        assert not _alive(grandchild), grandchild
+        assert {main.pid, worker.pid, grandchild.pid} <= set(killed)
+    finally:  # nothing of this test survives it, whatever failed
+        for proc in (worker, main):
+            proc.kill()
+            proc.wait(timeout=60)
+        if grandchild is not None and _alive(grandchild):
+            grandchild.kill()

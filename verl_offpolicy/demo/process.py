@@ -155,11 +155,15 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
     """End the run: its process group (SIGTERM, then SIGKILL) and every process of its Ray session.
 
     Ray's GCS/raylet/workers are found by the run's own temp dir in their command line, so other Ray
-    clusters on the machine are untouched. Returns the pids that had to be killed.
+    clusters on the machine are untouched; their descendants too, found before anything is ended (vLLM's
+    engine processes are children of a Ray worker, without the temp dir in their command line: once the
+    worker is gone they would live on, orphaned, holding their ``/dev/shm`` segments). Returns the pids
+    that had to be killed.
     """
     import psutil
 
     killed: list[int] = []
+    descendants = _descendants([proc.pid] + [p.pid for p in (session_processes(ray_marker) if ray_marker else [])])
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -174,11 +178,33 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
                 pass
             proc.wait(timeout=grace_s)
         killed.append(proc.pid)
-    if ray_marker:
-        leftovers = session_processes(ray_marker)
-        end_processes(leftovers, grace_s)
-        killed += [p.pid for p in leftovers]
+    leftovers = session_processes(ray_marker) if ray_marker else []
+    seen = {p.pid for p in leftovers}
+    leftovers += [p for p in descendants if p.pid not in seen and _alive(p)]
+    end_processes(leftovers, grace_s)
+    killed += [p.pid for p in leftovers]
     return killed
+
+
+def _descendants(pids: Sequence[int]) -> list:
+    """The live descendants of ``pids`` (psutil processes), found now."""
+    import psutil
+
+    found: dict[int, object] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                found.setdefault(child.pid, child)
+    return [p for p in found.values() if p.pid not in pids]
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def end_processes(procs: Sequence, grace_s: float = 10.0) -> None:
