@@ -22,6 +22,9 @@ def test_pair_counts_by_hand():
     assert len(arithmetic.operand_pairs(1, ("add",))) == 81
     assert len(arithmetic.operand_pairs(1, ("sub",))) == 45
     assert len(arithmetic.operand_pairs(2, ("add",))) == 99 * 99
+    # a + b - c, 1 <= a, b, c <= 9, c < a + b: a sum s = a + b <= 9 (s - 1 pairs) excludes c = s..9 (10 - s
+    # values): 1*8 + 2*7 + 3*6 + 4*5 + 5*4 + 6*3 + 7*2 + 8*1 = 120 of the 9**3 triples
+    assert len(arithmetic.operand_pairs(1, ("add_sub",))) == 9**3 - 120
 
 
 def test_problem_text_by_hand():
@@ -29,6 +32,17 @@ def test_problem_text_by_hand():
     assert text == "Mia has 3 apples. She buys 5 more apples. How many apples does Mia have now?"
     assert arithmetic.answer("add", 3, 5) == 8
     assert arithmetic.answer("sub", 9, 4) == 5
+    text = arithmetic.problem_text("add_sub", 3, 5, 2, name="Tom", pronoun="He", obj="coins", template=0)
+    assert text == "Tom has 3 coins. He buys 5 more coins and then gives away 2 coins. How many coins does Tom have now?"
+    assert arithmetic.answer("add_sub", 3, 5, 2) == 6
+
+
+def test_two_step_rows_carry_the_answer_of_their_three_numbers():
+    train, val = arithmetic.generate(operations=("add_sub",), train_size=32, val_size=8, seed=1)
+    for row in train + val:
+        a, b, c = _numbers(row)  # the question holds exactly the three operands
+        assert row["reward_model"]["ground_truth"] == str(a + b - c) and a + b - c >= 1
+        assert {k: row["extra_info"][k] for k in "abc"} == {"a": a, "b": b, "c": c}
 
 
 @pytest.mark.parametrize("operations", [("add",), ("sub",), ("add", "sub")])
@@ -100,7 +114,7 @@ def test_parquet_round_trip(tmp_path):
 def test_reward_is_the_recipes_math_verify_module():
     """The task's reward function is the GPU recipes' math-verify reward, scoring a row's ground truth."""
     assert arithmetic.REWARD_FUNCTION_PATH == "pkg://verl_offpolicy.rewards.math_verify_reward"
-    row = arithmetic.make_row("add", 3, 5, __import__("random").Random(0), split="test", index=0)
+    row = arithmetic.make_row(("add", 3, 5), __import__("random").Random(0), split="test", index=0)
     truth = row["reward_model"]["ground_truth"]
     assert compute_score(arithmetic.DATA_SOURCE, "3 + 5 = 8, so the answer is \\boxed{8}.", truth) == 1.0
     assert compute_score(arithmetic.DATA_SOURCE, "The answer is \\boxed{9}.", truth) == 0.0

@@ -3,7 +3,8 @@
 A problem is a sentence pair about a person and objects ("Mia has 3 apples. She buys 5 more apples.
 How many apples does Mia have now?") followed by :data:`INSTRUCTION`, which asks for the answer in
 ``\\boxed{}``, after one worked example exchange (:data:`EXAMPLE`, ``shots=1``; ``shots=0`` leaves
-it out). The answer is ``a + b`` (``add``) or ``a - b`` with ``a >= b`` (``sub``).
+it out). The answer is ``a + b`` (``add``), ``a - b`` with ``a >= b`` (``sub``), or, in two steps,
+``a + b - c`` with ``c < a + b`` (``add_sub``: "... buys b more ... then gives away c ...").
 
 Difficulty knob ``digits``: operands are drawn from ``[1, 10**digits - 1]``. An earlier experiment
 with SmolLM2-135M-Instruct (no worked example, math-verify on the whole response rather than the last
@@ -34,7 +35,7 @@ ABILITY = "math"
 REWARD_FUNCTION_PATH = "pkg://verl_offpolicy.rewards.math_verify_reward"
 REWARD_FUNCTION_NAME = "compute_score"
 INSTRUCTION = "Put the final answer in \\boxed{}."
-OPERATIONS = ("add", "sub")
+OPERATIONS = ("add", "sub", "add_sub")
 
 NAMES = (("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Sam", "He"), ("Lily", "She"), ("Ben", "He"))
 OBJECTS = ("apples", "marbles", "stickers", "pencils", "cookies", "books", "shells", "coins")
@@ -47,28 +48,39 @@ TEMPLATES = {
         "{name} has {a} {obj}. {pronoun} gives away {b} {obj}. How many {obj} does {name} have left?",
         "{name} had {a} {obj} and lost {b} of them. How many {obj} does {name} have now?",
     ),
+    "add_sub": (
+        "{name} has {a} {obj}. {pronoun} buys {b} more {obj} and then gives away {c} {obj}. How many {obj} does {name} have now?",
+        "{name} had {a} {obj}. A friend gave {name} {b} more {obj}, and then {name} lost {c} {obj}. How many {obj} does {name} have now?",
+    ),
 }
 
 
-def answer(operation: str, a: int, b: int) -> int:
-    """``a + b`` for ``add``, ``a - b`` for ``sub``."""
-    return a + b if operation == "add" else a - b
+def answer(operation: str, a: int, b: int, c: int = 0) -> int:
+    """``a + b`` for ``add``, ``a - b`` for ``sub``, ``a + b - c`` for ``add_sub``."""
+    return {"add": a + b, "sub": a - b, "add_sub": a + b - c}[operation]
 
 
-def operand_pairs(digits: int, operations: Sequence[str]) -> list[tuple[str, int, int]]:
-    """Every ``(operation, a, b)`` with ``1 <= a, b <= 10**digits - 1`` (``a >= b`` for ``sub``), in a fixed order."""
+def operand_pairs(digits: int, operations: Sequence[str]) -> list[tuple]:
+    """Every ``(operation, a, b)`` with ``1 <= a, b <= 10**digits - 1`` (``a >= b`` for ``sub``), and every
+    ``("add_sub", a, b, c)`` with ``1 <= a, b, c <= 10**digits - 1`` and ``c < a + b``, in a fixed order."""
     if not isinstance(digits, int) or not 1 <= digits <= 3:
         raise ValueError(f"digits must be 1, 2 or 3, got {digits!r}")
     unknown = [op for op in operations if op not in OPERATIONS]
     if unknown or not operations:
         raise ValueError(f"operations must be a non-empty subset of {OPERATIONS}, got {list(operations)}")
-    top = 10**digits - 1
-    return [(op, a, b) for op in operations for a in range(1, top + 1) for b in range(1, top + 1) if op == "add" or a >= b]
+    numbers = range(1, 10**digits)
+    out = []
+    for op in operations:
+        if op == "add_sub":
+            out += [(op, a, b, c) for a in numbers for b in numbers for c in numbers if c < a + b]
+        else:
+            out += [(op, a, b) for a in numbers for b in numbers if op == "add" or a >= b]
+    return out
 
 
-def problem_text(operation: str, a: int, b: int, *, name: str, pronoun: str, obj: str, template: int) -> str:
-    """The question: ``TEMPLATES[operation][template]`` about ``name`` (``pronoun``) and ``a``, ``b`` ``obj``."""
-    return TEMPLATES[operation][template].format(name=name, pronoun=pronoun, a=a, b=b, obj=obj)
+def problem_text(operation: str, a: int, b: int, c: int = 0, *, name: str, pronoun: str, obj: str, template: int) -> str:
+    """The question: ``TEMPLATES[operation][template]`` about ``name`` (``pronoun``) and ``a``, ``b`` (``c``) ``obj``."""
+    return TEMPLATES[operation][template].format(name=name, pronoun=pronoun, a=a, b=b, c=c, obj=obj)
 
 
 # One worked example, as a first user/assistant exchange (shots=1): SmolLM2-135M-Instruct asked for
@@ -90,19 +102,22 @@ def messages(question: str, shots: int) -> list[dict[str, str]]:
     return [*example[: 2 * shots], {"role": "user", "content": f"{question} {INSTRUCTION}"}]
 
 
-def make_row(operation: str, a: int, b: int, rng: random.Random, *, split: str, index: int, shots: int = 1) -> dict[str, Any]:
-    """One parquet row for ``(operation, a, b)``; name, object and template drawn from ``rng``."""
+def make_row(problem: tuple, rng: random.Random, *, split: str, index: int, shots: int = 1) -> dict[str, Any]:
+    """One parquet row for ``problem`` = ``(operation, a, b)`` or ``("add_sub", a, b, c)``; name, object and
+    template drawn from ``rng``."""
+    operation, *operands = problem
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     template = rng.randrange(len(TEMPLATES[operation]))
-    question = problem_text(operation, a, b, name=name, pronoun=pronoun, obj=obj, template=template)
-    result = answer(operation, a, b)
+    question = problem_text(operation, *operands, name=name, pronoun=pronoun, obj=obj, template=template)
+    result = answer(operation, *operands)
+    extra = dict(zip("abc", operands))
     return {
         "data_source": DATA_SOURCE,
         "prompt": messages(question, shots),
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": str(result)},
-        "extra_info": {"split": split, "index": index, "operation": operation, "a": a, "b": b, "answer": result},
+        "extra_info": {"split": split, "index": index, "operation": operation, **extra, "answer": result},
     }
 
 
@@ -130,8 +145,8 @@ def generate(
     held_out, train_pairs = pairs[:n_val], pairs[n_val:]
     if val_size > len(held_out):
         raise ValueError(f"val_size={val_size} exceeds the {len(held_out)} held-out pairs (digits={digits}, val_fraction={val_fraction})")
-    train = [make_row(*rng.choice(train_pairs), rng, split="train", index=i, shots=shots) for i in range(train_size)]
-    val = [make_row(*pair, rng, split="test", index=i, shots=shots) for i, pair in enumerate(held_out[:val_size])]
+    train = [make_row(rng.choice(train_pairs), rng, split="train", index=i, shots=shots) for i in range(train_size)]
+    val = [make_row(pair, rng, split="test", index=i, shots=shots) for i, pair in enumerate(held_out[:val_size])]
     return train, val
 
 
