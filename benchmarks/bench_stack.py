@@ -95,8 +95,9 @@ def main(argv=None) -> int:
     for filename in dict.fromkeys(RESULT_FILE[g] for g in groups):
         write_table(
             filename, "The CPU path on several stacks: start-up and step time", command_line("bench_stack.py", argv),
-            "Same seed, the demo's batch (8 prompts x 16 samples), grpo; ratios are to the first row of each group, "
-            "measured in this invocation on this machine (no other job should run beside it).",
+            "Same seed, grpo, each model's demo batch (tiny: 8 prompts x 16 samples; smollm2-135m: 4 x 4, 48 response "
+            "tokens, verl_offpolicy/demo/models.py); ratios are to the first row of each group, measured in this "
+            "invocation on this machine (no other job should run beside it).",
             ["group", "stack", "start-up (ratio)", "step, after the first (ratio)", "reward first → last step", "steps", "wall s"],
             [row for g in groups if RESULT_FILE[g] == filename for row in rows[g]],
         )
