@@ -24,11 +24,12 @@ import time
 import torch
 
 from _results import command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
-from verl_offpolicy.demo.arithmetic import generate
+from verl_offpolicy.demo.arithmetic import generate, operand_pairs
 from verl_offpolicy.demo.smollm2 import prepare_smollm2
 from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 BOX = "\\boxed{"
+VAL_FRACTION = 0.25  # the demo's held-out share (arithmetic.generate's default)
 
 
 def answers(model, tokenizer, rows, *, samples: int, max_new_tokens: int, seed: int, batch: int) -> list[list[str]]:
@@ -56,7 +57,7 @@ def score(rows, texts) -> list[list[float]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["add:1", "add_sub:1", "add:2"], help="operation:digits")
-    parser.add_argument("--problems", type=int, default=64, help="held-out problems per task")
+    parser.add_argument("--problems", type=int, default=64, help="held-out problems per task (at most the task's held-out pairs)")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per problem")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
@@ -68,12 +69,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(2)
     folder = prepare_smollm2()
     tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     rows_out = []
     for task in args.tasks:
         operation, digits = task.split(":")
-        _, val = generate(digits=int(digits), operations=(operation,), train_size=1, val_size=args.problems,
-                          val_fraction=0.25, seed=args.seed)
+        held_out = round(len(operand_pairs(int(digits), (operation,))) * VAL_FRACTION)  # as generate() holds them out
+        _, val = generate(digits=int(digits), operations=(operation,), train_size=1, val_size=min(args.problems, held_out),
+                          val_fraction=VAL_FRACTION, seed=args.seed)
         start = time.monotonic()
         greedy = answers(model, tokenizer, val, samples=0, max_new_tokens=args.max_new_tokens, seed=args.seed, batch=args.batch)
         sampled = answers(model, tokenizer, val, samples=args.samples, max_new_tokens=args.max_new_tokens, seed=args.seed,

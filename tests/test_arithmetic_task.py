@@ -40,6 +40,9 @@ def test_problem_text_by_hand():
 def test_two_step_rows_carry_the_answer_of_their_three_numbers():
     train, val = arithmetic.generate(operations=("add_sub",), train_size=32, val_size=8, seed=1)
     for row in train + val:
+        example_q, example_a, _ = row["prompt"]  # the two-step worked example: 12 + 5 - 3
+        assert "12 + 5 = 17" in example_a["content"] and "17 - 3 = 14" in example_a["content"]
+        assert example_a["content"].endswith("\\boxed{14}.") and "gives away 3" in example_q["content"]
         a, b, c = _numbers(row)  # the question holds exactly the three operands
         assert row["reward_model"]["ground_truth"] == str(a + b - c) and a + b - c >= 1
         assert {k: row["extra_info"][k] for k in "abc"} == {"a": a, "b": b, "c": c}

@@ -91,13 +91,24 @@ EXAMPLE = (
 )
 
 
-def messages(question: str, shots: int) -> list[dict[str, str]]:
-    """The chat: ``shots`` (0 or 1) worked example exchanges, then the question with :data:`INSTRUCTION`."""
+# The worked example of a two-step problem (``add_sub``): with the one-step example SmolLM2-135M-Instruct
+# answered a + b - c problems by their last step alone (greedy 4 of 64 right, benchmarks/results/smollm2_task_probe.md).
+TWO_STEP_EXAMPLE = (
+    "Ben has 12 pens. He buys 5 more pens and then gives away 3 pens. How many pens does Ben have now?",
+    "Ben has 12 pens and buys 5 more, so he has 12 + 5 = 17 pens. He gives away 3, so he has 17 - 3 = 14 pens. "
+    "The answer is \\boxed{14}.",
+)
+EXAMPLES = {"add": EXAMPLE, "sub": EXAMPLE, "add_sub": TWO_STEP_EXAMPLE}
+
+
+def messages(question: str, shots: int, example: tuple[str, str] = EXAMPLE) -> list[dict[str, str]]:
+    """The chat: ``shots`` (0 or 1) worked example exchanges (``example``: question, answer), then the question
+    with :data:`INSTRUCTION`."""
     if shots not in (0, 1):
         raise ValueError(f"shots must be 0 or 1, got {shots!r}")
     example = [
-        {"role": "user", "content": f"{EXAMPLE[0]} {INSTRUCTION}"},
-        {"role": "assistant", "content": EXAMPLE[1]},
+        {"role": "user", "content": f"{example[0]} {INSTRUCTION}"},
+        {"role": "assistant", "content": example[1]},
     ]
     return [*example[: 2 * shots], {"role": "user", "content": f"{question} {INSTRUCTION}"}]
 
@@ -114,7 +125,7 @@ def make_row(problem: tuple, rng: random.Random, *, split: str, index: int, shot
     extra = dict(zip("abc", operands))
     return {
         "data_source": DATA_SOURCE,
-        "prompt": messages(question, shots),
+        "prompt": messages(question, shots, EXAMPLES[operation]),
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": str(result)},
         "extra_info": {"split": split, "index": index, "operation": operation, **extra, "answer": result},
