@@ -13,6 +13,7 @@ Nothing here knows what a job does (tests/scenario_runs.py: demo runs).
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import threading
 import time
@@ -56,16 +57,25 @@ class SharedJobs:
         self._running = 0  # jobs under way
         self._waiting = 0  # test-process threads waiting for a job
         self._closing = False
+        self._line: list[int] = []  # tickets of the jobs waiting to start, in the order they came to the gate
+        self._tickets = itertools.count()
 
     def _gated(self, fn: Callable[..., Any], key: Any = None) -> Callable[..., Any]:
-        """``fn`` that starts only while fewer jobs run than the test process leaves room for (its wall time
-        recorded in :data:`TIMINGS` under ``key``)."""
+        """``fn`` that starts only while fewer jobs run than the test process leaves room for, after the jobs that
+        came to that gate before it (its wall time recorded in :data:`TIMINGS` under ``key``). First come, first
+        started: without the line, the thread that had just finished a job took the next free slot for the job it
+        picked up next, and a job queued early (the 20-step learning run) waited behind all later ones."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._slots:
+                ticket = next(self._tickets)
+                self._line.append(ticket)
                 self._slots.wait_for(
-                    lambda: self._closing or self._running < (self._parallel if self._waiting else max(1, self._parallel - 1))
+                    lambda: self._closing
+                    or (self._line[0] == ticket and self._running < (self._parallel if self._waiting else max(1, self._parallel - 1)))
                 )
+                self._line.remove(ticket)
+                self._slots.notify_all()  # the next in line may start too (two slots while a test waits)
                 if self._closing:
                     raise RuntimeError("the test session ended before this shared job started")
                 self._running += 1

@@ -123,6 +123,25 @@ def _session_log(pytester, monkeypatch, *args: str) -> list[str]:
 
 
 @pytest.mark.slow
+def test_shared_jobs_start_in_the_order_they_were_queued(tmp_path_factory):
+    """First come, first started: a thread that has just finished a job must not start the job it picks up
+    next ahead of a job that was already waiting for a slot (the learning run, queued second, once started
+    last of 21)."""
+    import time
+
+    runs, order = SharedJobs(tmp_path_factory), []
+
+    def job(i: int) -> int:
+        order.append(i)
+        time.sleep(0.05)
+        return i
+
+    jobs = [runs.submit(("fifo", i), job, i) for i in range(8)]
+    assert [j.future.result(timeout=120) for j in jobs] == list(range(8))
+    runs.close()
+    assert order == list(range(8))
+
+
 def test_the_session_queues_every_selected_tests_jobs_at_its_start_and_runs_e2e_tests_last(pytester, monkeypatch):
     """Both fixtures' bodies run before the first test, in the order of the tests (e2e last), then again
     as fixtures (returning the same jobs)."""
