@@ -26,6 +26,7 @@ imports verl anyway, for verl's worker extension).
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.metadata
 import logging
@@ -174,7 +175,6 @@ def update_without_tied_aliases(update):
     bucket, writes the one shared Parameter. LoRA updates pass unchanged. verl's pinned vLLM (0.24) predates
     the check.
     """
-    import functools
 
     @functools.wraps(update)
     def _update_weights(self, weights, peft_config, base_sync_done):

@@ -82,8 +82,7 @@ def _run_processes(proc: subprocess.Popen, ray_marker: Optional[str]) -> list:
 
     procs = []
     try:
-        root = psutil.Process(proc.pid)
-        procs = [root, *root.children(recursive=True)]
+        procs = [psutil.Process(proc.pid), *_descendants([proc.pid])]
     except psutil.NoSuchProcess:
         pass
     if ray_marker:
