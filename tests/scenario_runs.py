@@ -35,6 +35,14 @@ SHARED_RUN_TIMEOUT = 600
 STANDALONE = ["+cpu_rollout=standalone"]  # the overlapped mode's rollout on its own worker
 
 
+def ranks(n: int, micro_batch: int) -> list[str]:
+    """The overrides of ``n`` training ranks (FSDP2 processes on gloo, one fake Ray GPU each, one colocated
+    ``hf`` rollout replica each) that split every batch into micro-batches of ``micro_batch`` samples per rank
+    (it must divide a rank's share: the CPU guard says so otherwise)."""
+    micro_keys = ("actor.ppo_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size_per_gpu")
+    return [f"trainer.n_gpus_per_node={n}"] + [f"actor_rollout_ref.{key}={micro_batch}" for key in micro_keys]
+
+
 def schedule(s: int, d: int) -> list[str]:
     """The overrides of ``sync_interval = s``, ``sync_offset = d``."""
     return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
@@ -53,6 +61,22 @@ def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
     steps, on our primary config."""
     overrides = opmd_overrides(s, d, mode) + list(extra)
     return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"opmd_{mode}_s{s}d{d}")
+
+
+# The learning run: the demo's defaults (8 prompts x 16 samples, greedy validation before training and every 10
+# steps) through verl's stock config and trainer, for its first 20 steps (the demo's default is 40): the same
+# configuration learns most of the task by then (benchmarks/results/staleness_e2e/grpo__s1_d0__seed0__steps40.json,
+# the same run on our trainer: train reward 0.081 over steps 1-5 -> 0.490 over steps 16-20, greedy validation
+# 0.109 -> 0.891 at step 20). Its first steps are also the stock side of the sync-trainer comparison
+# (tests/test_scheduler_e2e.py).
+LEARN_STEPS = 20
+LEARN_TIMEOUT = 900
+
+
+def learn_run(demo_runs):
+    """The learning run (its console lines kept, its reward plot written): ``grpo`` on verl's ``ppo_trainer``
+    with the demo's defaults, :data:`LEARN_STEPS` steps."""
+    return demo_runs.start("grpo", LEARN_STEPS, [], "ppo_trainer", LEARN_TIMEOUT, name="learn", plot=True, console=True)
 
 
 DAPO_STEPS = 4  # (2, 1): versions 0 0 0 2, two versions that generate

@@ -1,119 +1,59 @@
-"""A Ray cluster of two nodes that exists before the run, and verl's ``main_ppo`` joining it (issue 27, item 4).
+"""A Ray cluster of three nodes that exists before the run, and verl's ``main_ppo`` joining it (issue 27, item 4).
 
-``verl_offpolicy.demo.cluster.LocalCluster``: two raylets on 127.0.0.1 (Ray's ``cluster_utils``), one fake
-GPU each, started before the run as a user's cluster is. The demo joins it (``--ray-address``) in the
-overlapped mode at (s, d) = (2, 1): the training worker's pool takes one node's GPU, the standalone rollout's
-pool the other's, so the trainer and the rollout run on different nodes, and the weights cross from one
-node's worker to the other's. Checked: the run trains the scheduled versions, which node ran what (each
-worker process is a child of its node's raylet), every socket of the cluster on loopback, the cluster
-still up after the run (a user's cluster outlives their job), and nothing left once it is stopped.
+``verl_offpolicy.demo.cluster.LocalCluster``: raylets on 127.0.0.1 (Ray's ``cluster_utils``), started before the
+run as a user's cluster is. The demo joins it (``--ray-address``) in the overlapped mode at (s, d) = (2, 1): the
+training worker's pool takes one node's GPU, the standalone rollout's pool the other's, so the trainer and the
+rollout run on different nodes, and the weights cross from one node's worker to the other's. Checked: the run
+trains the scheduled versions, which node ran what (each worker process is a child of its node's raylet),
+every socket of the cluster on loopback, the cluster still up after the run (a user's cluster outlives their
+job), and nothing left once it is stopped. The run is a shared job (tests/scenario_cluster.py), and the
+overlapped mode's (2, 1) run of tests/test_overlapped.py: the same samples as the colocated run on one node.
 
-A third node has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin
-(``VERL_USE_EXTERNAL_PLUGINS=none`` in its raylet's environment, which its workers inherit): after the run,
-``verl-offpolicy doctor --address`` must name that node, and only that one (its plugin, and its lack of a
-CPU where TransferQueue may deal a storage unit: the run pins that unit to the trainer's node).
+The third node has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin:
+after the run, ``verl-offpolicy doctor --address`` must name that node, and only that one (its plugin, and its
+lack of a CPU where TransferQueue may deal a storage unit: the run pins that unit to the trainer's node).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
-
-import psutil
 import pytest
 
-from tests.scenario_runs import PRIMARY_CONFIG, opmd_overrides
-from verl_offpolicy.cli import STORAGE_NODE_KEY, STORAGE_UNITS_KEY
+from tests.jobs import queued_at_start
+from tests.scenario_cluster import BLIND, NODES, STEPS, cluster_job
+from verl_offpolicy.cli import STORAGE_UNITS_KEY
 from verl_offpolicy.cpu.platform import is_loopback_host
-from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, join_overrides, node_resource
+from verl_offpolicy.demo.cluster import node_resource
 from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV
-from verl_offpolicy.demo.results import read_metrics, training_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
-STEPS = 4
-VERSIONS = [0, 0, 0, 2]  # (2, 1): v(t) = 2·max(0, ⌊(t − 2)/2⌋), t = 1..4 (docs/scheduler.md)
-RUN_TIMEOUT = 1200
+VERSIONS = [0, 0, 0, 2, 2, 4]  # (2, 1): v(t) = 2·max(0, ⌊(t − 2)/2⌋), t = 1..6 (docs/scheduler.md)
 TRAINER, ROLLOUT = "ray::WorkerDict", "ray::HFRolloutServer"
-DOCTOR_TIMEOUT = 900
-# nodes 0 and 1: one fake GPU each (the trainer's pool and the rollout's); node 2: no resources, no plugin
-NODES = [NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=0, cpus=0, env={PLUGINS_ENV: "none"})]
-BLIND = 2
 
 
-def _listening(procs) -> set[str]:
-    found = set()
-    for proc in procs:
-        try:
-            found |= {f"{c.laddr.ip} {proc.name()}" for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-        except psutil.Error:
-            continue
-    return found
+@queued_at_start(scope="module")
+def cluster(demo_runs):
+    """The cluster job (tests/scenario_cluster.py); tests read its ``ClusterRun`` with ``.result()``."""
+    return cluster_job(demo_runs)
 
 
 @pytest.fixture(scope="module")
-def cluster_run(tmp_path_factory):
-    """The cluster, the demo run that joined it (exit code, output), what ran on each node and what listened."""
-    cluster = LocalCluster.start(NODES)
-    seen: dict[int, set[str]] = {}
-    listening: set[str] = set()
-    done = threading.Event()
-
-    def watch():
-        while not done.is_set():
-            for node, names in cluster.workers_by_node().items():
-                seen.setdefault(node, set()).update(names)
-            listening.update(_listening(cluster.processes() + [c for p in cluster.processes() for c in _children(p)]))
-            time.sleep(1.0)
-
-    out = tmp_path_factory.mktemp("cluster") / "out"
-    command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(STEPS),
-               "--output-dir", str(out), "--ray-address", cluster.address, *opmd_overrides(2, 1, "overlapped"),
-               # TransferQueue's storage unit (1 CPU) on the trainer's node: dealt by node id, it would land on the
-               # CPU-less third node on one run in three and never start (the fix doctor names, checked below)
-               f"+{STORAGE_NODE_KEY}={node_resource(0)}"]
-    env = {**os.environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
-        done.set()
-        watcher.join(timeout=60)
-        alive_after = bool(cluster.processes()) and cluster.address
-        doctor = subprocess.run(
-            [sys.executable, "-m", "verl_offpolicy.cli", "doctor", "--address", cluster.address, "--timeout", str(DOCTOR_TIMEOUT)],
-            env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL,
-        )
-        yield {"cluster": cluster, "proc": proc, "out": out, "seen": seen, "listening": listening, "alive_after": alive_after,
-               "doctor": doctor}
-    finally:
-        done.set()
-        cluster.stop()
-
-
-def _children(proc) -> list:
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
+def cluster_run(cluster):
+    return cluster.result()
 
 
 def test_a_run_joins_an_existing_two_node_cluster_and_trains_the_scheduled_versions(cluster_run):
-    proc = cluster_run["proc"]
+    proc = cluster_run.proc
     ours = [line for line in (proc.stdout + proc.stderr).splitlines() if "cpu-demo]" in line or "verl-offpolicy demo:" in line]
     assert proc.returncode == 0, "\n".join(ours[-40:]) + "\n" + proc.stderr[-3000:]
-    metrics = training_metrics(read_metrics(cluster_run["out"] / "metrics.jsonl"))
+    metrics = cluster_run.metrics
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert [int(m["offpolicy/version"]) for m in metrics] == VERSIONS
     assert [int(m["offpolicy/observed_version/max"]) for m in metrics] == VERSIONS
 
 
 def test_the_trainer_and_the_rollout_ran_on_different_nodes(cluster_run):
-    seen = cluster_run["seen"]
+    seen = cluster_run.seen
     trainer_nodes = {n for n, names in seen.items() if TRAINER in names}
     rollout_nodes = {n for n, names in seen.items() if ROLLOUT in names}
     assert len(trainer_nodes) == 1 and len(rollout_nodes) == 1, seen
@@ -121,7 +61,7 @@ def test_the_trainer_and_the_rollout_ran_on_different_nodes(cluster_run):
 
 
 def test_doctor_checks_every_node_of_the_cluster_and_names_the_one_without_the_plugin(cluster_run):
-    doctor = cluster_run["doctor"]
+    doctor = cluster_run.doctor
     out = doctor.stdout
     assert doctor.returncode == 1, out + doctor.stderr[-3000:]
     sections = {}  # node index -> its section of doctor's report (from its header to the next blank line)
@@ -147,10 +87,8 @@ def test_doctor_checks_every_node_of_the_cluster_and_names_the_one_without_the_p
 
 
 def test_the_cluster_listens_on_loopback_outlives_the_run_and_stops_clean(cluster_run):
-    listening = cluster_run["listening"]
+    listening = cluster_run.listening
     assert listening, "no listening socket seen"
     assert [a for a in listening if not is_loopback_host(a.split(" ")[0])] == [], sorted(listening)
-    assert cluster_run["alive_after"], "the cluster ended with the run"
-    cluster = cluster_run["cluster"]
-    cluster.stop()
-    assert cluster.processes() == [] and not cluster.path.exists()
+    assert cluster_run.alive_after, "the cluster ended with the run"
+    assert cluster_run.left_after_stop == []

@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from tests.jobs import queued_at_start
-from tests.scenario_runs import SMALL_DEMO
+from tests.scenario_runs import LEARN_STEPS, LEARN_TIMEOUT, SMALL_DEMO
+from tests.scenario_runs import learn_run as start_learn_run
 from verl_offpolicy.cpu.platform import is_loopback
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.output_dir import OutputDirLock
@@ -34,12 +35,6 @@ STEPS = 2
 # A 2-step run takes ~75 s on an idle 2-core machine (about 60 s of start-up); 240 s killed runs still
 # starting their workers on a machine shared with other test runs.
 TIMEOUT = 900
-# The demo's first 20 steps (its default is 40): the same configuration learns most of the task by then
-# (benchmarks/results/staleness_e2e/grpo__s1_d0__seed0__steps40.json, the same run on our trainer: train
-# reward 0.081 over steps 1-5 -> 0.490 over steps 16-20, greedy validation 0.109 -> 0.891 at step 20);
-# the other 20 steps would cost the default run ~3 minutes of a core for no other claim.
-LEARN_STEPS = 20
-LEARN_TIMEOUT = 900
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(TIMEOUT + 300)]
 
@@ -86,23 +81,37 @@ PRESET_RUNS = {
     # algorithm=agro on ours, with sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
     "agro-primary-config-seq_mis": ("agro", "offpolicy_trainer", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),
 }
+# The asymre case runs in the extended tier: the default run keeps the claim it shares with agro (verl's rollout
+# correction weights multiplied into our loss: one code path for every loss, glue/losses.py::_aggregate) and a
+# preset of ours on verl's stock config (rec_oneside_nois, tests/test_verl_async_modes.py); asymre's shifted
+# advantage is checked against hand-derived values in the fast tier (tests/test_algorithms_estimators.py).
+EXTENDED_PRESET_RUNS = ["asymre-stock-config-token_tis"]
 
 
 @queued_at_start(scope="module")
 def learn_run(demo_runs):
-    """The learning run (its result, its console lines kept): the demo's defaults (8 prompts x 16 samples,
-    validation every 10 steps) for :data:`LEARN_STEPS` steps."""
-    return demo_runs.start("grpo", LEARN_STEPS, [], "ppo_trainer", LEARN_TIMEOUT, name="learn", plot=True, console=True)
+    """The learning run (tests/scenario_runs.py: ``learn_run``; the scheduler tests' stock sync run too)."""
+    return start_learn_run(demo_runs)
+
+
+def _start_preset_runs(demo_runs, cases):
+    runs = {}
+    for case in cases:
+        preset, config_name, correction = PRESET_RUNS[case]
+        runs[case] = demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
+    return lambda case: runs[case].result()
 
 
 @queued_at_start(scope="module")
 def preset_runs(demo_runs):
-    """The result of the run of a case of :data:`PRESET_RUNS`."""
-    runs = {
-        case: demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
-        for case, (preset, config_name, correction) in PRESET_RUNS.items()
-    }
-    return lambda case: runs[case].result()
+    """The result of the run of a case of :data:`PRESET_RUNS` outside :data:`EXTENDED_PRESET_RUNS`."""
+    return _start_preset_runs(demo_runs, sorted(set(PRESET_RUNS) - set(EXTENDED_PRESET_RUNS)))
+
+
+@queued_at_start(scope="module")
+def extended_preset_runs(demo_runs):
+    """The result of the run of a case of :data:`EXTENDED_PRESET_RUNS` (queued only in a session that selects one)."""
+    return _start_preset_runs(demo_runs, EXTENDED_PRESET_RUNS)
 
 
 @pytest.mark.timeout(LEARN_TIMEOUT + 300)
@@ -134,13 +143,24 @@ def test_grpo_learns_through_main_ppo_on_cpu_on_loopback_and_leaves_nothing_behi
     assert result.validation[LEARN_STEPS] > result.validation[0] + 0.25, result.validation
 
 
-@pytest.mark.parametrize("case", sorted(PRESET_RUNS))
+@pytest.mark.parametrize("case", sorted(set(PRESET_RUNS) - set(EXTENDED_PRESET_RUNS)))
 def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer(preset_runs, case):
-    """Two presets through stock main_ppo: our trainer, loss and estimator were the ones used, with verl's
+    """Our presets through stock main_ppo: our trainer, loss and estimator were the ones used, with verl's
     decoupled rollout correction (verl computes the IS weights, our loss multiplies its per-token loss
     by them: ``glue/losses.py::_aggregate``, common to every loss of ours)."""
+    _check_preset_run(case, preset_runs(case))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("case", EXTENDED_PRESET_RUNS)
+def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer_extended(extended_preset_runs, case):
+    """The same claim for :data:`EXTENDED_PRESET_RUNS`."""
+    _check_preset_run(case, extended_preset_runs(case))
+
+
+def _check_preset_run(case, result):
+    """The claim of the two tests above on the run of ``case``."""
     preset = PRESET_RUNS[case][0]
-    result = preset_runs(case)
     check_completed(result)
     for m in result.metrics:
         # our trainer (offpolicy/*) and our rec loss (its metrics, which verl's vanilla loss does not log)

@@ -2,9 +2,11 @@
 
 Fast tier: which groups verl's rule drops (vectorised), the rounds of a version (top-ups sized 2 × missing,
 kept groups taken in submission order, the surplus), the exhaustion error, the metrics, the metric read
-from verl's fields, and the startup rules on verl's composed config. End to end (e2e, slow): one colocated
-and one overlapped CPU demo run at (2, 1) with filtering, whose logged versions equal the schedule and
-whose filter metrics add up (the runs are shared jobs of tests/scenario_runs.py).
+from verl's fields, and the startup rules on verl's composed config. End to end (e2e, slow): a colocated CPU
+demo run at (2, 1) with filtering, whose logged versions equal the schedule, whose filter metrics add up and
+which trains only groups with a spread (a shared job of tests/scenario_runs.py); ``-m extended`` adds the
+overlapped run and its equality with the colocated one (the default run keeps the overlapped mode's equality
+with colocated at (2, 1) without filtering: tests/test_overlapped.py).
 """
 
 from __future__ import annotations
@@ -147,7 +149,14 @@ BATCH = 4  # tests/scenario_runs.SMALL_DEMO: 4 prompts x 4 samples per step
 
 
 @queued_at_start(scope="module")
-def dapo_runs(demo_runs):
+def colocated_dapo_run(demo_runs):
+    """The colocated filtered run (the default tier's)."""
+    return dapo_run(demo_runs, "colocated")
+
+
+@queued_at_start(scope="module")
+def extended_dapo_runs(demo_runs):
+    """Both filtered runs (queued only in a session that selects an extended test)."""
     jobs = {mode: dapo_run(demo_runs, mode) for mode in ("colocated", "overlapped")}
     return lambda mode: jobs[mode].result()
 
@@ -155,9 +164,20 @@ def dapo_runs(demo_runs):
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("mode", ["colocated", "overlapped"])
-def test_filtered_runs_keep_exact_versions(dapo_runs, mode):
-    metrics = dapo_runs(mode).metrics
+def test_filtered_runs_keep_exact_versions(colocated_dapo_run):
+    _check_filtered_run(colocated_dapo_run.result().metrics)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1800)
+def test_filtered_overlapped_run_keeps_exact_versions(extended_dapo_runs):
+    _check_filtered_run(extended_dapo_runs("overlapped").metrics)
+
+
+def _check_filtered_run(metrics):
+    """The claim of the two tests above on a filtered run's metrics."""
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert [int(m["offpolicy/version"]) for m in metrics] == E2E_VERSIONS
     for key in ("mean", "max", "min"):  # verl's staleness of every trained trajectory, top-ups included
@@ -197,11 +217,18 @@ def _trained_groups(run) -> dict[int, list[tuple]]:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_only_groups_with_a_spread_are_trained_and_both_modes_train_the_same(dapo_runs):
-    colocated, overlapped = _trained_groups(dapo_runs("colocated")), _trained_groups(dapo_runs("overlapped"))
-    for step, groups in colocated.items():
+def test_only_groups_with_a_spread_are_trained(colocated_dapo_run):
+    for step, groups in _trained_groups(colocated_dapo_run.result()).items():
         assert len(groups) == BATCH, step
         assert all(len({score for _, score in samples}) > 1 for _, samples in groups), step  # no zero-spread group
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1800)
+def test_both_modes_train_the_same_filtered_groups(extended_dapo_runs):
+    colocated, overlapped = _trained_groups(extended_dapo_runs("colocated")), _trained_groups(extended_dapo_runs("overlapped"))
     # the same prompts drawn in the same order (the version's batches, then each round's top-ups in step order),
     # generated at the same versions: the same samples
     assert overlapped == colocated

@@ -4,7 +4,8 @@ Fast tier: the observed-version check on verl's trajectory tags (including the n
 batch the rollout reports at another version fails the run), and the startup validation of the mode.
 End to end (e2e, slow): overlapped vs colocated runs of the CPU demo at the same seed train the same
 samples with the same versions at every step (each run's trained samples from verl's rollout dumps), at
-(1, 0), (1, 1), (2, 1) and (4, 1) (the colocated runs are shared with tests/test_scheduler_e2e.py); an
+(1, 0), (1, 1), (2, 1) and (4, 1) (the colocated runs are shared with tests/test_scheduler_e2e.py; the
+overlapped (2, 1) run is the cluster run of tests/scenario_cluster.py, on three Ray nodes); an
 overlapped run resumed from its step-2 checkpoint trains the batches of the uninterrupted run; and a
 real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.
 """
@@ -20,6 +21,7 @@ from tests.scenario_runs import (
     PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, start_resumed,
 )
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+from tests.scenario_cluster import SAVE_FREQ, cluster_job
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version, observed_versions
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -103,13 +105,16 @@ SPEC_VERSIONS = {
 # 1-2, 3, 4, 5, 6; (2, 1): versions 0, 2, 4 generate steps 1-3, 4-5, 6; (4, 1): versions 0, 4 generate
 # steps 1-5, 6).
 SPEC_PUSHES = {(1, 0): 6, (1, 1): 5, (2, 1): 3, (4, 1): 2}
-# The overlapped (2, 1) run saves a checkpoint after step 2: the resume test starts from it.
-RESUMED, RESUME_STEP = (2, 1), 2
+# The overlapped (2, 1) run is the cluster run (tests/scenario_cluster.py: the same overrides, on an existing
+# three-node cluster, trainer and rollout on different nodes); it saves a checkpoint after step 2: the resume
+# test starts from it, on a Ray of its own.
+RESUMED, RESUME_STEP = (2, 1), SAVE_FREQ
 
 
 def _start(demo_runs, mode, s, d):
-    extra = [f"trainer.save_freq={RESUME_STEP}"] if (mode, (s, d)) == ("overlapped", RESUMED) else []
-    return opmd_run(demo_runs, s, d, mode, extra)
+    if (mode, (s, d)) == ("overlapped", RESUMED):
+        return cluster_job(demo_runs)
+    return opmd_run(demo_runs, s, d, mode)
 
 
 # The setting whose comparison runs in the default tier: (2, 1), a stale setting where a version's several

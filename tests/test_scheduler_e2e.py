@@ -15,7 +15,7 @@ import pytest
 from tests.jobs import queued_at_start
 from tests.scenario_runs import (
     NO_VALIDATION, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, dumped_batches, dumped_uid_groups,
-    opmd_run, schedule, start_resumed,
+    learn_run, opmd_run, ranks, schedule, start_resumed,
 )
 
 STEPS = SCHEDULED_STEPS
@@ -39,13 +39,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 # The REC runs keep the demo's 8 x 16 samples per step: enough tokens that the one-side mask finds
 # ratios outside its band on every stale step. The behaviour-anchored (4, 1) run saves a checkpoint
 # after step 3: the resume test starts from it.
-REC_41 = NO_VALIDATION + schedule(4, 1)
+# They train on two ranks, one micro-batch of 64 samples each (tests/test_ranks_e2e.py reads the same run:
+# the (4, 1) schedule and the behaviour log-probs on two ranks), with twice the shared runs' timeout: two
+# training and two rollout processes start one after the other.
+RANKS, REC_TIMEOUT = 2, 2 * SHARED_RUN_TIMEOUT
+REC_41 = NO_VALIDATION + schedule(4, 1) + ranks(RANKS, micro_batch=64)
 RESUME_STEP = 3
 # name -> (preset, overrides, config); the opmd runs at (1, 1) and (2, 1) are the overlapped tests'
 # colocated runs (tests/scenario_runs.py: opmd_run), shared through the session's demo_runs.
+# grpo_s1d0 has the learning run's configuration (the demo's defaults, validation included): its steps are
+# compared with the first steps of that run, verl's own sync trainer (tests/scenario_runs.py: learn_run).
 RUNS = {
-    "stock_sync": ("grpo", SMALL, "ppo_trainer"),  # verl's own sync trainer and GRPO keys
-    "grpo_s1d0": ("grpo", SMALL + schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
+    "grpo_s1d0": ("grpo", schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
     "grpo_s2d0": ("grpo", SMALL + schedule(2, 0), PRIMARY_CONFIG),
     "rec_s4d1": ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], PRIMARY_CONFIG),
 }
@@ -57,8 +62,9 @@ PROXIMAL_RUN = ("rec_oneside_nois", REC_41 + ["algorithm.offpolicy.ratio_anchor=
 @queued_at_start(scope="module")
 def runs(demo_runs):
     """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (2, 1) by (s, d)."""
-    jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name=key) for key, (preset, overrides, config_name) in RUNS.items()}
+    jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, _timeout(overrides), name=key) for key, (preset, overrides, config_name) in RUNS.items()}
     jobs[(2, 1)] = opmd_run(demo_runs, 2, 1, mode="colocated")
+    jobs["stock_sync"] = learn_run(demo_runs)  # verl's own sync trainer and GRPO keys
     return lambda key: jobs[key].result()
 
 
@@ -69,7 +75,7 @@ def extended_runs(demo_runs):
     test."""
     jobs = {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in EXTENDED_SPEC}
     preset, overrides, config_name = PROXIMAL_RUN
-    jobs["rec_s4d1_proximal"] = demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name="rec_s4d1_proximal")
+    jobs["rec_s4d1_proximal"] = demo_runs.start(preset, STEPS, overrides, config_name, REC_TIMEOUT, name="rec_s4d1_proximal")
     return lambda key: jobs[key].result()
 
 
@@ -77,9 +83,20 @@ def extended_runs(demo_runs):
 def resumed_run(demo_runs):
     """The (4, 1) REC run and, once it is done, the same run resumed from its step-3 checkpoint."""
     preset, overrides, config_name = RUNS["rec_s4d1"]
-    uninterrupted = demo_runs.start(preset, STEPS, overrides, config_name, TIMEOUT, name="rec_s4d1")
+    uninterrupted = start_rec_s4d1(demo_runs)
     # the resumed run: the same overrides less the checkpointing (REC_41)
-    return uninterrupted, start_resumed(demo_runs, uninterrupted, RESUME_STEP, preset, STEPS, REC_41, config_name, TIMEOUT, name="rec_s4d1_resumed")
+    return uninterrupted, start_resumed(demo_runs, uninterrupted, RESUME_STEP, preset, STEPS, REC_41, config_name, REC_TIMEOUT, name="rec_s4d1_resumed")
+
+
+def start_rec_s4d1(demo_runs):
+    """The behaviour-anchored REC run at (4, 1) on two ranks (:data:`RUNS`), shared with tests/test_ranks_e2e.py."""
+    preset, overrides, config_name = RUNS["rec_s4d1"]
+    return demo_runs.start(preset, STEPS, overrides, config_name, REC_TIMEOUT, name="rec_s4d1")
+
+
+def _timeout(overrides) -> float:
+    """A run's timeout: twice the shared runs' with two ranks."""
+    return REC_TIMEOUT if f"trainer.n_gpus_per_node={RANKS}" in overrides else TIMEOUT
 
 
 # The schedule of docs/scheduler.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
@@ -159,17 +176,22 @@ def _assert_anchor_corr_on_stale_steps_only(metrics):
 
 
 def test_sync_interval_1_is_the_stock_sync_trainer(runs):
-    """(s, d) = (1, 0) through our trainer vs verl's own ``sync`` trainer at the same seed.
+    """(s, d) = (1, 0) through our trainer vs verl's own ``sync`` trainer at the same seed: our 6-step run
+    against the first 6 steps of the 20-step learning run, same configuration (verl's constant learning
+    rate: a step does not depend on the number of steps to come).
 
-    Same data, same rollouts: the rewards are identical step by step. The losses agree to float32
-    summation-order noise: verl's sync trainer is itself not bitwise reproducible here (uuid4 uids
-    and asynchronous arrival order the samples of a batch, hence the order of the float32 sums;
-    two stock runs differ by ~1e-7 relative, measured).
+    Same data, same rollouts: the rewards are identical step by step, and so is the greedy validation
+    before training. The losses agree to float32 summation-order noise: verl's sync trainer is itself not
+    bitwise reproducible here (uuid4 uids and asynchronous arrival order the samples of a batch, hence
+    the order of the float32 sums; two stock runs differ by ~1e-7 relative, measured).
     """
     ours, stock = runs("grpo_s1d0"), runs("stock_sync")
-    assert [m["critic/score/mean"] for m in ours.metrics] == [m["critic/score/mean"] for m in stock.metrics]
-    assert [m["response_length/mean"] for m in ours.metrics] == [m["response_length/mean"] for m in stock.metrics]
-    for mine, theirs in zip(ours.metrics, stock.metrics, strict=True):
+    shared = stock.metrics[: len(ours.metrics)]
+    assert [m["step"] for m in shared] == list(range(1, STEPS + 1))
+    assert ours.validation[0] == stock.validation[0]
+    assert [m["critic/score/mean"] for m in ours.metrics] == [m["critic/score/mean"] for m in shared]
+    assert [m["response_length/mean"] for m in ours.metrics] == [m["response_length/mean"] for m in shared]
+    for mine, theirs in zip(ours.metrics, shared, strict=True):
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), (mine["step"], key)
         assert mine["actor/pg_clipfrac"] == theirs["actor/pg_clipfrac"] == 0.0

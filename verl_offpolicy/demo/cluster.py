@@ -102,20 +102,23 @@ class LocalCluster:
 
     @classmethod
     def start(cls, nodes: list[NodeSpec], parent: str = "/tmp", timeout: float = START_TIMEOUT_S,
-              log: Callable[[str], None] = print) -> "LocalCluster":
-        """Start the server holding ``nodes`` and wait until every node is up (or stop it and raise).
+              log: Callable[[str], None] = print, base_env: Optional[dict[str, str]] = None) -> "LocalCluster":
+        """Start the server holding ``nodes`` and wait until every node is up (or stop it and raise). The
+        server and its nodes start from ``base_env`` (default: this process's environment).
 
         A node that misses Ray's fixed 30 s start-up wait (a loaded machine) makes the whole cluster start again
         (:func:`~verl_offpolicy.demo.process.retry_ray_start`)."""
         if not nodes:
             raise ClusterError("a cluster needs at least one node")
-        return retry_ray_start(lambda _: cls._start_once(nodes, parent, timeout, log), ClusterError, log, "[cluster]")
+        base_env = dict(os.environ if base_env is None else base_env)
+        return retry_ray_start(lambda _: cls._start_once(nodes, parent, timeout, log, base_env), ClusterError, log, "[cluster]")
 
     @classmethod
-    def _start_once(cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None]) -> "LocalCluster":
+    def _start_once(cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None],
+                    base_env: dict[str, str]) -> "LocalCluster":
         cluster = cls(make_owned_temp_dir(CLUSTER_DIR_PREFIX, parent))
         (cluster.path / "nodes.json").write_text(json.dumps([asdict(n) for n in nodes]))
-        env = {**os.environ, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**base_env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
         env.update(_token_env(cluster.path))
         log(f"[cluster] starting {len(nodes)} node(s) in {cluster.path} ...")
         with open(cluster.path / LOG_NAME, "w") as out:

@@ -1,0 +1,126 @@
+"""The cluster run: a Ray cluster of three nodes on 127.0.0.1 started before the run, as a user's cluster exists
+before their job, the demo joining it, and ``verl-offpolicy doctor --address`` after the run.
+
+The run is the overlapped mode's ``opmd`` run at (s, d) = (2, 1) (tests/scenario_runs.py: ``opmd_overrides``,
+:data:`STEPS` steps, a checkpoint every :data:`SAVE_FREQ` steps, verl's rollout dumps): the overlapped mode's
+tests compare it with the colocated run on one node and resume from its checkpoint (tests/test_overlapped.py),
+the cluster tests check where it ran and the cluster around it (tests/test_cluster_e2e.py). One shared job
+(tests/jobs.py) that leaves nothing behind: it stops the cluster and records what was left.
+
+Nodes 0 and 1 have one fake GPU each (the trainer's pool takes one, the standalone rollout's the other); node 2
+has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin
+(``VERL_USE_EXTERNAL_PLUGINS=none`` in its raylet's environment, which its workers inherit).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.scenario_runs import SCHEDULED_STEPS, opmd_overrides
+from verl_offpolicy.cli import STORAGE_NODE_KEY
+from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
+from verl_offpolicy.demo.results import read_metrics, training_metrics
+from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV
+
+STEPS = SCHEDULED_STEPS
+SAVE_FREQ = 2  # the overlapped resume test starts from the step-2 checkpoint
+RUN_TIMEOUT = 1200
+DOCTOR_TIMEOUT = 900
+# nodes 0 and 1: one fake GPU each (the trainer's pool and the rollout's); node 2: no resources, no plugin
+NODES = [NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=0, cpus=0, env={PLUGINS_ENV: "none"})]
+BLIND = 2
+
+
+def cluster_overrides(output_dir: Path) -> list[str]:
+    """The run's overrides: the overlapped (2, 1) run's, its checkpoints and rollout dumps, and TransferQueue's
+    storage unit (1 CPU) on the trainer's node: dealt by node id, it would land on the CPU-less third node on
+    one run in three and never start (the fix doctor names)."""
+    return [*opmd_overrides(2, 1, "overlapped"), f"trainer.save_freq={SAVE_FREQ}",
+            f"trainer.rollout_data_dir={output_dir / 'rollouts'}", f"+{STORAGE_NODE_KEY}={node_resource(0)}"]
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """What the cluster job saw: the demo's process (exit code, output), its output dir, the worker names seen on
+    each node while it ran, every listening socket of the cluster ("ip name"), whether the cluster outlived
+    the run, doctor's process, and what of the cluster was left once it was stopped."""
+
+    proc: subprocess.CompletedProcess
+    output_dir: Path
+    seen: dict[int, set[str]]
+    listening: set[str]
+    alive_after: bool
+    doctor: subprocess.CompletedProcess
+    left_after_stop: list[str]
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The training steps' metrics (verl's file logger), as a demo result's; a failed run raises with its output."""
+        if self.proc.returncode != 0:
+            raise AssertionError(f"the cluster run exited with {self.proc.returncode}:\n{self.proc.stdout[-2000:]}\n{self.proc.stderr[-3000:]}")
+        return training_metrics(read_metrics(self.output_dir / "metrics.jsonl"))
+
+
+def cluster_job(demo_runs):
+    """The cluster run, a shared job queued once per session (its :class:`ClusterRun` from ``.result()``)."""
+    return demo_runs.submit(("cluster_run",), lambda: run_on_cluster(demo_runs.tmp_dir("cluster") / "out", demo_runs.environ))
+
+
+def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
+    """Start the cluster, run the demo on it while watching its nodes, run doctor, stop the cluster."""
+    cluster = LocalCluster.start(NODES, base_env=environ)
+    seen: dict[int, set[str]] = {}
+    listening: set[str] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for node, names in cluster.workers_by_node().items():
+                seen.setdefault(node, set()).update(names)
+            listening.update(_listening(cluster.processes() + [c for p in cluster.processes() for c in _children(p)]))
+            time.sleep(1.0)
+
+    command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(STEPS),
+               "--output-dir", str(out), "--ray-address", cluster.address, *cluster_overrides(out)]
+    env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+        done.set()
+        watcher.join(timeout=60)
+        alive_after = bool(cluster.processes()) and bool(cluster.address)
+        doctor = subprocess.run(
+            [sys.executable, "-m", "verl_offpolicy.cli", "doctor", "--address", cluster.address, "--timeout", str(DOCTOR_TIMEOUT)],
+            env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL,
+        )
+    finally:
+        done.set()
+        cluster.stop()
+    left = [" ".join(p.cmdline()) for p in cluster.processes()] + ([str(cluster.path)] if cluster.path.exists() else [])
+    return ClusterRun(proc, out, seen, listening, alive_after, doctor, left)
+
+
+def _listening(procs) -> set[str]:
+    found = set()
+    for proc in procs:
+        try:
+            found |= {f"{c.laddr.ip} {proc.name()}" for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue
+    return found
+
+
+def _children(proc) -> list:
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
