@@ -111,16 +111,19 @@ def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
     }
 
 
-def demo_run_command(out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None) -> list[str]:
-    """The ``main_ppo`` command of a demo run in ``out`` (seed 0, verl's rollout dumps in ``out/rollouts``)
-    with a Ray session dir of its own: what :func:`run_resumed` starts."""
-    from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, build_inputs, demo_command
+def demo_run_command(
+    out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None, model: Optional[str] = None,
+) -> list[str]:
+    """The ``main_ppo`` command of a demo run of ``model`` (default: the demo's) in ``out`` (seed 0, verl's rollout
+    dumps in ``out/rollouts``) with a Ray session dir of its own: what :func:`run_resumed` starts."""
+    from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DEFAULT_MODEL, build_inputs, demo_command
 
     out.mkdir(parents=True, exist_ok=True)
+    model = model or DEFAULT_MODEL
     return demo_command(
-        build_inputs(out, seed=0), output_dir=out, preset=preset, steps=steps, seed=0,
+        build_inputs(out, seed=0, model=model), output_dir=out, preset=preset, steps=steps, seed=0,
         overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
-        config_name=config_name or DEFAULT_CONFIG_NAME, ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
+        config_name=config_name or DEFAULT_CONFIG_NAME, ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"), model=model,
     )
 
 

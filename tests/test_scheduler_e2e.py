@@ -51,12 +51,17 @@ RESUME_STEP = 3
 # compared with the first steps of that run, verl's own sync trainer (tests/scenario_runs.py: learn_run).
 RUNS = {
     "grpo_s1d0": ("grpo", schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
-    "grpo_s2d0": ("grpo", SMALL + schedule(2, 0), PRIMARY_CONFIG),
     "rec_s4d1": ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], PRIMARY_CONFIG),
 }
 # The proximal-anchor REC run: the extended tier (in the default run, the behaviour-anchored run's fresh
 # steps, where the anchor equals the proximal policy, show the same: no clipping, nothing logged).
 PROXIMAL_RUN = ("rec_oneside_nois", REC_41 + ["algorithm.offpolicy.ratio_anchor=proximal"], PRIMARY_CONFIG)
+# The extended tier's runs of :func:`extended_runs`: grpo at (2, 0) (in the default run, the schedule at s = 2
+# is the (2, 1) run's, d = 0 the (1, 0) run's, and the behaviour anchor clipping on stale steps the REC run's).
+EXTENDED_RUNS = {
+    "grpo_s2d0": ("grpo", SMALL + schedule(2, 0), PRIMARY_CONFIG),
+    "rec_s4d1_proximal": PROXIMAL_RUN,
+}
 
 
 @queued_at_start(scope="module")
@@ -70,12 +75,11 @@ def runs(demo_runs):
 
 @queued_at_start(scope="module")
 def extended_runs(demo_runs):
-    """As :func:`runs`, for the shared colocated opmd runs of :data:`EXTENDED_SPEC` (the overlapped tests'
-    extended tier uses them too) and :data:`PROXIMAL_RUN`, queued only in a session that selects an extended
-    test."""
-    jobs = {(s, d): opmd_run(demo_runs, s, d, mode="colocated") for s, d in EXTENDED_SPEC}
-    preset, overrides, config_name = PROXIMAL_RUN
-    jobs["rec_s4d1_proximal"] = demo_runs.start(preset, STEPS, overrides, config_name, REC_TIMEOUT, name="rec_s4d1_proximal")
+    """As :func:`runs`, for :data:`EXTENDED_RUNS` and the shared colocated opmd run at (1, 1) (the overlapped
+    tests' extended tier uses it too), queued only in a session that selects an extended test."""
+    jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, _timeout(overrides), name=key)
+            for key, (preset, overrides, config_name) in EXTENDED_RUNS.items()}
+    jobs[(1, 1)] = opmd_run(demo_runs, 1, 1, mode="colocated")
     return lambda key: jobs[key].result()
 
 
@@ -111,10 +115,10 @@ SPEC_SCHEDULE = {
 }
 # The run that shows each setting: grpo (1, 0) and (2, 0), the REC (4, 1) run, the shared opmd runs otherwise.
 SPEC_RUN = {(1, 0): "grpo_s1d0", (1, 1): (1, 1), (2, 0): "grpo_s2d0", (2, 1): (2, 1), (4, 1): "rec_s4d1"}
-# (1, 1) in the extended tier: its run would serve this test alone. The default run keeps versions and
-# verl's staleness at (1, 1) in tests/test_demo_rerun.py (its chain is opmd at (1, 1), steps 1..5) and the
+# (1, 1) and (2, 0) in the extended tier: their runs would serve little else. The default run keeps versions
+# and verl's staleness at (1, 1) in tests/test_demo_rerun.py (its chain is opmd at (1, 1), steps 1..5) and the
 # whole claim at s = 1, 2, 4 and d = 0, 1 here.
-EXTENDED_SPEC = [(1, 1)]
+EXTENDED_SPEC = [(1, 1), (2, 0)]
 
 
 @pytest.mark.parametrize("s,d", sorted(set(SPEC_SCHEDULE) - set(EXTENDED_SPEC)))
@@ -124,7 +128,7 @@ def test_logged_versions_and_staleness_follow_the_spec(runs, s, d):
 
 @pytest.mark.extended
 @pytest.mark.parametrize("s,d", EXTENDED_SPEC)
-def test_logged_versions_and_staleness_follow_the_spec_at_1_1(extended_runs, s, d):
+def test_logged_versions_and_staleness_follow_the_spec_at_other_settings(extended_runs, s, d):
     _check_versions_and_staleness(extended_runs(SPEC_RUN[(s, d)]), s, d)
 
 
@@ -147,12 +151,13 @@ def _check_versions_and_staleness(result, s, d):
     assert result.metrics[0]["offpolicy/generated_batches"] == spec["first"]
 
 
-def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(runs):
+@pytest.mark.extended
+def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(extended_runs):
     """The grpo preset measures its PPO ratio against the behaviour policy (the REC paper's GRPO): on
     stale steps the anchor differs from the proximal policy and the clip acts (verl's proximal anchor
     would give ρ ≡ 1 with one mini-batch, pg_clipfrac = 0: see the proximal REC run below). At (2, 0)
     steps 2, 4, 6 train on batches one version old."""
-    metrics = runs("grpo_s2d0").metrics
+    metrics = extended_runs("grpo_s2d0").metrics
     stale = [m for m in metrics if m[STALENESS] > 0]
     assert [m["step"] for m in stale] == [2, 4, 6]
     assert all(m["offpolicy/anchor_log_ratio/mean"] != 0 for m in stale)
