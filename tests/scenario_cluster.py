@@ -7,7 +7,8 @@ tests compare it with the colocated run on one node and resume from its checkpoi
 the cluster tests check where it ran and the cluster around it (tests/test_cluster_e2e.py). One shared job
 (tests/jobs.py) that leaves nothing behind: it stops the cluster and records what was left.
 
-Nodes 0 and 1 have one fake GPU each (the trainer's pool takes one, the standalone rollout's the other); node 2
+Nodes 0 and 1 have two fake GPUs each (the trainer's pool, two ranks, takes one node, the standalone rollout's, two
+replicas, the other: the run is the pair run of tests/scenario_runs.py, ``PAIR``); node 2
 has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin
 (``VERL_USE_EXTERNAL_PLUGINS=none`` in its raylet's environment, which its workers inherit).
 """
@@ -34,8 +35,9 @@ STEPS = SCHEDULED_STEPS
 SAVE_FREQ = 2  # the overlapped resume test starts from the step-2 checkpoint
 RUN_TIMEOUT = 1200
 DOCTOR_TIMEOUT = 900
-# nodes 0 and 1: one fake GPU each (the trainer's pool and the rollout's); node 2: no resources, no plugin
-NODES = [NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=1, cpus=12), NodeSpec(gpus=0, cpus=0, env={PLUGINS_ENV: "none"})]
+# nodes 0 and 1: two fake GPUs each (the trainer's pool, two ranks, and the rollout's, two replicas); node 2: no
+# resources, no plugin
+NODES = [NodeSpec(gpus=2, cpus=12), NodeSpec(gpus=2, cpus=12), NodeSpec(gpus=0, cpus=0, env={PLUGINS_ENV: "none"})]
 BLIND = 2
 
 
@@ -50,14 +52,16 @@ def cluster_overrides(output_dir: Path) -> list[str]:
 @dataclass(frozen=True)
 class ClusterRun:
     """What the cluster job saw: the demo's process (exit code, output), its output dir, the worker names seen on
-    each node while it ran, every listening socket of the cluster ("ip name"), whether the cluster outlived
-    the run, doctor's process, and what of the cluster was left once it was stopped."""
+    each node while it ran (and the most processes of each name at once), every listening socket of the cluster
+    ("ip name"), whether the cluster outlived the run, doctor's process, and what of the cluster was left once it
+    was stopped."""
 
     proc: subprocess.CompletedProcess
     output_dir: Path
-    seen: dict[int, set[str]]
+    seen: dict[int, dict[str, int]]
     listening: set[str]
     alive_after: bool
+    address_file: bool  # Ray's ray_current_cluster was in the cluster's own dir while it ran
     doctor: subprocess.CompletedProcess
     left_after_stop: list[str]
 
@@ -77,14 +81,16 @@ def cluster_job(demo_runs):
 def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
     """Start the cluster, run the demo on it while watching its nodes, run doctor, stop the cluster."""
     cluster = LocalCluster.start(NODES, base_env=environ)
-    seen: dict[int, set[str]] = {}
+    seen: dict[int, dict[str, int]] = {}
     listening: set[str] = set()
     done = threading.Event()
 
     def watch():
         while not done.is_set():
             for node, names in cluster.workers_by_node().items():
-                seen.setdefault(node, set()).update(names)
+                counts = seen.setdefault(node, {})
+                for name in set(names):
+                    counts[name] = max(counts.get(name, 0), names.count(name))
             listening.update(_listening(cluster.processes() + [c for p in cluster.processes() for c in _children(p)]))
             time.sleep(1.0)
 
@@ -98,6 +104,7 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
         done.set()
         watcher.join(timeout=60)
         alive_after = bool(cluster.processes()) and bool(cluster.address)
+        address_file = (cluster.path / "ray" / "ray_current_cluster").is_file()
         doctor = subprocess.run(
             [sys.executable, "-m", "verl_offpolicy.cli", "doctor", "--address", cluster.address, "--timeout", str(DOCTOR_TIMEOUT)],
             env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL,
@@ -106,7 +113,7 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
         done.set()
         cluster.stop()
     left = [" ".join(p.cmdline()) for p in cluster.processes()] + ([str(cluster.path)] if cluster.path.exists() else [])
-    return ClusterRun(proc, out, seen, listening, alive_after, doctor, left)
+    return ClusterRun(proc, out, seen, listening, alive_after, address_file, doctor, left)
 
 
 def _listening(procs) -> set[str]:

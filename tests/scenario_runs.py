@@ -48,11 +48,23 @@ def schedule(s: int, d: int) -> list[str]:
     return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
 
 
+# The pair of runs at (2, 1) (the colocated run, and the overlapped cluster run: tests/scenario_cluster.py) trains on
+# two ranks, one micro-batch of 8 samples each, and the overlapped run's rollout has two replicas: the weights go
+# from two training ranks to two rollout replicas, and the pair must still train the same samples (a seeded
+# request samples the same tokens on any replica: verl_offpolicy.cpu.sampling.request_seed).
+PAIR = (2, 1)
+PAIR_RANKS = ranks(2, micro_batch=8)
+PAIR_REPLICAS = ["actor_rollout_ref.rollout.n_gpus_per_node=2"]
+
+
 def opmd_overrides(s: int, d: int, mode: str) -> list[str]:
     """The overrides of the scheduler's small ``opmd`` runs at (s, d): 4 prompts x 4 samples, no
-    validation; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout)."""
+    validation; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout); at :data:`PAIR`, two
+    training ranks and (overlapped) two rollout replicas."""
     assert mode in ("colocated", "overlapped"), mode
-    return SMALL_DEMO + schedule(s, d) + (STANDALONE if mode == "overlapped" else [])
+    overlapped = mode == "overlapped"
+    pair = PAIR_RANKS + (PAIR_REPLICAS if overlapped else []) if (s, d) == PAIR else []
+    return SMALL_DEMO + schedule(s, d) + (STANDALONE if overlapped else []) + pair
 
 
 def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
@@ -60,7 +72,12 @@ def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
     per mode and setting, shared through :class:`DemoRuns`): :func:`opmd_overrides` + ``extra``, 6
     steps, on our primary config."""
     overrides = opmd_overrides(s, d, mode) + list(extra)
-    return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"opmd_{mode}_s{s}d{d}")
+    return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, opmd_timeout(s, d), name=f"opmd_{mode}_s{s}d{d}")
+
+
+def opmd_timeout(s: int, d: int) -> float:
+    """Seconds before an ``opmd`` run at (s, d) is killed: twice the shared runs' at :data:`PAIR` (two ranks)."""
+    return SHARED_RUN_TIMEOUT * (2 if (s, d) == PAIR else 1)
 
 
 # The learning run: the demo's defaults (8 prompts x 16 samples, greedy validation before training and every 10
@@ -188,15 +205,18 @@ def run_resumed(
     command: Sequence[str], out: Path, timeout: float, env: Optional[dict[str, str]] = None
 ) -> tuple[str, dict[int, dict[str, Any]]]:
     """Run a resumed demo ``command`` to the end (log ``out/train.log``, metrics ``out/metrics.jsonl``;
-    its Ray session dir removed afterwards), from ``env`` (default: this process's environment); assert it
-    exited 0 and return (log text, metrics by step)."""
+    its Ray session dir removed afterwards, and the ``/dev/shm`` files of vLLM's kinds that it left, as the
+    demo does: docs/vllm_cpu.md), from ``env`` (default: this process's environment); assert it exited 0 and
+    return (log text, metrics by step)."""
     import shutil
 
     from verl_offpolicy.demo.environment import cpu_env
     from verl_offpolicy.demo.launch import run_subprocess
+    from verl_offpolicy.demo.process import orphaned_since, remove_leftover_files, shared_memory_listing
     from verl_offpolicy.demo.results import read_metrics
 
     ray_dir = _ray_temp_dir(command)
+    before = shared_memory_listing()
     try:
         returncode, _, _ = run_subprocess(
             command, env=cpu_env(out / "metrics.jsonl", base=env), log_path=out / "train.log",
@@ -204,6 +224,7 @@ def run_resumed(
         )
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
+        remove_leftover_files(orphaned_since(before))
     log = (out / "train.log").read_text(errors="replace")
     assert returncode == 0, log[-4000:]
     return log, read_metrics(out / "metrics.jsonl")

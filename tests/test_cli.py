@@ -13,6 +13,7 @@ from tests.test_presets import SPEC
 from verl_offpolicy.cli import main, preset_header, preset_names
 from verl_offpolicy.configs import PRIMARY_CONFIGS
 from verl_offpolicy.cpu.platform import is_loopback
+from verl_offpolicy.demo.command import rollout_overrides
 from verl_offpolicy.demo.process import session_processes
 
 # The console script pip installs next to this environment's python (PATH may not include it).
@@ -74,6 +75,28 @@ def test_demo_accepts_options_between_hydra_overrides(capsys):
     assert "unknown preset 'no_such_preset'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "rollout, overrides, expected",
+    [
+        ("hf", ["+cpu_rollout=standalone", "data.seed=1"], ["+cpu_rollout=standalone", "data.seed=1"]),
+        ("vllm", ["data.seed=1"], ["data.seed=1", "+cpu_rollout=vllm"]),
+        # verl's vLLM server on a pool of its own: both overlays, as one Hydra list
+        ("vllm", ["+cpu_rollout=standalone", "data.seed=1"], ["data.seed=1", "+cpu_rollout=[vllm,standalone]"]),
+        ("vllm", ["+cpu_rollout=[standalone,vllm]"], ["+cpu_rollout=[vllm,standalone]"]),
+        ("vllm", ["+cpu_rollout=vllm"], ["+cpu_rollout=vllm"]),
+    ],
+)
+def test_demo_rollout_option_merges_its_overlay_with_the_users(rollout, overrides, expected):
+    assert rollout_overrides(rollout, overrides) == expected
+
+
+def test_demo_rejects_an_unknown_rollout(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--rollout", "sglang"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'sglang' (choose from hf, vllm)" in capsys.readouterr().err.replace("'hf', 'vllm'", "hf, vllm")
+
+
 CPU_OVERLAY = ["--config-name", "offpolicy_trainer", "algorithm=opmd", "+cpu=demo"]
 
 
@@ -120,9 +143,10 @@ def test_check_rejects_a_trainer_mode_verl_does_not_know(capsys, config_name):
     assert all(mode in captured.err for mode in ("sync", "colocate_async", "separate_async", "offpolicy"))
 
 
-@pytest.mark.parametrize("overlay", ["standalone", "vllm"])
+@pytest.mark.parametrize("overlay", ["standalone", "vllm", "[vllm,standalone]"])
 def test_check_rejects_a_cpu_rollout_overlay_without_the_cpu_path(capsys, overlay):
-    """+cpu_rollout=standalone on a GPU config caps Ray's GPUs and selects the CPU weight transport."""
+    """+cpu_rollout=standalone on a GPU config caps Ray's GPUs and selects the CPU weight transport; a list of
+    overlays (verl's vLLM rollout on its own pool) is not among Hydra's recorded choices, and caught too."""
     assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", f"+cpu_rollout={overlay}", *VALID_SIZES]) == 1
     captured = capsys.readouterr()
     assert "ok:" not in captured.out

@@ -2,8 +2,9 @@
 
 ``verl_offpolicy.demo.cluster.LocalCluster``: raylets on 127.0.0.1 (Ray's ``cluster_utils``), started before the
 run as a user's cluster is. The demo joins it (``--ray-address``) in the overlapped mode at (s, d) = (2, 1): the
-training worker's pool takes one node's GPU, the standalone rollout's pool the other's, so the trainer and the
-rollout run on different nodes, and the weights cross from one node's worker to the other's. Checked: the run
+training workers' pool (two ranks) takes one node's two GPUs, the standalone rollout's pool (two replicas) the
+other's, so the trainer and the rollout run on different nodes, and the weights cross from the two ranks on one
+node to the two replicas on the other. Checked: the run
 trains the scheduled versions, which node ran what (each worker process is a child of its node's raylet),
 every socket of the cluster on loopback, the cluster still up after the run (a user's cluster outlives their
 job), and nothing left once it is stopped. The run is a shared job (tests/scenario_cluster.py), and the
@@ -53,11 +54,13 @@ def test_a_run_joins_an_existing_two_node_cluster_and_trains_the_scheduled_versi
 
 
 def test_the_trainer_and_the_rollout_ran_on_different_nodes(cluster_run):
+    """Two training ranks on one node, two rollout replicas on the other (each a worker process of its node)."""
     seen = cluster_run.seen
     trainer_nodes = {n for n, names in seen.items() if TRAINER in names}
     rollout_nodes = {n for n, names in seen.items() if ROLLOUT in names}
     assert len(trainer_nodes) == 1 and len(rollout_nodes) == 1, seen
     assert trainer_nodes != rollout_nodes, seen
+    assert seen[trainer_nodes.pop()][TRAINER] == 2 and seen[rollout_nodes.pop()][ROLLOUT] == 2, seen
 
 
 def test_doctor_checks_every_node_of_the_cluster_and_names_the_one_without_the_plugin(cluster_run):
@@ -91,4 +94,7 @@ def test_the_cluster_listens_on_loopback_outlives_the_run_and_stops_clean(cluste
     assert listening, "no listening socket seen"
     assert [a for a in listening if not is_loopback_host(a.split(" ")[0])] == [], sorted(listening)
     assert cluster_run.alive_after, "the cluster ended with the run"
+    # Ray's Cluster writes the head's address to <Ray's default temp dir>/ray_current_cluster: on a machine
+    # without /tmp/ray it failed to start; the cluster keeps that file in its own dir (RAY_TMPDIR)
+    assert cluster_run.address_file
     assert cluster_run.left_after_stop == []

@@ -90,8 +90,10 @@ def test_two_training_ranks_are_accepted_and_take_two_fake_gpus(tiny):
     assert required_ray_cpus(cfg) == 1 + 1 + 2 * 3  # controller + 1 storage unit + two training bundles
     assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1"),
                           "ray_kwargs.ray_init.num_gpus=1", "++ray_kwargs.ray_init.num_gpus=2")
-    # the rollout's own pool takes one more
-    assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=2", "+cpu_rollout=standalone"),
+    # the rollout's own pool takes one more: the standalone overlay's count follows both, one set by hand is checked
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["trainer.n_gpus_per_node=2", "+cpu_rollout=standalone"])
+    assert check_cpu_config(cfg) == [] and cfg.ray_kwargs.ray_init.num_gpus == 3
+    assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=2", "+cpu_rollout=standalone", "ray_kwargs.ray_init.num_gpus=2"),
                           "ray_kwargs.ray_init.num_gpus=2", "num_gpus=3")
     assert_named_with_fix(_problems(tiny, "trainer.n_gpus_per_node=0"), "trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node=1")
 
@@ -129,6 +131,10 @@ def test_standalone_rollout_overlay_is_complete_and_counted(tiny):
         compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["+cpu_rollout=standalone", "ray_kwargs.ray_init.num_gpus=1"])
     )
     assert any("num_gpus=1" in p and "num_gpus=2" in p for p in problems), problems
+    # two replicas on the rollout's pool: a fake GPU (the overlay's count follows) and a bundle of 2 CPUs each
+    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["+cpu_rollout=standalone", "actor_rollout_ref.rollout.n_gpus_per_node=2"])
+    assert check_cpu_config(cfg) == [] and cfg.ray_kwargs.ray_init.num_gpus == 1 + 2
+    assert required_ray_cpus(cfg) == 1 + 1 + 3 + 2 * 2
 
 
 @pytest.mark.parametrize(

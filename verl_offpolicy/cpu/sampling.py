@@ -3,9 +3,9 @@
 - :func:`sample_next`: one token per row under ``log_softmax(logits / T)`` (top-k/top-p truncate
   the sampling distribution, not the reported log-prob, as in vLLM's default ``processed_logprobs``;
   ``T == 0`` is greedy with log-probs under T = 1), one uniform per row from that row's generator.
-- :func:`request_seed`: the seed of one request's generator, from the run's seed, the replica, the
-  weights version and the request's own seed or prompt, so a sample does not depend on the other
-  requests batched with it nor on their arrival order.
+- :func:`request_seed`: the seed of one request's generator, from the request's own seed and the
+  weights version (or, without one, the run's seed, the replica and the prompt), so a sample does not
+  depend on the other requests batched with it, on their arrival order, nor (seeded) on the replica.
 - :class:`RequestSeeds`: a server's per-request seeds at the current weights version (counting the
   requests with a prompt since the last weight update).
 """
@@ -87,18 +87,23 @@ def request_seed(
     prompt_ids: Sequence[int] = (),
     occurrence: int = 0,
 ) -> int:
-    """Seed of one request's sampler: blake2b of (seed, replica, version) or (config seed, replica,
-    version, occurrence, prompt); 0 when greedy.
+    """Seed of one request's sampler: blake2b of (seed, version) or (config seed, replica, version,
+    occurrence, prompt); 0 when greedy.
 
-    With a per-request ``seed`` (sampling_params["seed"], e.g. from ``seeded_single_turn_agent``)
-    it is (seed, replica, version). Without one, the ``occurrence``-th request with a given prompt since
-    the last weight update gets (config seed, replica, version, occurrence, prompt): reproducible whatever
-    the arrival order, as long as a batch holds each prompt once (samples of one prompt are exchangeable).
+    With a per-request ``seed`` (sampling_params["seed"], e.g. from ``seeded_single_turn_agent``) it is
+    (seed, version), whichever replica serves the request, as vLLM's per-request seed: a run samples the
+    same tokens on one replica or several (the load balancer's choice does not matter). Without one,
+    the ``occurrence``-th request with a given prompt since the last weight update gets (config seed,
+    replica, version, occurrence, prompt): reproducible whatever the arrival order, as long as a batch
+    holds each prompt once (samples of one prompt are exchangeable); the replica keeps two replicas'
+    counts from drawing the same samples.
     """
     if key.temperature <= 0:
         return 0  # greedy: no randomness, and validation does not shift the training samples' seeds
     if seed is not None:
-        text = f"{int(seed)}|{replica_rank}|{version}"
+        # the middle field once held the replica rank: kept at 0, so a one-replica run samples exactly as it
+        # did (the results recorded in benchmarks/results/ stay reproducible)
+        text = f"{int(seed)}|0|{version}"
     else:
         prompt = ",".join(map(str, prompt_ids))
         text = f"{int(config_seed)}|{replica_rank}|{version}|{occurrence}|{prompt}"

@@ -194,6 +194,11 @@ def serve(path: Path) -> int:
     from ray.cluster_utils import Cluster
 
     specs = [NodeSpec(**n) for n in json.loads((path / "nodes.json").read_text())]
+    # Ray's Cluster writes the head's address to <Ray's default temp dir>/ray_current_cluster whatever temp_dir
+    # says, and fails on a machine where /tmp/ray does not exist yet: keep that file in the cluster's own dir
+    # (a `ray.init(address="auto")` elsewhere on the machine must not find this cluster either).
+    os.environ["RAY_TMPDIR"] = str(path)
+    (path / "ray").mkdir(exist_ok=True)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGINT, lambda *_: stop.append(True))

@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
 from verl_offpolicy.demo.cluster import joins_cluster
-from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
+from verl_offpolicy.demo.models import DEFAULT_MODEL, ROLLOUTS, get_model
+from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
 # Training engine -> (our primary config, its CPU overlay, the key of the engine's seed). The primary
@@ -20,6 +21,28 @@ CPU_ENGINES = {
     "megatron": (PRIMARY_CONFIGS[1], "+cpu=megatron", "actor_rollout_ref.actor.megatron.seed"),
 }
 CPU_OVERLAY = CPU_ENGINES["fsdp"][1]
+
+
+CPU_ROLLOUT = "cpu_rollout"  # the group of the rollout overlays (configs/cpu_rollout/)
+
+
+def rollout_overrides(rollout: str, overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with the ``+cpu_rollout=`` overlay of ``rollout`` merged in: ``vllm`` adds ``vllm`` to the
+    overlays the overrides select (``+cpu_rollout=standalone`` becomes ``+cpu_rollout=[vllm,standalone]``: verl's
+    vLLM server on a pool of its own, the overlapped mode); ``hf`` changes nothing."""
+    if rollout not in ROLLOUTS:
+        raise ValueError(f"unknown rollout {rollout!r}; allowed: {', '.join(ROLLOUTS)}")
+    if rollout == HF_ROLLOUT:
+        return list(overrides)
+    selected, rest = [], []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == CPU_ROLLOUT:
+            selected += [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        else:
+            rest.append(override)
+    overlays = [rollout] + [o for o in selected if o != rollout]
+    return rest + [f"+{CPU_ROLLOUT}={overlays[0] if len(overlays) == 1 else '[' + ','.join(overlays) + ']'}"]
 
 
 def cpu_engine(config_name: str) -> str:

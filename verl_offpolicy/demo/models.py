@@ -23,6 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+from verl_offpolicy.glue.registration import HF_ROLLOUT, VLLM_ROLLOUT
+
 
 def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> dict[str, str]:
     """The tiny model (in ``tiny/``, or with head_dim 32 in ``tiny_h32/``) and the repeat task's data."""
@@ -119,6 +121,11 @@ MODELS: dict[str, DemoModel] = {
     ),
 }
 DEFAULT_MODEL = "tiny"
+# The rollouts of ``verl-offpolicy demo --rollout`` and the model each runs by default: the package's ``hf`` (the CPU
+# overlay's, the default: it starts faster here) or verl's own vLLM rollout (vLLM's CPU build, the ``+cpu_rollout=vllm``
+# overlay, docs/vllm_cpu.md), whose CPU attention needs head_dim >= 32: the tiny model's variant with 32.
+ROLLOUTS = {HF_ROLLOUT: DEFAULT_MODEL, VLLM_ROLLOUT: "tiny-h32"}
+DEFAULT_ROLLOUT = HF_ROLLOUT
 
 
 def get_model(name: str) -> DemoModel:

@@ -113,6 +113,7 @@ TRAINERS = ("offpolicy",)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
 ROLLOUTS = (HF_ROLLOUT,)
+VLLM_ROLLOUT = "vllm"  # verl's own vLLM rollout (not ours): the other rollout of the CPU path (cpu/vllm_shims.py)
 # The CPU path's weight transport for a rollout on its own pool (verl_offpolicy.cpu.checkpoint_engine,
 # registered in verl's CheckpointEngineRegistry when verl imports checkpoint_engine.custom_backend_module).
 CPU_CHECKPOINT_BACKEND = "cpu_mailbox"

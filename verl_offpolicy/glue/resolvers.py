@@ -27,10 +27,22 @@ def mini_batch_size(train_batch_size: int, updates: int) -> int:
     return next(d for d in range(limit, 0, -1) if train_batch_size % d == 0)
 
 
+# ``${offpolicy.ray_gpus:${trainer.nnodes},${trainer.n_gpus_per_node},<rollout nnodes>,<rollout n_gpus_per_node>}``
+# in the CPU path's overlays (``ray_kwargs.ray_init.num_gpus``).
+RAY_GPUS_RESOLVER = "offpolicy.ray_gpus"
+
+
+def ray_gpus(trainer_nodes: int, trainer_gpus: int, rollout_nodes: int = 0, rollout_gpus: int = 0) -> int:
+    """The (fake) Ray GPUs a run places its processes on: one per training process, plus one per process of a
+    rollout on its own pool: trainer_nodes·trainer_gpus + rollout_nodes·rollout_gpus."""
+    return int(trainer_nodes) * int(trainer_gpus) + int(rollout_nodes) * int(rollout_gpus)
+
+
 def register_resolvers() -> None:
-    """Register :data:`MINI_BATCH_RESOLVER` once per process."""
-    if not OmegaConf.has_resolver(MINI_BATCH_RESOLVER):
-        OmegaConf.register_new_resolver(MINI_BATCH_RESOLVER, mini_batch_size)
+    """Register :data:`MINI_BATCH_RESOLVER` and :data:`RAY_GPUS_RESOLVER` once per process."""
+    for name, function in ((MINI_BATCH_RESOLVER, mini_batch_size), (RAY_GPUS_RESOLVER, ray_gpus)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, function)
 
 
 def check_preset_mini_batch(view) -> None:
