@@ -100,14 +100,18 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+        # cwd: a job thread must not inherit the test process's working directory, which a test may have changed
+        # (monkeypatch.chdir): `-m` puts it first on sys.path, and Ray passes the driver's sys.path to its workers
+        out.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL,
+                              cwd=str(out))
         done.set()
         watcher.join(timeout=60)
         alive_after = bool(cluster.processes()) and bool(cluster.address)
         address_file = (cluster.path / "ray" / "ray_current_cluster").is_file()
         doctor = subprocess.run(
             [sys.executable, "-m", "verl_offpolicy.cli", "doctor", "--address", cluster.address, "--timeout", str(DOCTOR_TIMEOUT)],
-            env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL,
+            env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL, cwd=str(out),
         )
     finally:
         done.set()

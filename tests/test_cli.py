@@ -90,11 +90,11 @@ def test_demo_rollout_option_merges_its_overlay_with_the_users(rollout, override
     assert rollout_overrides(rollout, overrides) == expected
 
 
-def test_demo_rejects_an_unknown_rollout(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["demo", "--rollout", "sglang"])
-    assert exc.value.code == 2
-    assert "invalid choice: 'sglang' (choose from hf, vllm)" in capsys.readouterr().err.replace("'hf', 'vllm'", "hf, vllm")
+def test_demo_rejects_an_unknown_rollout_before_anything_runs(capsys, tmp_path):
+    out = tmp_path / "out"
+    assert main(["demo", "--rollout", "sglang", "--output-dir", str(out)]) == 2
+    assert "unknown --rollout 'sglang'; allowed: hf, vllm" in capsys.readouterr().err
+    assert not out.exists()
 
 
 CPU_OVERLAY = ["--config-name", "offpolicy_trainer", "algorithm=opmd", "+cpu=demo"]

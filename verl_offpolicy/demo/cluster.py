@@ -122,9 +122,11 @@ class LocalCluster:
         env.update(_token_env(cluster.path))
         log(f"[cluster] starting {len(nodes)} node(s) in {cluster.path} ...")
         with open(cluster.path / LOG_NAME, "w") as out:
-            # its own session: a Ctrl-C of the terminal that started it does not end the cluster
+            # its own session: a Ctrl-C of the terminal that started it does not end the cluster; in the cluster's
+            # dir: `-m` puts the working directory first on sys.path, and the starting one may hold anything
             server = subprocess.Popen([sys.executable, "-m", MODULE, "serve", str(cluster.path)], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                      cwd=str(cluster.path))
         deadline = time.monotonic() + timeout
         while not (cluster.path / STATE_NAME).exists():
             if server.poll() is not None or time.monotonic() > deadline:
