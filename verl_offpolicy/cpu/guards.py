@@ -394,6 +394,11 @@ CPU_ROLLOUT_EFFECTS = {
 }
 
 
+def overlay_names(value: str) -> list[str]:
+    """The overlays of one group an override selects: ``vllm`` -> [vllm], ``[vllm,standalone]`` -> both."""
+    return [v.strip() for v in value.strip().strip("[]").split(",") if v.strip()]
+
+
 def selected_cpu_rollout_overlays(config: DictConfig) -> list[str]:
     """The ``+cpu_rollout=`` overlays a composed config selected: one (``+cpu_rollout=vllm``, in Hydra's
     ``runtime.choices``) or several (``+cpu_rollout=[vllm,standalone]``, which Hydra does not record among the
@@ -404,7 +409,7 @@ def selected_cpu_rollout_overlays(config: DictConfig) -> list[str]:
     for override in _select(config, "hydra.overrides.task", None) or []:
         key, _, value = str(override).partition("=")
         if key.lstrip("+~") == CPU_ROLLOUT_GROUP and value:
-            return [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+            return overlay_names(value)
     return []
 
 
@@ -454,6 +459,7 @@ __all__ = [
     "CPURolloutOverlayGuard",
     "CPUStartupGuard",
     "check_cpu_rollout_overlay",
+    "overlay_names",
     "selected_cpu_rollout_overlays",
     "ENV_ENGINE_DEVICE",
     "check_cpu_config",

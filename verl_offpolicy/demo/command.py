@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
+from verl_offpolicy.cpu.guards import CPU_ROLLOUT_GROUP, overlay_names
 from verl_offpolicy.demo.cluster import joins_cluster
 from verl_offpolicy.demo.models import DEFAULT_MODEL, ROLLOUTS, get_model
 from verl_offpolicy.glue.registration import HF_ROLLOUT
@@ -23,9 +24,6 @@ CPU_ENGINES = {
 CPU_OVERLAY = CPU_ENGINES["fsdp"][1]
 
 
-CPU_ROLLOUT = "cpu_rollout"  # the group of the rollout overlays (configs/cpu_rollout/)
-
-
 def rollout_overrides(rollout: str, overrides: Sequence[str]) -> list[str]:
     """``overrides`` with the ``+cpu_rollout=`` overlay of ``rollout`` merged in: ``vllm`` adds ``vllm`` to the
     overlays the overrides select (``+cpu_rollout=standalone`` becomes ``+cpu_rollout=[vllm,standalone]``: verl's
@@ -37,12 +35,12 @@ def rollout_overrides(rollout: str, overrides: Sequence[str]) -> list[str]:
     selected, rest = [], []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key.lstrip("+") == CPU_ROLLOUT:
-            selected += [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        if key.lstrip("+") == CPU_ROLLOUT_GROUP:
+            selected += overlay_names(value)
         else:
             rest.append(override)
     overlays = [rollout] + [o for o in selected if o != rollout]
-    return rest + [f"+{CPU_ROLLOUT}={overlays[0] if len(overlays) == 1 else '[' + ','.join(overlays) + ']'}"]
+    return rest + [f"+{CPU_ROLLOUT_GROUP}={overlays[0] if len(overlays) == 1 else '[' + ','.join(overlays) + ']'}"]
 
 
 def cpu_engine(config_name: str) -> str:
