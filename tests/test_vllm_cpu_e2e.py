@@ -193,50 +193,62 @@ def test_negative_control_a_vllm_run_whose_version_tags_are_wrong_stops(tmp_path
 # staleness 0, where vLLM's log-probs must equal the trainer's (the push landed); steps 6-8's generate while
 # step 5 trains.
 MODES = {"colocated": ["+cpu_rollout=vllm"], "overlapped": ["+cpu_rollout=[vllm,standalone]"]}
-MODES_SETTING = (4, 0)
-# v(t) = s·max(0, ⌊(t − d − 1)/s⌋) for t = 1..6 (docs/scheduler.md), staleness t − 1 − v(t), written out by hand
-MODES_VERSIONS = [0, 0, 0, 0, 4, 4]
-MODES_STALENESS = [0, 1, 2, 3, 0, 1]
+# Per setting, written out by hand for t = 1..6 (docs/scheduler.md): v(t) = s·max(0, ⌊(t − d − 1)/s⌋), staleness
+# t − 1 − v(t), and the overlapped mode's weight pushes so far (version 0's, then version 4's after step 4).
+# (4, 0) in the default tier; (4, 1), the scheduler's other (4, ·) setting, in -m extended.
+MODES_SPEC = {
+    (4, 0): dict(versions=[0, 0, 0, 0, 4, 4], staleness=[0, 1, 2, 3, 0, 1], pushes=[1, 1, 1, 1, 2, 2]),
+    (4, 1): dict(versions=[0, 0, 0, 0, 0, 4], staleness=[0, 1, 2, 3, 4, 1], pushes=[1, 1, 1, 1, 2, 2]),
+}
+SETTINGS = [pytest.param((4, 0), id="s4d0"), pytest.param((4, 1), marks=pytest.mark.extended, id="s4d1")]
 
 
 @pytest.fixture(scope="module")
 def vllm_mode_runs(tmp_path_factory):
-    """``opmd`` at (4, 0) on vLLM in each mode (6 steps, rollout dumps), one after the other; each run's
-    ``/dev/shm`` files of vLLM's kinds left unmapped after it (``orphaned_since``)."""
-    runs = {}
-    for mode, overlay in MODES.items():
-        out = tmp_path_factory.mktemp(f"vllm_{mode}")
-        before = shared_memory_listing()
-        runs[mode] = run_demo(
-            preset="opmd", steps=SCHEDULED_STEPS, model="tiny-h32", output_dir=out, config_name=PRIMARY_CONFIG,
-            overrides=[*overlay, *SMALL_DEMO, *schedule(*MODES_SETTING), f"trainer.rollout_data_dir={out / 'rollouts'}"],
-            timeout=TIMEOUT, stream=False, plot=False,
-        )
-        runs[mode].shm_left_after = orphaned_since(before)
+    """``setting -> {mode: result}``: ``opmd`` at that (s, d) on vLLM in each mode (6 steps, rollout dumps), run
+    on first use, one after the other; each run's ``/dev/shm`` files of vLLM's kinds left unmapped after it."""
+    cache: dict = {}
+
+    def runs(setting):
+        if setting not in cache:
+            cache[setting] = {}
+            for mode, overlay in MODES.items():
+                out = tmp_path_factory.mktemp(f"vllm_{mode}_s{setting[0]}d{setting[1]}")
+                before = shared_memory_listing()
+                result = run_demo(
+                    preset="opmd", steps=SCHEDULED_STEPS, model="tiny-h32", output_dir=out, config_name=PRIMARY_CONFIG,
+                    overrides=[*overlay, *SMALL_DEMO, *schedule(*setting), f"trainer.rollout_data_dir={out / 'rollouts'}"],
+                    timeout=TIMEOUT, stream=False, plot=False,
+                )
+                result.shm_left_after = orphaned_since(before)
+                cache[setting][mode] = result
+        return cache[setting]
+
     return runs
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 300)
+@pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_both_modes_on_vllm_follow_the_schedule_by_vllms_own_version_tags(vllm_mode_runs, mode):
-    metrics = vllm_mode_runs[mode].metrics
+def test_both_modes_on_vllm_follow_the_schedule_by_vllms_own_version_tags(vllm_mode_runs, setting, mode):
+    spec, metrics = MODES_SPEC[setting], vllm_mode_runs(setting)[mode].metrics
     assert [m["step"] for m in metrics] == list(range(1, SCHEDULED_STEPS + 1))
-    assert [int(m["offpolicy/version"]) for m in metrics] == MODES_VERSIONS
-    assert [int(m[STALENESS]) for m in metrics] == MODES_STALENESS
+    assert [int(m["offpolicy/version"]) for m in metrics] == spec["versions"]
+    assert [int(m[STALENESS]) for m in metrics] == spec["staleness"]
     assert [(int(m["offpolicy/observed_version/min"]), int(m["offpolicy/observed_version/max"])) for m in metrics] == [
-        (v, v) for v in MODES_VERSIONS
+        (v, v) for v in spec["versions"]
     ]
-    if mode == "overlapped":  # the initial push (version 0), then version 4's after step 4
-        assert [int(m["offpolicy/weight_pushes"]) for m in metrics] == [1, 1, 1, 1, 2, 2]
+    if mode == "overlapped":
+        assert [int(m["offpolicy/weight_pushes"]) for m in metrics] == spec["pushes"]
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 300)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_vllm_holds_the_trainers_weights_after_each_push_in_both_modes(vllm_mode_runs, mode):
-    """On the fresh steps (staleness 0: step 1, and step 5 after version 4's push) vLLM's log-prob of every
-    sampled token equals the trainer's: in the overlapped mode the weights went trainer -> checkpoint engine
-    -> vLLM. A push vLLM ignored leaves step 5's gap at the stale steps' size (1e-1 here)."""
-    for m in vllm_mode_runs[mode].metrics:
+    """At (4, 0), on the fresh steps (staleness 0: step 1, and step 5 after version 4's push) vLLM's log-prob of
+    every sampled token equals the trainer's: in the overlapped mode the weights went trainer -> checkpoint
+    engine -> vLLM. A push vLLM ignored leaves step 5's gap at the stale steps' size (1e-1 here)."""
+    for m in vllm_mode_runs((4, 0))[mode].metrics:
         if m["step"] in (1, 5):
             assert m["training/rollout_probs_diff_max"] < PROB_GAP_BOUND, (m["step"], m["training/rollout_probs_diff_max"])
         else:  # stale: the trainer has moved on (shows the check can fail)
@@ -244,12 +256,14 @@ def test_vllm_holds_the_trainers_weights_after_each_push_in_both_modes(vllm_mode
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 300)
-def test_overlapped_mode_on_vllm_trains_the_colocated_modes_samples(vllm_mode_runs):
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_overlapped_mode_on_vllm_trains_the_colocated_modes_samples(vllm_mode_runs, setting):
     """Same prompts, responses and scores at every step in both modes (vLLM samples with each request's own
     seed): version 4's batches are generated after the weights went through the checkpoint engine in one
     mode and verl's colocated sync in the other."""
     steps = range(1, SCHEDULED_STEPS + 1)
-    colocated, overlapped = (dumped_batches(Path(vllm_mode_runs[m].output_dir) / "rollouts", steps) for m in MODES)
+    runs = vllm_mode_runs(setting)
+    colocated, overlapped = (dumped_batches(Path(runs[m].output_dir) / "rollouts", steps) for m in MODES)
     assert [len(colocated[s]) for s in steps] == [16] * SCHEDULED_STEPS  # 4 prompts x 4 samples
     for step in steps:
         assert overlapped[step] == colocated[step], step
@@ -258,7 +272,7 @@ def test_overlapped_mode_on_vllm_trains_the_colocated_modes_samples(vllm_mode_ru
 @pytest.mark.timeout(2 * TIMEOUT + 300)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_vllm_runs_listen_on_loopback_only_and_leave_no_shared_memory(vllm_mode_runs, mode):
-    run = vllm_mode_runs[mode]
+    run = vllm_mode_runs((4, 0))[mode]
     assert run.listening and [a for a in run.listening if not is_loopback(a)] == []
     assert any(os.path.basename(p).startswith("psm_") for p in run.shared_memory["held"]), run.shared_memory  # vLLM's queues
     assert [p for p in run.shared_memory["held"] if os.path.exists(p)] == []
