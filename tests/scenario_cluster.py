@@ -87,10 +87,7 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
 
     def watch():
         while not done.is_set():
-            for node, names in cluster.workers_by_node().items():
-                counts = seen.setdefault(node, {})
-                for name in set(names):
-                    counts[name] = max(counts.get(name, 0), names.count(name))
+            record_workers(cluster, seen)
             listening.update(_listening(cluster.processes() + [c for p in cluster.processes() for c in _children(p)]))
             time.sleep(1.0)
 
@@ -118,6 +115,15 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
         cluster.stop()
     left = [" ".join(p.cmdline()) for p in cluster.processes()] + ([str(cluster.path)] if cluster.path.exists() else [])
     return ClusterRun(proc, out, seen, listening, alive_after, address_file, doctor, left)
+
+
+def record_workers(cluster: LocalCluster, seen: dict[int, dict[str, int]]) -> None:
+    """Add the worker processes running on each node of ``cluster`` now to ``seen``: node -> worker name -> the
+    most processes of that name seen at once."""
+    for node, names in cluster.workers_by_node().items():
+        counts = seen.setdefault(node, {})
+        for name in set(names):
+            counts[name] = max(counts.get(name, 0), names.count(name))
 
 
 def _listening(procs) -> set[str]:

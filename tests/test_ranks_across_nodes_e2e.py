@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import queued_at_start
+from tests.scenario_cluster import record_workers
 from tests.scenario_runs import PAIR, PAIR_RANKS, SMALL_DEMO, dumped_batches, opmd_run, opmd_timeout, ranks, schedule
 from verl_offpolicy.cli import STORAGE_NODE_KEY
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
@@ -46,10 +47,7 @@ def _run_across_nodes(out: Path, environ: dict[str, str]):
 
     def watch():
         while not done.is_set():
-            for node, names in cluster.workers_by_node().items():
-                counts = seen.setdefault(node, {})
-                for name in set(names):
-                    counts[name] = max(counts.get(name, 0), names.count(name))
+            record_workers(cluster, seen)
             time.sleep(1.0)
 
     out.mkdir(parents=True, exist_ok=True)
