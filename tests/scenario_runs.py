@@ -102,9 +102,9 @@ DAPO = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=r
 
 def dapo_run(demo_runs, mode: str):
     """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode`` (tests/test_filter_groups.py):
-    :func:`opmd_overrides` + :data:`DAPO`, :data:`DAPO_STEPS` steps."""
+    :func:`opmd_overrides` + :data:`DAPO`, :data:`DAPO_STEPS` steps (the pair's two ranks, two replicas overlapped)."""
     return demo_runs.start(
-        "opmd", DAPO_STEPS, opmd_overrides(2, 1, mode) + DAPO, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"dapo_{mode}_s2d1",
+        "opmd", DAPO_STEPS, opmd_overrides(*PAIR, mode) + DAPO, PRIMARY_CONFIG, opmd_timeout(*PAIR), name=f"dapo_{mode}_s2d1",
     )
 
 
