@@ -51,21 +51,30 @@ TIMEOUT = 1200
 PROB_GAP_BOUND = 1e-4
 
 
-@pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory):
-    """The run, and the ``/dev/shm`` files of the run's kinds left unmapped after it (``orphaned_since``)."""
+def run_watched(**kwargs):
+    """``run_demo(**kwargs)`` of the tiny model with head_dim 32, quietly; the result also holds the ``/dev/shm``
+    files of vLLM's kinds that the run left unmapped (``shm_left_after``: ``orphaned_since``)."""
     before = shared_memory_listing()
-    result = run_demo(
-        steps=STEPS,
-        model="tiny-h32",
-        output_dir=tmp_path_factory.mktemp("vllm_demo"),
-        overrides=["+cpu_rollout=vllm"],
-        timeout=TIMEOUT,
-        stream=False,
-        plot=False,
-    )
+    result = run_demo(model="tiny-h32", timeout=TIMEOUT, stream=False, plot=False, **kwargs)
     result.shm_left_after = orphaned_since(before)
     return result
+
+
+def check_loopback_and_no_shared_memory(run) -> None:
+    """Every socket the run listened on is on loopback; vLLM's engine queues were seen and none of the run's
+    ``/dev/shm`` files is left, not even one created after the first step (a semaphore whose creator was killed)."""
+    assert run.listening, "no listening socket seen at the first step"
+    assert [a for a in run.listening if not is_loopback(a)] == []
+    held = run.shared_memory["held"]
+    assert any(os.path.basename(p).startswith("psm_") for p in held), held
+    assert [p for p in held if os.path.exists(p)] == []
+    assert run.shm_left_after == []
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    """The run (:func:`run_watched`)."""
+    return run_watched(steps=STEPS, output_dir=tmp_path_factory.mktemp("vllm_demo"), overrides=["+cpu_rollout=vllm"])
 
 
 @pytest.mark.extended
@@ -89,13 +98,7 @@ def test_rollout_and_trainer_agree_after_every_weight_update(vllm_run):
 @pytest.mark.extended
 @pytest.mark.timeout(TIMEOUT + 300)
 def test_vllm_run_listens_on_loopback_only_and_leaves_no_shared_memory(vllm_run):
-    assert vllm_run.listening, "no listening socket seen at the first step"
-    assert [a for a in vllm_run.listening if not is_loopback(a)] == []
-    held = vllm_run.shared_memory["held"]
-    assert any(os.path.basename(p).startswith("psm_") for p in held), held  # vLLM's engine queues were seen
-    assert [p for p in held if os.path.exists(p)] == []
-    # and nothing created later is left either (a semaphore created after the first step, its creator killed)
-    assert vllm_run.shm_left_after == []
+    check_loopback_and_no_shared_memory(vllm_run)
     print("shared memory the run left and the demo removed:", vllm_run.shared_memory["removed"])
 
 
@@ -193,12 +196,13 @@ def test_negative_control_a_vllm_run_whose_version_tags_are_wrong_stops(tmp_path
 # staleness 0, where vLLM's log-probs must equal the trainer's (the push landed); steps 6-8's generate while
 # step 5 trains.
 MODES = {"colocated": ["+cpu_rollout=vllm"], "overlapped": ["+cpu_rollout=[vllm,standalone]"]}
-# Per setting, written out by hand for t = 1..6 (docs/scheduler.md): v(t) = s·max(0, ⌊(t − d − 1)/s⌋), staleness
-# t − 1 − v(t), and the overlapped mode's weight pushes so far (version 0's, then version 4's after step 4).
+# Per setting, for t = 1..6 (docs/scheduler.md): v(t) = s·max(0, ⌊(t − d − 1)/s⌋) and staleness t − 1 − v(t) (written
+# out by hand at (4, 0); the scheduler tests' table at (4, 1)), and the overlapped mode's weight pushes so far
+# (version 0's, then version 4's after step 4).
 # (4, 0) in the default tier; (4, 1), the scheduler's other (4, ·) setting, in -m extended.
 MODES_SPEC = {
     (4, 0): dict(versions=[0, 0, 0, 0, 4, 4], staleness=[0, 1, 2, 3, 0, 1], pushes=[1, 1, 1, 1, 2, 2]),
-    (4, 1): dict(versions=[0, 0, 0, 0, 0, 4], staleness=[0, 1, 2, 3, 4, 1], pushes=[1, 1, 1, 1, 2, 2]),
+    (4, 1): dict(versions=SPEC_SCHEDULE[(4, 1)]["versions"], staleness=SPEC_SCHEDULE[(4, 1)]["staleness"], pushes=[1, 1, 1, 1, 2, 2]),
 }
 SETTINGS = [pytest.param((4, 0), id="s4d0"), pytest.param((4, 1), marks=pytest.mark.extended, id="s4d1")]
 
@@ -214,14 +218,10 @@ def vllm_mode_runs(tmp_path_factory):
             cache[setting] = {}
             for mode, overlay in MODES.items():
                 out = tmp_path_factory.mktemp(f"vllm_{mode}_s{setting[0]}d{setting[1]}")
-                before = shared_memory_listing()
-                result = run_demo(
-                    preset="opmd", steps=SCHEDULED_STEPS, model="tiny-h32", output_dir=out, config_name=PRIMARY_CONFIG,
+                cache[setting][mode] = run_watched(
+                    preset="opmd", steps=SCHEDULED_STEPS, output_dir=out, config_name=PRIMARY_CONFIG,
                     overrides=[*overlay, *SMALL_DEMO, *schedule(*setting), f"trainer.rollout_data_dir={out / 'rollouts'}"],
-                    timeout=TIMEOUT, stream=False, plot=False,
                 )
-                result.shm_left_after = orphaned_since(before)
-                cache[setting][mode] = result
         return cache[setting]
 
     return runs
@@ -272,8 +272,4 @@ def test_overlapped_mode_on_vllm_trains_the_colocated_modes_samples(vllm_mode_ru
 @pytest.mark.timeout(2 * TIMEOUT + 300)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_vllm_runs_listen_on_loopback_only_and_leave_no_shared_memory(vllm_mode_runs, mode):
-    run = vllm_mode_runs((4, 0))[mode]
-    assert run.listening and [a for a in run.listening if not is_loopback(a)] == []
-    assert any(os.path.basename(p).startswith("psm_") for p in run.shared_memory["held"]), run.shared_memory  # vLLM's queues
-    assert [p for p in run.shared_memory["held"] if os.path.exists(p)] == []
-    assert run.shm_left_after == []
+    check_loopback_and_no_shared_memory(vllm_mode_runs((4, 0))[mode])
