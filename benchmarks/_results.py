@@ -39,3 +39,14 @@ def write_table(filename: str, title: str, command: str, setting: str, header: l
     (RESULTS / filename).write_text(text)
     print(text)
     return text
+
+
+def git_commit() -> str:
+    """The repository's short commit (recorded with a result), or ``unknown``."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

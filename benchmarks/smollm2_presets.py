@@ -69,8 +69,19 @@ class PeakMemory:
         self._thread.join(timeout=30)
 
 
-def _seconds_left(deadline: dt.datetime) -> float:
+def seconds_left(deadline: dt.datetime) -> float:
     return (deadline - dt.datetime.now(dt.timezone.utc)).total_seconds()
+
+
+def parse_deadline(text: str) -> dt.datetime:
+    """``HH:MM`` (UTC) -> the next such time (00:30 given at 23:40 means tomorrow's)."""
+    try:
+        hh, mm = (int(x) for x in text.split(":"))
+        now = dt.datetime.now(dt.timezone.utc)
+        deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a deadline is HH:MM (UTC), got {text!r}") from None
+    return deadline + dt.timedelta(days=1) if deadline <= now else deadline
 
 
 def summarise(preset: str, out: Path, steps: int, peak: int, wall: float, note: str) -> dict:
@@ -109,20 +120,14 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline", default=None, help="HH:MM UTC (the next such time): every run ends before it")
     args = parser.parse_args(argv)
 
-    deadline = None
-    if args.deadline:
-        hh, mm = (int(x) for x in args.deadline.split(":"))
-        now = dt.datetime.now(dt.timezone.utc)
-        deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
-        if deadline <= now:  # 00:30 given at 23:40 means tomorrow's
-            deadline += dt.timedelta(days=1)
+    deadline = parse_deadline(args.deadline) if args.deadline else None
     RESULTS.mkdir(exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="vo-smollm2-bench-") as tmp:
         for index, preset in enumerate(args.presets):
             timeout = 600.0 + 300.0 * args.steps
             if deadline is not None:
-                timeout = min(timeout, _seconds_left(deadline) / (len(args.presets) - index))
+                timeout = min(timeout, seconds_left(deadline) / (len(args.presets) - index))
                 if timeout < 600:
                     parser.error(f"--deadline {args.deadline} leaves {timeout:.0f} s for {preset}: not enough to start SmolLM2")
             out = Path(tmp) / f"{index}-{preset}"

@@ -25,13 +25,12 @@ import json
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from _results import replace_block  # benchmarks/_results.py (this script's folder is on sys.path)
+from _results import git_commit, replace_block  # benchmarks/_results.py (this script's folder is on sys.path)
 
 from verl_offpolicy.glue.scheduler.metrics import staleness_key
 
@@ -95,20 +94,6 @@ def expected_staleness(setting: tuple[int, int], steps: int) -> list[int]:
     return [(t - 1) - s * max(0, (t - d - 1) // s) for t in range(1, steps + 1)]
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-            timeout=60,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def run_one(preset: str, setting: tuple[int, int], seed: int, steps: int, timeout: float, stream: bool) -> dict:
     """One run_demo; returns the JSON record (raises DemoError on failure or timeout)."""
     from verl_offpolicy.demo.results import TRAIN_SCORE
@@ -158,7 +143,7 @@ def run_one(preset: str, setting: tuple[int, int], seed: int, steps: int, timeou
         "wall_s": round(wall, 1),
         "command": result.command,
         "log_path": result.log_path,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "python": platform.python_version(),
     }
     return record

@@ -2,8 +2,18 @@
 settings land on main_ppo's command line between the preset and the caller's overrides
 (``run_overrides``, the tail of ``demo_command``'s command line)."""
 
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hydra_utils import compose_and_check
 from verl_offpolicy.cli import main
 from verl_offpolicy.demo.command import preset_overrides, run_overrides
+from verl_offpolicy.demo.models import get_model
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def test_unknown_model_is_one_clear_error(capsys, tmp_path):
@@ -29,3 +39,37 @@ def test_tiny_model_keeps_the_repeat_task_settings():
     assert not any(c.startswith("reward.custom_reward_function") for c in command)  # +cpu=demo's repeat-task reward
     # the arithmetic task's 0/1 reward keeps the preset's β
     assert "algorithm.offpolicy.beta=0.01" not in preset_overrides("agro", "offpolicy_trainer", "smollm2-135m")
+
+
+def test_the_demo_help_names_every_model(capsys):
+    """The --model help is written by hand (the parser is built before any demo module may be imported): it must
+    name every model of verl_offpolicy.demo.models."""
+    from verl_offpolicy.demo.models import model_names
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert [name for name in model_names() if f"{name} (" not in text] == []
+
+
+def test_the_study_model_composes_to_its_setting(tmp_path):
+    """smollm2-135m-2step with the study's overrides (benchmarks/smollm2_study.py, stale setting) composes through
+    Hydra and every startup check into the setting the study states: 2 prompts x 8 samples at T = 0.7, 64 response
+    tokens, bf16 compute, a string OMP_NUM_THREADS for Ray, the (4, 4) schedule."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import smollm2_study
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    tail = run_overrides("rec_oneside_nois", "offpolicy_trainer", smollm2_study.MODEL, smollm2_study.study_overrides((4, 4)))
+    keys = [o.lstrip("+").split("=", 1)[0] for o in get_model(smollm2_study.MODEL).overrides]
+    assert len(keys) == len(set(keys))  # each setting once
+    cfg = compose_and_check("offpolicy_trainer", ["+cpu=demo", f"actor_rollout_ref.model.path={tmp_path}", *tail])
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    assert (cfg.data.train_batch_size, rollout.n, rollout.temperature, cfg.data.max_response_length) == (2, 8, 0.7, 64)
+    assert actor.ppo_mini_batch_size == 2 and 16 % actor.ppo_micro_batch_size_per_gpu == 0
+    assert actor.fsdp_config.mixed_precision.param_dtype == "bf16" and rollout.dtype == "bfloat16"
+    assert actor.fsdp_config.mixed_precision.reduce_dtype == "fp32"  # fp32 gradient reduce (master weights fp32)
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS == str(os.cpu_count())
+    assert (cfg.algorithm.offpolicy.sync_interval, cfg.algorithm.offpolicy.sync_offset) == (4, 4)
+    assert cfg.trainer.save_freq == 10 and cfg.trainer.test_freq == 10 and cfg.trainer.val_before_train

@@ -387,3 +387,32 @@ def test_pairwise_opmd_rejects_several_updates_per_batch():
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pairwise_opmd", *VALID_SIZES, "data.train_batch_size=32"])
     with pytest.raises(ValueError, match=r"set actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16, i.e. 2 optimizer"):
         validate_offpolicy_config(cfg)
+
+
+@pytest.mark.parametrize("preset", ["reinforce", "rec_oneside_nois", "opmd_kimi"])
+def test_on_a_fresh_batch_these_presets_take_reinforces_step(preset):
+    """With one optimizer step per batch and a fresh batch, the ratio to the behaviour policy is 1: REC's one-side mask
+    keeps every token (0.8 <= 1 <= 1.2) and the squared log-ratio's gradient 2c(log pi - log pi_old) is 0. Each of the
+    three presets then takes plain group-mean REINFORCE's step: advantages r - mean(r), per-token gradient of the
+    token-mean loss -A_i / (number of tokens). benchmarks/smollm2_study.py runs their on-policy setting once for this."""
+    cfg = compose_main_ppo("offpolicy_trainer", [preset_selector(preset, "offpolicy_trainer"), *VALID_SIZES])
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    # verl's compute_advantage hands GRPO's estimator the std switch as an argument (not through the config)
+    fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+    scores = torch.zeros(6, 3)
+    scores[:, -1] = torch.tensor(rewards)
+    kwargs = {"norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo} if cfg.algorithm.adv_estimator == "grpo" else {}
+    adv, _ = fn(token_level_rewards=scores, response_mask=torch.ones(6, 3), index=np.array(list("aaabbb")), config=cfg.algorithm, **kwargs)
+    adv = adv[:, 0]
+    assert adv.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])  # r - group mean: no std normalisation
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    from tests.loss_helpers import call
+
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 4, generator=g)
+    mask = torch.ones(6, 4)
+    mask[1, 3] = 0
+    advantages = adv[:, None].expand(6, 4).float()
+    _, grad, _ = call(actor, old, old.clone(), advantages, mask, agg=actor.loss_agg_mode)
+    assert actor.loss_agg_mode == "token-mean"
+    assert torch.allclose(grad, -advantages * mask / mask.sum(), atol=1e-7)

@@ -11,6 +11,13 @@
   tokens, learning rate 1e-5 (the tiny model's 3e-3 would wreck a pretrained model). Measured on 2
   cores shared with other jobs (load average ~25, ``tests/test_smollm2_e2e.py``): start-up 254 s, one
   step 238 s.
+- ``smollm2-135m-2step``: the real-model study's setting (``benchmarks/smollm2_study.py``): SmolLM2 on
+  two-step problems (``a + b - c``, single digits, the two-step worked example), where it answers 1 in 4
+  right greedy with the answer boxed every time (``benchmarks/results/smollm2_task_probe_t07.md``);
+  2 prompts x 8 samples at temperature 0.7, 64 response tokens, 32 held-out problems; bf16 compute
+  (FSDP mixed precision with fp32 master weights, the rollout in bf16): a step about half the fp32 one
+  (``benchmarks/results/stack_smollm2_dtype.md``), at a rollout/trainer probability gap of ~7e-2 (max
+  over tokens) instead of ~1e-5.
 
 Each model's overrides come after the ``+cpu=demo`` overlay and the preset and before the caller's
 overrides, which can change any of them.
@@ -18,6 +25,7 @@ overrides, which can change any of them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,12 +44,13 @@ def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> di
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
 
 
-def _build_smollm2(output_dir: Path, seed: int) -> dict[str, str]:
+def _build_smollm2(output_dir: Path, seed: int, *, operation: str = "add", val_size: int = 16) -> dict[str, str]:
+    """SmolLM2 (dequantised once into the cache) and ``operation``'s single-digit problems."""
     from verl_offpolicy.demo.arithmetic import build_dataset
     from verl_offpolicy.demo.smollm2 import prepare_smollm2
 
     folder = str(prepare_smollm2())
-    data = build_dataset(output_dir / "data", digits=1, operations=("add",), train_size=256, val_size=16, seed=seed)
+    data = build_dataset(output_dir / "data", digits=1, operations=(operation,), train_size=256, val_size=val_size, seed=seed)
     return {"model_path": folder, "tokenizer_path": folder, **data}
 
 
@@ -89,6 +98,36 @@ def _smollm2_overrides() -> tuple[str, ...]:
     )
 
 
+# bf16 compute on the CPU (avx512_bf16): FSDP's mixed precision (fp32 master weights and gradient reduce) and the
+# rollout's weights in bf16 (benchmarks/results/stack_smollm2_dtype.md: a SmolLM2 step 0.50x the fp32 one).
+BF16_OVERRIDES = (
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=bf16",
+    "actor_rollout_ref.rollout.dtype=bfloat16",
+)
+
+
+def _smollm2_two_step_overrides() -> tuple[str, ...]:
+    """The real-model study's setting: two-step problems, 2 prompts x 8 samples at T = 0.7 (the probe's 41% of
+    mixed groups, benchmarks/results/smollm2_task_probe_t07.md), 64 response tokens (the probe's), bf16."""
+    changes = (
+        "data.max_prompt_length=192",  # the two-step example makes prompts 176-183 tokens: they fit
+        "data.max_response_length=64",  # the two-step worked answer is 58 tokens
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # one optimizer step per training step
+        *BF16_OVERRIDES,
+        # Ray starts a worker that asks no CPUs with OMP_NUM_THREADS=1 (ray._private.utils.set_omp_num_threads_if_unset),
+        # so verl's training worker computes on one core; the study's one training process gets them all
+        # (SmolLM2 forward + backward in bf16, 8 x 231 tokens: 7.1 s on one thread, 4.0 s on two).
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count() or 1}'",  # quoted: Ray wants a string
+        "trainer.experiment_name=smollm2_2step",
+    )
+    changed = {c.split("=", 1)[0] for c in changes}
+    return (*(o for o in _smollm2_overrides() if o.split("=", 1)[0] not in changed), *changes)
+
+
 MODELS: dict[str, DemoModel] = {
     "tiny": DemoModel(
         name="tiny",
@@ -118,6 +157,15 @@ MODELS: dict[str, DemoModel] = {
         # measured on 2 heavily shared cores: 254 s start-up, 238 s per step (see the module docstring)
         default_timeout_s=lambda steps: 900.0 + 400.0 * steps,
         overrides=_smollm2_overrides(),
+    ),
+    "smollm2-135m-2step": DemoModel(
+        name="smollm2-135m-2step",
+        title="SmolLM2-135M-Instruct, two-step arithmetic (bf16)",
+        preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) and the two-step arithmetic data",
+        build=partial(_build_smollm2, operation="add_sub", val_size=32),
+        default_steps=4,
+        default_timeout_s=lambda steps: 900.0 + 400.0 * steps,
+        overrides=_smollm2_two_step_overrides(),
     ),
 }
 DEFAULT_MODEL = "tiny"
