@@ -44,7 +44,7 @@ from _results import RESULTS, git_commit
 from smollm2_presets import PeakMemory, seconds_left, parse_deadline
 from staleness_e2e import expected_staleness, parse_settings
 
-from verl_offpolicy.demo.errors import DemoError
+from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.output_dir import METRICS_NAME
 from verl_offpolicy.demo.results import TRAIN_SCORE, read_metrics, validation_key
 from verl_offpolicy.glue.scheduler.metrics import staleness_key
@@ -80,10 +80,13 @@ def same_run_as(preset: str, setting: tuple[int, int], presets) -> str | None:
     return other if other in presets else None
 
 
-def study_overrides(setting: tuple[int, int], *, test_freq: int = TEST_FREQ, save_freq: int = SAVE_FREQ) -> list[str]:
-    """The overrides every run of the study adds to the ``smollm2-135m-2step`` demo model's settings."""
+def study_overrides(setting: tuple[int, int], run_dir: Path, *, test_freq: int = TEST_FREQ, save_freq: int = SAVE_FREQ) -> list[str]:
+    """The overrides every run of the study adds to the ``smollm2-135m-2step`` demo model's settings; verl dumps the
+    samples of every step and the greedy answers of every validation into ``run_dir`` (``rollouts/``, ``validation/``)."""
     s, d = setting
     return [
+        f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
+        f"trainer.validation_data_dir={run_dir / 'validation'}",
         f"algorithm.offpolicy.sync_interval={s}",
         f"algorithm.offpolicy.sync_offset={d}",
         "trainer.val_before_train=true",
@@ -100,7 +103,7 @@ def run_session(preset: str, setting: tuple[int, int], steps: int, timeout: floa
 
     out = SCRATCH / run_name(preset, setting)
     out.mkdir(parents=True, exist_ok=True)
-    started, outcome = dt.datetime.now(dt.timezone.utc), "finished"
+    started, outcome, interrupted = dt.datetime.now(dt.timezone.utc), "finished", None
     start = time.monotonic()
     with PeakMemory(str(out)) as memory:
         try:
@@ -108,10 +111,13 @@ def run_session(preset: str, setting: tuple[int, int], steps: int, timeout: floa
                      overrides=overrides, config_name=CONFIG_NAME, stream=True, plot=False)
         except DemoError as exc:
             outcome = f"stopped: {str(exc).splitlines()[0][:200]}"
+            interrupted = exc if isinstance(exc, DemoInterrupted) else None
     session = {"started": started.isoformat(timespec="seconds"), "wall_s": round(time.monotonic() - start, 1),
                "peak_gb": round(memory.peak / 2**30, 2), "outcome": outcome}
     with open(out / SESSIONS_NAME, "a") as f:
         f.write(json.dumps(session) + "\n")
+    if interrupted is not None:  # Ctrl-C / SIGTERM stops the study, not only this run
+        raise interrupted
     return session
 
 
@@ -242,7 +248,7 @@ def run_grid(presets, settings, steps: int, deadline) -> None:
                 print(f"[smollm2-study] {timeout:.0f} s left before the deadline: {name} and the rest wait for the next invocation")
                 return
         print(f"[smollm2-study] {name}: {steps} steps, bound {timeout:.0f} s", flush=True)
-        overrides = study_overrides(setting)
+        overrides = study_overrides(setting, SCRATCH / name)
         session = run_session(preset, setting, steps, timeout, overrides)
         print(f"[smollm2-study] {name}: {session}", flush=True)
         rec = record(preset, setting, steps, overrides)

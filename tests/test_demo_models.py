@@ -61,7 +61,7 @@ def test_the_study_model_composes_to_its_setting(tmp_path):
         import smollm2_study
     finally:
         sys.path.remove(str(BENCHMARKS))
-    tail = run_overrides("rec_oneside_nois", "offpolicy_trainer", smollm2_study.MODEL, smollm2_study.study_overrides((4, 4)))
+    tail = run_overrides("rec_oneside_nois", "offpolicy_trainer", smollm2_study.MODEL, smollm2_study.study_overrides((4, 4), tmp_path / "run"))
     keys = [o.lstrip("+").split("=", 1)[0] for o in get_model(smollm2_study.MODEL).overrides]
     assert len(keys) == len(set(keys))  # each setting once
     cfg = compose_and_check("offpolicy_trainer", ["+cpu=demo", f"actor_rollout_ref.model.path={tmp_path}", *tail])

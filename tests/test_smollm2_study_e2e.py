@@ -44,8 +44,9 @@ def study(monkeypatch, tmp_path):
 def test_the_study_configuration_trains_and_resumes_across_sessions(study, tmp_path):
     setting = (4, 4)
     assert setting in study.SETTINGS  # the study's stale setting
-    rollouts = tmp_path / "rollouts"
-    overrides = [*study.study_overrides(setting, test_freq=2, save_freq=1), f"trainer.rollout_data_dir={rollouts}"]
+    out = tmp_path / "runs" / study.run_name("opmd_kimi", setting)
+    overrides = study.study_overrides(setting, out, test_freq=2, save_freq=1)
+    rollouts = out / "rollouts"
 
     first = study.run_session("opmd_kimi", setting, 1, 2400, overrides)
     assert first["outcome"] == "finished", first
@@ -62,8 +63,10 @@ def test_the_study_configuration_trains_and_resumes_across_sessions(study, tmp_p
     assert rec["peak_gb"] == max(first["peak_gb"], second["peak_gb"]) > 1.0
     assert {"0", "2"} <= set(rec["validation"])  # before training and after the last step
     assert rec["staleness_matches_schedule"] is True
+    # verl's dump of the greedy answers at each validation (step 0 of the first session, 2 at the end): 32 problems each
+    dumps = {p.name: p.read_text().splitlines() for p in (out / "validation").glob("*.jsonl")}
+    assert "0.jsonl" in dumps and "2.jsonl" in dumps and all(len(lines) == 32 for lines in dumps.values()), dumps.keys()
 
-    out = tmp_path / "runs" / study.run_name("opmd_kimi", setting)
     metrics = read_metrics(out / METRICS_NAME)
     assert [round(metrics[t]["training/off_policy/trajectory_staleness/mean"]) for t in (1, 2)] == [0, 1]
     assert [round(metrics[t]["offpolicy/version"]) for t in (1, 2)] == [0, 0]
