@@ -137,12 +137,33 @@ def record(preset: str, setting: tuple[int, int], steps: int, overrides: list[st
         "validation": {str(s): float(m[k]) for s, m in sorted(by_step.items()) if (k := validation_key(m))},
         "response_length": [m.get("response_length/mean") for m in trained.values()],
         "step_s": [m.get("timing_s/step") for m in trained.values()],
+        "validation_boxed": boxed_by_validation(out) or None,  # None: the run dumped no validation
         "staleness_matches_schedule": staleness == expected_staleness(setting, steps) if staleness else None,
         "wall_s": round(sum(s["wall_s"] for s in sessions), 1),
         "sessions": len(sessions),
         "peak_gb": max(s["peak_gb"] for s in sessions),
         "git_commit": git_commit(),
     }
+
+
+def boxed_by_validation(run_dir: Path) -> dict[str, float]:
+    """Per validation step, the fraction of greedy answers holding a ``\\boxed{}`` (verl's dumps in ``validation/``):
+    the answer format, apart from the arithmetic."""
+    out = {}
+    for path in sorted((run_dir / "validation").glob("*.jsonl"), key=lambda p: int(p.stem)):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        out[path.stem] = sum("\\boxed{" in r["output"] for r in rows) / len(rows)
+    return out
+
+
+def add_boxed(presets, settings) -> None:
+    """Add the answer format per validation (:func:`boxed_by_validation`) to the records whose run dumped it."""
+    for preset, setting in itertools.product(presets, settings):
+        path = RECORDS / f"{run_name(preset, setting)}.json"
+        if path.exists() and "validation_boxed" not in (r := json.loads(path.read_text())):
+            boxed = boxed_by_validation(SCRATCH / run_name(preset, setting))
+            if boxed:
+                path.write_text(json.dumps({**r, "validation_boxed": boxed}, indent=1) + "\n")
 
 
 def load(presets, settings, steps) -> dict:
@@ -206,8 +227,8 @@ def report(presets, settings, steps, command: str) -> str:
     lines = ["# SmolLM2-135M-Instruct, two-step arithmetic: presets x staleness (one seed)", "",
              f"Command: `{command}`", "", SETTING,
              f"| preset | (s, d) | greedy acc. step 0 | " + " | ".join(f"step {k}" for k in range(TEST_FREQ, steps + 1, TEST_FREQ))
-             + " | train reward, first 5 steps | last 5 | wall (min) | sessions | peak RSS (GB) | staleness = schedule |",
-             "|---|---|" + "---:|" * (len(range(TEST_FREQ, steps + 1, TEST_FREQ)) + 6) + "---|"]
+             + " | boxed, first / last validation | train reward, first 5 steps | last 5 | wall (min) | sessions | peak RSS (GB) | staleness = schedule |",
+             "|---|---|" + "---:|" * (len(range(TEST_FREQ, steps + 1, TEST_FREQ)) + 7) + "---|"]
     for setting in settings:
         for preset in presets:
             r = records.get((preset, setting))
@@ -220,7 +241,9 @@ def report(presets, settings, steps, command: str) -> str:
             v = r["validation"]
             accs = " | ".join(f"{v[str(k)]:.3f}" if str(k) in v else "n/a" for k in range(0, steps + 1, TEST_FREQ))
             first, last = r["rewards"][:5], r["rewards"][-5:]
-            lines.append(f"| {preset} | {setting} | {accs} | {sum(first) / len(first):.3f} | {sum(last) / len(last):.3f} | "
+            boxed = r.get("validation_boxed") or {}
+            boxed_text = f"{boxed[min(boxed, key=int)]:.2f} / {boxed[max(boxed, key=int)]:.2f}" if boxed else "not dumped"
+            lines.append(f"| {preset} | {setting} | {accs} | {boxed_text} | {sum(first) / len(first):.3f} | {sum(last) / len(last):.3f} | "
                          f"{r['wall_s'] / 60:.0f} | {r['sessions']} | {r['peak_gb']:.1f} | {r['staleness_matches_schedule']} |")
         path = RESULTS / f"smollm2_study_s{setting[0]}_d{setting[1]}.png"
         if any((p, setting) in records for p in presets):
@@ -269,6 +292,7 @@ def main(argv=None) -> int:
     RECORDS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_grid(args.presets, args.settings, args.steps, args.deadline)
+    add_boxed(args.presets, args.settings)
     print(report(args.presets, args.settings, args.steps, command))
     return 0
 

@@ -66,6 +66,8 @@ def test_the_study_configuration_trains_and_resumes_across_sessions(study, tmp_p
     # verl's dump of the greedy answers at each validation (step 0 of the first session, 2 at the end): 32 problems each
     dumps = {p.name: p.read_text().splitlines() for p in (out / "validation").glob("*.jsonl")}
     assert "0.jsonl" in dumps and "2.jsonl" in dumps and all(len(lines) == 32 for lines in dumps.values()), dumps.keys()
+    boxed = {step: sum("\\boxed{" in json.loads(line)["output"] for line in dumps[f"{step}.jsonl"]) / 32 for step in ("0", "2")}
+    assert {k: rec["validation_boxed"][k] for k in boxed} == boxed
 
     metrics = read_metrics(out / METRICS_NAME)
     assert [round(metrics[t]["training/off_policy/trajectory_staleness/mean"]) for t in (1, 2)] == [0, 1]
