@@ -41,6 +41,8 @@ def test_overlay_is_accepted(tiny):
         ("ray_kwargs.ray_init.num_gpus=0", "ray_kwargs.ray_init.num_gpus=0", "num_gpus=1"),
         ("~ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM", "env_vars.VERL_PLATFORM=None", "VERL_PLATFORM=cpu"),
         ("~ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE", "env_vars.VERL_ENGINE_DEVICE=None", "VERL_ENGINE_DEVICE=cuda"),
+        # Ray's runtime_env takes strings only, and said so only after starting (a thread count given bare)
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS=2", "env_vars.OMP_NUM_THREADS=2", "OMP_NUM_THREADS='2'"),
         ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path='/nonexistent/model'", "local directory"),
         ("trainer.device=cuda", "trainer.device='cuda'", "trainer.device=cpu"),
         # a rollout on its own pool: verl's naive transport only serves a colocated rollout, and the pool needs a size

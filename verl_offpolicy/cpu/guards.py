@@ -211,6 +211,10 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
         need(f"{ENV_PREFIX}.{env_key}", str(got) == value, got,
              f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}")
 
+    for env_key, value in (_select(cfg, ENV_PREFIX) or {}).items():
+        need(f"{ENV_PREFIX}.{env_key}", isinstance(value, str), value,
+             f"Ray takes only strings there (it fails after starting); quote the value: {ENV_PREFIX}.{env_key}='{value}'")
+
     ray_init = "ray_kwargs.ray_init"
     gpus_needed = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
     rollout_gpus = standalone_rollout_gpus(cfg)
