@@ -41,7 +41,8 @@ import time
 from pathlib import Path
 
 from _results import RESULTS, git_commit
-from smollm2_presets import PeakMemory, seconds_left, parse_deadline
+from smollm2_presets import PeakMemory, parse_deadline, seconds_left
+from smollm2_task_probe import BOX  # "boxed" as the task probe counts it
 from staleness_e2e import expected_staleness, parse_settings
 
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
@@ -152,7 +153,7 @@ def boxed_by_validation(run_dir: Path) -> dict[str, float]:
     out = {}
     for path in sorted((run_dir / "validation").glob("*.jsonl"), key=lambda p: int(p.stem)):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
-        out[path.stem] = sum("\\boxed{" in r["output"] for r in rows) / len(rows)
+        out[path.stem] = sum(BOX in r["output"] for r in rows) / len(rows)
     return out
 
 

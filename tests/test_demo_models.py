@@ -3,7 +3,6 @@ settings land on main_ppo's command line between the preset and the caller's ove
 (``run_overrides``, the tail of ``demo_command``'s command line)."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -52,15 +51,13 @@ def test_the_demo_help_names_every_model(capsys):
     assert [name for name in model_names() if f"{name} (" not in text] == []
 
 
-def test_the_study_model_composes_to_its_setting(tmp_path):
+def test_the_study_model_composes_to_its_setting(tmp_path, monkeypatch):
     """smollm2-135m-2step with the study's overrides (benchmarks/smollm2_study.py, stale setting) composes through
     Hydra and every startup check into the setting the study states: 2 prompts x 8 samples at T = 0.7, 64 response
     tokens, bf16 compute, a string OMP_NUM_THREADS for Ray, the (4, 4) schedule."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import smollm2_study
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import smollm2_study
+
     tail = run_overrides("rec_oneside_nois", "offpolicy_trainer", smollm2_study.MODEL, smollm2_study.study_overrides((4, 4), tmp_path / "run"))
     keys = [o.lstrip("+").split("=", 1)[0] for o in get_model(smollm2_study.MODEL).overrides]
     assert len(keys) == len(set(keys))  # each setting once
