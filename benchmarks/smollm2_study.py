@@ -47,6 +47,7 @@ from staleness_e2e import expected_staleness, parse_settings
 
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.output_dir import METRICS_NAME
+from verl_offpolicy.demo.records import resume_step
 from verl_offpolicy.demo.results import TRAIN_SCORE, read_metrics, validation_key
 from verl_offpolicy.glue.scheduler.metrics import staleness_key
 
@@ -223,6 +224,15 @@ differ by less than ~0.1 (3 problems) are not different here.
 """
 
 
+def progress(preset: str, setting: tuple[int, int]) -> str:
+    """What an unrecorded run has done so far: nothing, or its logged steps and the checkpoint it resumes from."""
+    out = SCRATCH / run_name(preset, setting)
+    if not (out / METRICS_NAME).exists():
+        return "not run yet"
+    logged = [s for s, m in read_metrics(out / METRICS_NAME).items() if s >= 1 and TRAIN_SCORE in m]
+    return f"in progress: {len(logged)} steps logged, resumes after the checkpoint of step {resume_step(out, [])}"
+
+
 def report(presets, settings, steps, command: str) -> str:
     records = load(presets, settings, steps)
     lines = ["# SmolLM2-135M-Instruct, two-step arithmetic: presets x staleness (one seed)", "",
@@ -237,7 +247,7 @@ def report(presets, settings, steps, command: str) -> str:
                 lines.append(f"| {preset} | {setting} | = {same_run_as(preset, setting, presets)}'s run (the same step on fresh batches) |")
                 continue
             if r is None:
-                lines.append(f"| {preset} | {setting} | not run yet |")
+                lines.append(f"| {preset} | {setting} | {progress(preset, setting)} |")
                 continue
             v = r["validation"]
             accs = " | ".join(f"{v[str(k)]:.3f}" if str(k) in v else "n/a" for k in range(0, steps + 1, TEST_FREQ))
@@ -246,10 +256,11 @@ def report(presets, settings, steps, command: str) -> str:
             boxed_text = f"{boxed[min(boxed, key=int)]:.2f} / {boxed[max(boxed, key=int)]:.2f}" if boxed else "not dumped"
             lines.append(f"| {preset} | {setting} | {accs} | {boxed_text} | {sum(first) / len(first):.3f} | {sum(last) / len(last):.3f} | "
                          f"{r['wall_s'] / 60:.0f} | {r['sessions']} | {r['peak_gb']:.1f} | {r['staleness_matches_schedule']} |")
+    for setting in settings:  # after the table: an image between rows would end it
         path = RESULTS / f"smollm2_study_s{setting[0]}_d{setting[1]}.png"
         if any((p, setting) in records for p in presets):
             plot(records, presets, setting, path)
-            lines += ["", f"![{setting}]({path.name})", ""]
+            lines += ["", f"![{setting}]({path.name})"]
     text = "\n".join(lines) + "\n"
     REPORT.write_text(text)
     return text
