@@ -158,16 +158,6 @@ def boxed_by_validation(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def add_boxed(presets, settings) -> None:
-    """Add the answer format per validation (:func:`boxed_by_validation`) to the records whose run dumped it."""
-    for preset, setting in itertools.product(presets, settings):
-        path = RECORDS / f"{run_name(preset, setting)}.json"
-        if path.exists() and "validation_boxed" not in (r := json.loads(path.read_text())):
-            boxed = boxed_by_validation(SCRATCH / run_name(preset, setting))
-            if boxed:
-                path.write_text(json.dumps({**r, "validation_boxed": boxed}, indent=1) + "\n")
-
-
 def load(presets, settings, steps) -> dict:
     records = {}
     for preset, setting in itertools.product(presets, settings):
@@ -304,7 +294,6 @@ def main(argv=None) -> int:
     RECORDS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_grid(args.presets, args.settings, args.steps, args.deadline)
-    add_boxed(args.presets, args.settings)
     print(report(args.presets, args.settings, args.steps, command))
     return 0
 
