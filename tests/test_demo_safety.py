@@ -367,6 +367,45 @@ def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_no
 
 
 @pytest.mark.slow  # starts Python processes
+def test_ending_a_run_stops_its_ray_session_while_the_driver_still_shuts_down(tmp_path):
+    """verl's trainer is a Ray actor, outside the driver's process group: ending the run must stop it at once,
+    not once the driver has shut Ray down (a Ctrl-C'd demo trained three more steps meanwhile; CI's
+    test_demo_rerun saw the run reach its last step). A "driver" that takes 3 s to exit on SIGTERM and a
+    "worker" with the session's marker each write a line when they get SIGTERM: the worker's comes first."""
+    from verl_offpolicy.demo.process import kill_process_tree
+
+    marker = str(tmp_path / "ray-session-marker")
+    events = tmp_path / "events"
+    handler = (
+        "import signal, sys, time\n"
+        "def on_term(*_):\n"
+        "    open({events!r}, 'a').write({name!r} + ' got SIGTERM\\n')\n"
+        "    time.sleep({linger})\n"
+        "    open({events!r}, 'a').write({name!r} + ' exits\\n')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", handler.format(events=str(events), name="driver", linger=3)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", handler.format(events=str(events), name="worker", linger=0), marker], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert driver.stdout.readline().strip() == "ready" and worker.stdout.readline().strip() == "ready"
+        kill_process_tree(driver, marker, grace_s=30)
+        worker.wait(timeout=60)
+        lines = events.read_text().splitlines()
+        assert lines.index("worker got SIGTERM") < lines.index("driver exits"), lines
+    finally:
+        for proc in (driver, worker):
+            proc.kill()
+            proc.wait(timeout=60)
+
+
+@pytest.mark.slow  # starts Python processes
 def test_ending_a_run_ends_the_children_of_its_ray_processes_too(tmp_path):
     """A Ray worker's own children (vLLM's engine processes) have no Ray temp dir in their command line:
     ending the run must end them too, before their parent is gone (they then hold ``/dev/shm`` segments as

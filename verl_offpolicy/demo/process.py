@@ -151,7 +151,7 @@ def remove_leftover_files(paths: Sequence[str]) -> list[str]:
 
 
 def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s: float = 10.0) -> list[int]:
-    """End the run: its process group (SIGTERM, then SIGKILL) and every process of its Ray session.
+    """End the run: its process group and every process of its Ray session, together (SIGTERM, then SIGKILL).
 
     Ray's GCS/raylet/workers are found by the run's own temp dir in their command line, so other Ray
     clusters on the machine are untouched; their descendants too, found before anything is ended (vLLM's
@@ -162,12 +162,20 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
     import psutil
 
     killed: list[int] = []
-    descendants = _descendants([proc.pid] + [p.pid for p in (session_processes(ray_marker) if ray_marker else [])])
+    session = session_processes(ray_marker) if ray_marker else []
+    descendants = _descendants([proc.pid] + [p.pid for p in session])
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+        # The Ray session at the same time, not after the driver: verl's trainer is a Ray actor outside the
+        # driver's process group, and it went on training while the driver shut Ray down (a Ctrl-C'd demo
+        # trained three more steps and saved their checkpoints).
+        for child in session + descendants:
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
+                killed.append(child.pid)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -181,7 +189,7 @@ def kill_process_tree(proc: subprocess.Popen, ray_marker: Optional[str], grace_s
     seen = {p.pid for p in leftovers}
     leftovers += [p for p in descendants if p.pid not in seen and _alive(p)]
     end_processes(leftovers, grace_s)
-    killed += [p.pid for p in leftovers]
+    killed += [p.pid for p in leftovers if p.pid not in killed]
     return killed
 
 
