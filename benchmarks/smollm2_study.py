@@ -46,6 +46,7 @@ from smollm2_task_probe import BOX  # "boxed" as the task probe counts it
 from staleness_e2e import expected_staleness, parse_settings
 
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
+from verl_offpolicy.demo.models import TWO_STEP_VAL_SIZE
 from verl_offpolicy.demo.output_dir import METRICS_NAME
 from verl_offpolicy.demo.records import resume_step
 from verl_offpolicy.demo.results import TRAIN_SCORE, read_metrics, validation_key
@@ -185,7 +186,7 @@ def plot(records: dict, presets, setting, path: Path) -> None:
         smooth = [statistics.fmean(r["rewards"][max(0, i - 4): i + 1]) for i in range(len(r["rewards"]))]  # last 5 steps
         reward_ax.plot(range(1, len(smooth) + 1), smooth, label=preset)
     s, d = setting
-    acc_ax.set(title=f"held-out greedy accuracy (32 problems), s={s}, d={d}", xlabel="step", ylabel="accuracy", ylim=(0, 1))
+    acc_ax.set(title=f"held-out greedy accuracy ({TWO_STEP_VAL_SIZE} problems), s={s}, d={d}", xlabel="step", ylabel="accuracy", ylim=(0, 1))
     reward_ax.set(title="train reward (running mean of 5 steps)", xlabel="step", ylabel="reward", ylim=(0, 1))
     acc_ax.legend()
     fig.tight_layout()
@@ -209,9 +210,21 @@ benchmarks/results/smollm2_task_probe.md), greedy evaluation, 40 steps, one seed
 script's docstring), bf16 on a CPU. `opmd_kimi` is the paper's OPMD run (REINFORCE + 0.1 x squared
 log-ratio); `grpo` clips at 0.2 against the behaviour policy, as the paper's GRPO.
 
-What one seed can show: a run that collapses (accuracy to ~0) or one that keeps learning. Two runs whose accuracies
-differ by less than ~0.1 (3 problems) are not different here.
+What one seed can show: a run that collapses (accuracy to ~0) or one that keeps learning. The noise between seeds
+is not measured (one seed); the noise within a run is (below the table): two runs whose accuracies differ by less
+than the largest drop of one run between two consecutive evaluations are not different here.
 """
+
+
+def largest_drop(records: dict) -> tuple[float, str] | None:
+    """The largest drop of one run's greedy accuracy between consecutive evaluations, and where: the report's
+    noise yardstick (a rise may be learning; a drop of a run that keeps learning is the noise of one run)."""
+    drops = []
+    for (preset, setting), r in records.items():
+        steps = sorted(int(k) for k in r["validation"])
+        for a, b in zip(steps, steps[1:]):
+            drops.append((r["validation"][str(a)] - r["validation"][str(b)], f"{preset} {setting}, steps {a} -> {b}"))
+    return max(drops) if drops else None
 
 
 def progress(preset: str, setting: tuple[int, int]) -> str:
@@ -246,6 +259,11 @@ def report(presets, settings, steps, command: str) -> str:
             boxed_text = f"{boxed[min(boxed, key=int)]:.2f} / {boxed[max(boxed, key=int)]:.2f}" if boxed else "not dumped"
             lines.append(f"| {preset} | {setting} | {accs} | {boxed_text} | {sum(first) / len(first):.3f} | {sum(last) / len(last):.3f} | "
                          f"{r['wall_s'] / 60:.0f} | {r['sessions']} | {r['peak_gb']:.1f} | {r['staleness_matches_schedule']} |")
+    drop = largest_drop(records)
+    if drop is not None:
+        lines += ["", f"Noise within a run: the largest drop between two consecutive evaluations of one run is "
+                      f"{drop[0]:.3f} ({drop[1]}), {round(drop[0] * TWO_STEP_VAL_SIZE)} of the {TWO_STEP_VAL_SIZE} problems."]
+    lines += ["", "What the numbers show, against the paper's claim: docs/results.md, section \"SmolLM2-135M-Instruct under staleness\"."]
     for setting in settings:  # after the table: an image between rows would end it
         path = RESULTS / f"smollm2_study_s{setting[0]}_d{setting[1]}.png"
         if any((p, setting) in records for p in presets):

@@ -70,3 +70,18 @@ def test_the_study_model_composes_to_its_setting(tmp_path, monkeypatch):
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS == str(os.cpu_count())
     assert (cfg.algorithm.offpolicy.sync_interval, cfg.algorithm.offpolicy.sync_offset) == (4, 4)
     assert cfg.trainer.save_freq == 10 and cfg.trainer.test_freq == 10 and cfg.trainer.val_before_train
+
+
+def test_the_studys_noise_yardstick_is_the_largest_drop_within_one_run(monkeypatch):
+    """The report's noise line: the largest fall of one run's accuracy between consecutive evaluations; rises
+    (learning) do not count, nor do differences between runs. By hand: run a falls 0.5 -> 0.3 (0.2) and later
+    rises by 0.3; run b falls 0.25 -> 0.2 (0.05); b's 0.45 rise and the a-to-b gap are larger and ignored."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import smollm2_study
+
+    records = {
+        ("a", (1, 0)): {"validation": {"0": 0.2, "10": 0.5, "20": 0.3, "30": 0.6}},
+        ("b", (4, 4)): {"validation": {"20": 0.2, "0": 0.2, "10": 0.25, "30": 0.65}},  # keys out of order, as JSON may hold them
+    }
+    drop, where = smollm2_study.largest_drop(records)
+    assert drop == pytest.approx(0.2) and where == "a (1, 0), steps 10 -> 20"

@@ -107,6 +107,9 @@ BF16_OVERRIDES = (
 )
 
 
+TWO_STEP_VAL_SIZE = 32  # the study model's held-out problems (its greedy accuracy is in steps of 1/32)
+
+
 def _smollm2_two_step_overrides() -> tuple[str, ...]:
     """The real-model study's setting: two-step problems, 2 prompts x 8 samples at T = 0.7 (the probe's 41% of
     mixed groups, benchmarks/results/smollm2_task_probe_t07.md), 64 response tokens (the probe's), bf16."""
@@ -162,7 +165,7 @@ MODELS: dict[str, DemoModel] = {
         name="smollm2-135m-2step",
         title="SmolLM2-135M-Instruct, two-step arithmetic (bf16)",
         preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) and the two-step arithmetic data",
-        build=partial(_build_smollm2, operation="add_sub", val_size=32),
+        build=partial(_build_smollm2, operation="add_sub", val_size=TWO_STEP_VAL_SIZE),
         default_steps=4,
         default_timeout_s=lambda steps: 900.0 + 400.0 * steps,
         overrides=_smollm2_two_step_overrides(),
