@@ -24,13 +24,14 @@ the batching efficiency streaming gives up.
 Also a reward vs wall-clock plot of colocated and overlapped at ``--plot-setting`` (default 4,1), same seed:
 the same rewards step by step, reached sooner.
 
-With ``--colocated-all-cores``, a third run per setting: colocated with its trainer on all cores. Ray sets
-OMP_NUM_THREADS=1 in a worker that asks no CPUs, verl's training workers ask none, so by default the
-trainer of both modes computes on one core (the overlapped mode's right split on 2 cores: the rollout has
-the other); colocated, the second core then idles while it trains. This run is the colocated baseline
-with that core used (``+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='<cores>'``).
+``--variants`` adds runs per setting, each in a table against the mode it varies (:data:`VARIANTS`):
+``colocated-all-cores``, colocated with its trainer on all cores (Ray sets OMP_NUM_THREADS=1 in a worker
+that asks no CPUs and verl's training workers ask none, so by default both modes' trainers compute on one
+core: the overlapped mode's right split on 2 cores, the rollout has the other; colocated, the second core
+idles while it trains); ``overlapped-unordered``, the overlapped mode with the agent loop that does not
+order a version's batches (the server still does).
 
-    python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async] [--colocated-all-cores]
+    python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async] [--variants colocated-all-cores overlapped-unordered]
 
 Writes benchmarks/results/overlap.md (tables, load, command) and benchmarks/results/overlap_reward_wallclock.png.
 """
@@ -51,8 +52,19 @@ from verl_offpolicy.demo.run import run_demo
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 STANDALONE = ["+cpu_rollout=standalone"]
 TRAIN_TIMERS = ("update_actor", "old_log_prob", "ref", "adv")
-ALL_CORES = "colocated-all-cores"
-ALL_CORES_OVERRIDE = f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count()}'"
+# --variants: extra runs per setting, each against the mode it varies: name -> (base mode, overrides, what it is)
+VARIANTS = {
+    "colocated-all-cores": (
+        "colocated", [f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count()}'"],
+        "colocated with its trainer on all cores (above, both modes' trainers compute on one core, Ray's default "
+        "for a worker that asks no CPUs; colocated, the other core idles while it trains)",
+    ),
+    "overlapped-unordered": (
+        "overlapped", STANDALONE + ["actor_rollout_ref.rollout.agent.default_agent_loop=seeded_single_turn_agent"],
+        "overlapped with the unordered agent loop (the server still generates B_t first; the agent loop works on "
+        "a version's batches interleaved, as before ordered_single_turn_agent)",
+    ),
+}
 
 
 def _mean(values) -> float:
@@ -143,7 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot-setting", default="4,1", help="(s, d) of the reward vs wall-clock plot")
     parser.add_argument("--verl-async", action="store_true", help="also run verl's own separate_async (vs colocated (1, 1))")
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides for every run")
-    parser.add_argument("--colocated-all-cores", action="store_true", help="also run colocated with its trainer on all cores")
+    parser.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS), help="extra runs per setting")
     args = parser.parse_args(argv)
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
@@ -151,8 +163,7 @@ def main(argv=None) -> int:
     for s, d in settings:
         schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
         plan += [(f"colocated s{s}d{d}", schedule), (f"overlapped s{s}d{d}", schedule + STANDALONE)]
-        if args.colocated_all_cores:
-            plan.append((f"{ALL_CORES} s{s}d{d}", schedule + [ALL_CORES_OVERRIDE]))
+        plan += [(f"{variant} s{s}d{d}", schedule + VARIANTS[variant][1]) for variant in args.variants]
     if args.verl_async:
         plan.append(("verl separate_async", STANDALONE + ["trainer.v1.trainer_mode=separate_async"]))
     runs: dict[str, dict] = {}
@@ -198,22 +209,23 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
                       "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         breakdown += ["| " + " | ".join([str(p[0]), str(p[1])] + [f"{x:.2f}" for x in p[2:]]) + " |" for p in o["per_step"]]
     loads = "\n".join(f"- {name}: {r['load']}" for name, r in runs.items())
-    all_cores = [(s, d) for s, d in settings if f"{ALL_CORES} s{s}d{d}" in runs]
-    all_cores_table = ""
-    if all_cores:
+    variant_tables = ""
+    for variant, (base, overrides, what) in VARIANTS.items():
+        done = [(s, d) for s, d in settings if f"{variant} s{s}d{d}" in runs]
+        if not done:
+            continue
         lines = [
-            f"The colocated baseline with its trainer on all {os.cpu_count()} cores (`{ALL_CORES_OVERRIDE}`; above, "
-            "both modes' trainers compute on one core, Ray's default for a worker that asks no CPUs):\n",
-            "| (s, d) | colocated steps/s | colocated, trainer on all cores | overlapped steps/s | overlapped / all-cores colocated | training (s) colocated / all cores |",
+            f"`{variant}`: {what}; `{' '.join(overrides)}`:\n",
+            f"| (s, d) | {base} steps/s | {variant} steps/s | {variant} / {base} | training (s) {base} / {variant} | wait for B_t (s) {base} / {variant} |",
             "|---|---:|---:|---:|---:|---:|",
         ]
-        for s, d in all_cores:
-            c, a, o = runs[f"colocated s{s}d{d}"], runs[f"{ALL_CORES} s{s}d{d}"], runs[f"overlapped s{s}d{d}"]
+        for s, d in done:
+            b, v = runs[f"{base} s{s}d{d}"], runs[f"{variant} s{s}d{d}"]
             lines.append(
-                f"| ({s}, {d}) | {c['steps_per_s']:.3f} | {a['steps_per_s']:.3f} | {o['steps_per_s']:.3f} | "
-                f"{o['steps_per_s'] / a['steps_per_s']:.2f}x | {c['train_s']:.2f} / {a['train_s']:.2f} |"
+                f"| ({s}, {d}) | {b['steps_per_s']:.3f} | {v['steps_per_s']:.3f} | {v['steps_per_s'] / b['steps_per_s']:.2f}x | "
+                f"{b['train_s']:.2f} / {v['train_s']:.2f} | {b['wait_s']:.2f} / {v['wait_s']:.2f} |"
             )
-        all_cores_table = "\n".join(lines) + "\n\n"
+        variant_tables += "\n".join(lines) + "\n\n"
     write_table(
         "overlap.md",
         "Overlapped vs colocated scheduler on the CPU end-to-end path",
@@ -231,7 +243,7 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
          "rollout busy (s/batch)"],
         rows,
         after=(
-            all_cores_table
+            variant_tables
             + f"Streaming's cost to the rollout (the hf server alone, {batching['num_threads']} thread, "
             f"`tests/scenario_rollout.py::rollout_batching_cost`): {batching['batches']} x {batching['per_batch']} sampled "
             f"requests of 8 tokens take {batching['one_batch_s']:.2f} s as one server batch (a version's batches in one "

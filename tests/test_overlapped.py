@@ -20,7 +20,7 @@ from tests.jobs import queued_at_start
 from tests.scenario_runs import (
     PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, opmd_timeout, start_resumed,
 )
-from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+from tests.hydra_utils import VALID_SIZES, compose_and_check, compose_main_ppo
 from tests.scenario_cluster import SAVE_FREQ, cluster_job
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version, observed_versions
@@ -302,3 +302,58 @@ def test_a_versions_batches_are_submitted_in_schedule_order_with_their_step_as_p
     assert len(submitted) == len(steps) <= s + d
     for step, prompts in zip(steps, submitted):
         assert {p["priority"] for p in prompts} == {step}, (step, prompts)
+
+
+# ------------------------------------------------------------------------------ the agent loop's order
+
+
+def _gate_events(priorities: list[int]) -> list[tuple[str, int]]:
+    """Samples of ``priorities``, created in that order, each holding the gate for a few event-loop turns;
+    the (start|end, priority) events in the order they happened."""
+    import asyncio
+
+    from verl_offpolicy.cpu.agent_loop import PriorityGate
+
+    events: list[tuple[str, int]] = []
+
+    async def sample(gate, priority):
+        async with gate.turn(priority):
+            events.append(("start", priority))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            events.append(("end", priority))
+
+    async def main():
+        gate = PriorityGate()
+        await asyncio.gather(*(sample(gate, p) for p in priorities))
+
+    asyncio.run(main())
+    return events
+
+
+def test_the_ordered_agent_loop_runs_one_priority_at_a_time_lowest_first():
+    """A version's batches reach the agent-loop worker together (B_t's prompts first): step 1's two samples
+    run, step 2's and step 3's wait until every sample of a lower step has ended, then run together."""
+    assert _gate_events([1, 1, 2, 3, 3, 2]) == [
+        ("start", 1), ("start", 1), ("end", 1), ("end", 1),
+        ("start", 2), ("start", 2), ("end", 2), ("end", 2),
+        ("start", 3), ("start", 3), ("end", 3), ("end", 3),
+    ]
+
+
+def test_a_higher_priority_never_holds_a_lower_one_back():
+    """Only a lower priority makes a sample wait: one that arrives after a higher one has started starts at
+    once (the order is a preference for B_t, never a wait on a later batch: no deadlock)."""
+    assert _gate_events([2, 1])[:2] == [("start", 2), ("start", 1)]
+
+
+def test_the_standalone_overlay_selects_the_ordered_agent_loop(tmp_path):
+    """``+cpu_rollout=standalone`` (the overlapped mode on the CPU) orders the agent loop; ``+cpu=demo`` alone keeps
+    the unordered seeded loop (colocated generates a version in one call: nothing to order). Through every
+    startup check, which also finds both names in verl's agent-loop registry."""
+    from verl_offpolicy.glue.registration import ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP
+
+    base = ["+cpu=demo", f"actor_rollout_ref.model.path={tmp_path}", "algorithm.offpolicy.sync_offset=1", "algorithm.offpolicy.ratio_anchor=rollout"]
+    assert compose_and_check(PRIMARY_CONFIG, base).actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    cfg = compose_and_check(PRIMARY_CONFIG, [*base, "+cpu_rollout=standalone"])
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == ORDERED_AGENT_LOOP

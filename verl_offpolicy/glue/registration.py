@@ -118,7 +118,9 @@ VLLM_ROLLOUT = "vllm"  # verl's own vLLM rollout (not ours): the other rollout o
 # registered in verl's CheckpointEngineRegistry when verl imports checkpoint_engine.custom_backend_module).
 CPU_CHECKPOINT_BACKEND = "cpu_mailbox"
 CPU_CHECKPOINT_MODULE = "verl_offpolicy.cpu.checkpoint_engine"
-AGENT_LOOPS = ("seeded_single_turn_agent",)
+SEEDED_AGENT_LOOP = "seeded_single_turn_agent"  # the CPU overlay's agent loop (verl_offpolicy.cpu.agent_loop)
+ORDERED_AGENT_LOOP = "ordered_single_turn_agent"  # the same, one priority at a time: the standalone overlay's
+AGENT_LOOPS = (SEEDED_AGENT_LOOP, ORDERED_AGENT_LOOP)
 
 
 # ---------------------------------------------------------------------- name collisions
