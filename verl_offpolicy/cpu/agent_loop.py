@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections import Counter
 from typing import Any, AsyncIterator
 
@@ -66,12 +67,12 @@ class PriorityGate:
                 self.changed.notify_all()
 
 
-_gates: dict[int, PriorityGate] = {}  # one per event loop (an agent-loop worker runs one)
+_gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its gate (an agent-loop worker runs one loop)
 
 
 @register(ORDERED_AGENT_LOOP)
 class OrderedSingleTurnAgentLoop(SeededSingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        gate = _gates.setdefault(id(asyncio.get_running_loop()), PriorityGate())
+        gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
         async with gate.turn(int(kwargs.get("priority", 0) or 0)):
             return await super().run(sampling_params, **kwargs)
