@@ -11,7 +11,8 @@ hook (verl PPOTrainer) what happens to the rollout
 ``on_init_end``       push the current version (0, or the step a checkpoint resumed)
 ``on_train_begin``    submit the batches of that version not already queued, one agent-loop call per batch,
                       in schedule order, each with priority = its step, so the rollout server generates them
-                      one after the other, B_t first (the FIFO never holds more than s + d batches, finished or not)
+                      one after the other, B_t first (the FIFO never holds more than s + d batches, finished or not);
+                      a thread hands them to the agent-loop workers, the trainer goes on (:mod:`.dispatch`)
 ``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports; with
                       ``algorithm.filter_groups``, B_t not yet filtered: filter and top up every batch of its
                       version (the version the rollout holds) first
@@ -35,6 +36,7 @@ import transfer_queue as tq
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
+from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
@@ -58,6 +60,7 @@ class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
 
     def __init__(self, config):
         self.standalone: StandaloneRollout | None = None
+        self.dispatch: BackgroundDispatch | None = None
         self._last_submission: tuple[int, int] | None = None  # (version, batches) of the last submission
         super().__init__(config)
 
@@ -75,6 +78,15 @@ class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
         if self.standalone is not None:
             managers.append(self.standalone.server_manager)
         return managers
+
+    def fit(self, agent_loop_manager):
+        # The trainer does not wait while the agent-loop workers take a batch (:mod:`.dispatch`).
+        self.dispatch = BackgroundDispatch(agent_loop_manager)
+        return super().fit(self.dispatch)
+
+    def _raise_dispatch_failures(self) -> None:
+        if self.dispatch is not None:
+            self.dispatch.raise_failures()
 
     # ------------------------------------------------------------------ hooks
 
@@ -136,6 +148,8 @@ class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
         """Block until every submitted batch finished (and, with ``algorithm.filter_groups``, is filtered and
         topped up at the version the rollout holds); returns the seconds waited."""
         start = time.perf_counter()
+        if self.dispatch is not None:
+            self.dispatch.drain(self.generation_deadline.bound_s)
         uids = {uid for entry in self.replay_buffer.batches for uid in entry.uids}
         if uids:
             self._wait_for_generation(uids, self.standalone.version)

@@ -288,6 +288,7 @@ class OffPolicyTrainer(PPOTrainer):
         started = last_report = last_progress = time.time()
         done_before = -1
         while True:
+            self._raise_dispatch_failures()
             items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
             status = defaultdict(int)
             for uid in uids:
@@ -316,6 +317,9 @@ class OffPolicyTrainer(PPOTrainer):
                     now - started, len(uids) - done, len(uids), version, dict(status), deadline.describe(),
                 )
             time.sleep(GENERATION_POLL_SECONDS)
+
+    def _raise_dispatch_failures(self) -> None:
+        """Raise a failed hand-over of a batch to the agent loop (a mode that dispatches in the background)."""
 
     # ------------------------------------------------------------------ group filtering (DAPO)
 
