@@ -48,6 +48,7 @@ from pathlib import Path
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
+from verl_offpolicy.glue.registration import SEEDED_AGENT_LOOP
 
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 STANDALONE = ["+cpu_rollout=standalone"]
@@ -60,7 +61,7 @@ VARIANTS = {
         "for a worker that asks no CPUs; colocated, the other core idles while it trains)",
     ),
     "overlapped-unordered": (
-        "overlapped", STANDALONE + ["actor_rollout_ref.rollout.agent.default_agent_loop=seeded_single_turn_agent"],
+        "overlapped", STANDALONE + [f"actor_rollout_ref.rollout.agent.default_agent_loop={SEEDED_AGENT_LOOP}"],
         "overlapped with the unordered agent loop (the server still generates B_t first; the agent loop works on "
         "a version's batches interleaved, as before ordered_single_turn_agent)",
     ),
