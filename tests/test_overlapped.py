@@ -308,8 +308,10 @@ def test_a_versions_batches_are_submitted_in_schedule_order_with_their_step_as_p
 
 
 def _gate_events(priorities: list[int]) -> list[tuple[str, int]]:
-    """Samples of ``priorities``, created in that order, each holding the gate for a few event-loop turns;
-    the (start|end, priority) events in the order they happened."""
+    """Samples of ``priorities``, created in that order, each a task like verl's ``_run_agent_loop``: the gate's
+    turn, a few event-loop turns of its own (the agent loop's ``run``: "run" event at its end), then a few more
+    after it (verl's postprocess: the reward and TransferQueue write; "end" event at the task's end). The
+    (start|run|end, priority) events in the order they happened."""
     import asyncio
 
     from verl_offpolicy.cpu.agent_loop import PriorityGate
@@ -317,15 +319,19 @@ def _gate_events(priorities: list[int]) -> list[tuple[str, int]]:
     events: list[tuple[str, int]] = []
 
     async def sample(gate, priority):
-        async with gate.turn(priority):
-            events.append(("start", priority))
-            for _ in range(3):
-                await asyncio.sleep(0)
-            events.append(("end", priority))
+        await gate.hold(priority)
+        events.append(("start", priority))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        events.append(("run", priority))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        events.append(("end", priority))
 
     async def main():
         gate = PriorityGate()
-        await asyncio.gather(*(sample(gate, p) for p in priorities))
+        await asyncio.gather(*(asyncio.create_task(sample(gate, p)) for p in priorities))
+        assert not gate.in_flight, gate.in_flight  # every slot released when its task ended
 
     asyncio.run(main())
     return events
@@ -333,11 +339,12 @@ def _gate_events(priorities: list[int]) -> list[tuple[str, int]]:
 
 def test_the_ordered_agent_loop_runs_one_priority_at_a_time_lowest_first():
     """A version's batches reach the agent-loop worker together (B_t's prompts first): step 1's two samples
-    run, step 2's and step 3's wait until every sample of a lower step has ended, then run together."""
+    run, step 2's and step 3's wait until every sample of a lower step has ended (its postprocess included,
+    not only its ``run``), then run together."""
     assert _gate_events([1, 1, 2, 3, 3, 2]) == [
-        ("start", 1), ("start", 1), ("end", 1), ("end", 1),
-        ("start", 2), ("start", 2), ("end", 2), ("end", 2),
-        ("start", 3), ("start", 3), ("end", 3), ("end", 3),
+        ("start", 1), ("start", 1), ("run", 1), ("run", 1), ("end", 1), ("end", 1),
+        ("start", 2), ("start", 2), ("run", 2), ("run", 2), ("end", 2), ("end", 2),
+        ("start", 3), ("start", 3), ("run", 3), ("run", 3), ("end", 3), ("end", 3),
     ]
 
 
@@ -345,6 +352,32 @@ def test_a_higher_priority_never_holds_a_lower_one_back():
     """Only a lower priority makes a sample wait: one that arrives after a higher one has started starts at
     once (the order is a preference for B_t, never a wait on a later batch: no deadlock)."""
     assert _gate_events([2, 1])[:2] == [("start", 2), ("start", 1)]
+
+
+def test_a_failed_sample_releases_its_turn():
+    """A sample whose task fails (or is cancelled) leaves the gate like one that ended: the next priority runs."""
+    import asyncio
+
+    from verl_offpolicy.cpu.agent_loop import PriorityGate
+
+    async def main():
+        gate = PriorityGate()
+
+        async def failing():
+            await gate.hold(1)
+            raise ValueError("reward failed")
+
+        async def later():
+            await gate.hold(2)
+            return "ran"
+
+        results = await asyncio.wait_for(
+            asyncio.gather(asyncio.create_task(failing()), asyncio.create_task(later()), return_exceptions=True), 60
+        )
+        assert isinstance(results[0], ValueError) and results[1] == "ran"
+        assert not gate.in_flight
+
+    asyncio.run(main())
 
 
 def test_the_standalone_overlay_selects_the_ordered_agent_loop(tmp_path):

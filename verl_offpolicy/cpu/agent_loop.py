@@ -11,21 +11,20 @@ batch is trained at) reaches the ``hf`` server in ``sampling_params["priority"]`
 ``priority`` to vLLM only, and the hf server generates the lowest priority first.
 
 ``ordered_single_turn_agent`` (the standalone overlay's, ``+cpu_rollout=standalone``): the same samples, but a
-sample starts only when no sample of a lower priority is running in its agent-loop worker. The overlapped
-scheduler submits a version's batches at once; ordering the server alone (above) still leaves the agent
-loop's own per-sample work (chat template, tokenizing, the reward, TransferQueue writes) of all of them
-interleaved, and on a CPU that work is most of a batch's generation time: B_t arrived with most of its
-version. One priority at a time, B_t is ready about when its own samples are (a sample's reward and
-TransferQueue write follow its ``run`` and overlap the next priority's start).
+sample starts only when no sample of a lower priority is in flight in its agent-loop worker, and it stays in
+flight until its task ends: verl's ``_run_agent_loop`` runs the agent loop, then the sample's reward and its
+TransferQueue write. The overlapped scheduler submits a version's batches at once; ordering the server alone
+(above) still leaves the agent loop's own per-sample work (chat template, tokenizing, the reward, TransferQueue
+writes) of all of them interleaved, and on a CPU that work is most of a batch's generation time: B_t arrived
+with most of its version. One priority at a time, B_t is finished about when it would be alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import weakref
 from collections import Counter
-from typing import Any, AsyncIterator
+from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
@@ -48,23 +47,34 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
 
 
 class PriorityGate:
-    """Admits a sample once no sample of a lower priority is running (higher ones never hold a lower one back)."""
+    """Admits a sample once no sample of a lower priority is in flight (higher ones never hold a lower one back).
+
+    A sample is in flight from :meth:`hold` until the task that called it ends. Waiting samples are woken only
+    when a priority has nothing left in flight, the only change that can admit one.
+    """
 
     def __init__(self) -> None:
-        self.running: Counter[int] = Counter()
-        self.changed = asyncio.Condition()
+        self.in_flight: Counter[int] = Counter()
+        self._waiting: list[asyncio.Future] = []
 
-    @contextlib.asynccontextmanager
-    async def turn(self, priority: int) -> AsyncIterator[None]:
-        async with self.changed:
-            await self.changed.wait_for(lambda: not any(p < priority for p, n in self.running.items() if n))
-            self.running[priority] += 1
-        try:
-            yield
-        finally:
-            async with self.changed:
-                self.running[priority] -= 1
-                self.changed.notify_all()
+    async def hold(self, priority: int) -> None:
+        """Wait for the turn of ``priority``, then hold it until the current task ends (however it ends)."""
+        while any(p < priority for p in self.in_flight):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            await waiter
+        self.in_flight[priority] += 1
+        asyncio.current_task().add_done_callback(lambda _task: self._release(priority))
+
+    def _release(self, priority: int) -> None:
+        self.in_flight[priority] -= 1
+        if self.in_flight[priority]:
+            return
+        del self.in_flight[priority]
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 _gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its gate (an agent-loop worker runs one loop)
@@ -74,5 +84,6 @@ _gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop ->
 class OrderedSingleTurnAgentLoop(SeededSingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
-        async with gate.turn(int(kwargs.get("priority", 0) or 0)):
-            return await super().run(sampling_params, **kwargs)
+        # Held until verl's _run_agent_loop task (this sample: run, reward, TransferQueue write) ends.
+        await gate.hold(int(kwargs.get("priority", 0) or 0))
+        return await super().run(sampling_params, **kwargs)
