@@ -11,6 +11,9 @@ generation of version 0's s + d batches and the warm-up). Per setting:
   generation entirely hidden behind training, or training behind generation, a step takes
   max(gen, train), so overlapped steps/s ≤ 1 / max(gen, train) (on separate devices; here both share
   the same 2 cores);
+- the bound the cores set (:mod:`_cpu_account`): the machine's busy CPU seconds per step over the same steps,
+  for both modes; ``cores / CPU seconds per step`` of the overlapped run is the most steps/s its work allows
+  on this machine (all cores busy, nothing waiting), and where that CPU goes, by process;
 - the rollout's busy seconds per batch in the overlapped run (``offpolicy/rollout_busy_fraction`` x wall
   time, over the batches generated): the cost of generating one batch per server batch (streaming);
 - per overlapped step, what the trainer waited for: B_t (``offpolicy/wait_s``), in-flight batches before a
@@ -33,18 +36,21 @@ order a version's batches (the server still does).
 
     python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async] [--variants colocated-all-cores overlapped-unordered]
 
-Writes benchmarks/results/overlap.md (tables, load, command) and benchmarks/results/overlap_reward_wallclock.png.
+Writes benchmarks/results/overlap.md (tables, load, command) and benchmarks/results/overlap_reward_wallclock.png
+(``--name overlap_repeat``: overlap_repeat.md and overlap_repeat_reward_wallclock.png, e.g. for a second invocation).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _cpu_account import CpuAccount  # benchmarks/_cpu_account.py
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
@@ -82,11 +88,14 @@ def _run(name: str, overrides: list[str], steps: int, workdir: Path, attempts: i
     """One demo run; started again (at most ``attempts`` times) when Ray's node does not come up within its fixed
     30 s (a loaded machine), the only failure retried."""
     for attempt in range(1, attempts + 1):
+        output_dir = workdir / f"{name}_{attempt}"
         try:
-            return run_demo(
-                preset="opmd", steps=steps, seed=0, output_dir=workdir / f"{name}_{attempt}", timeout=3600,
-                overrides=NO_VALIDATION + overrides, stream=False, plot=False,
-            )
+            with CpuAccount(output_dir) as account:
+                result = run_demo(
+                    preset="opmd", steps=steps, seed=0, output_dir=output_dir, timeout=3600,
+                    overrides=NO_VALIDATION + overrides, stream=False, plot=False,
+                )
+            return result, account.result(first_step=1)
         except DemoError as exc:
             if "timed out during startup" not in str(exc) or attempt == attempts:
                 raise
@@ -95,7 +104,7 @@ def _run(name: str, overrides: list[str], steps: int, workdir: Path, attempts: i
 
 def measure(name: str, overrides: list[str], steps: int, workdir: Path) -> dict:
     load_before = _load()
-    result = _run(name, overrides, steps, workdir)
+    result, cpu = _run(name, overrides, steps, workdir)
     all_steps = result.metrics
     ms = all_steps[1:]  # step 1 includes the generation of every batch of version 0 and the warm-up
     step_s = [m["timing_s/step"] for m in ms]
@@ -130,6 +139,7 @@ def measure(name: str, overrides: list[str], steps: int, workdir: Path) -> dict:
         "rewards": [m["critic/score/mean"] for m in all_steps],
         "elapsed": elapsed,
         "load": f"before: {load_before}; after: {_load()}",
+        "cpu": cpu,  # CPU seconds per step over the same steps (_cpu_account.py)
     }
 
 
@@ -157,6 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--verl-async", action="store_true", help="also run verl's own separate_async (vs colocated (1, 1))")
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides for every run")
     parser.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS), help="extra runs per setting")
+    parser.add_argument("--name", default="overlap", help="results file stem (benchmarks/results/<name>.md)")
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of runs per setting (the first round is detailed)")
     args = parser.parse_args(argv)
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
@@ -165,6 +177,10 @@ def main(argv=None) -> int:
         schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
         plan += [(f"colocated s{s}d{d}", schedule), (f"overlapped s{s}d{d}", schedule + STANDALONE)]
         plan += [(f"{variant} s{s}d{d}", schedule + VARIANTS[variant][1]) for variant in args.variants]
+    for r in range(2, args.rounds + 1):  # more pairs, after the first round of every setting
+        for s, d in settings:
+            schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
+            plan += [(f"colocated s{s}d{d} #{r}", schedule), (f"overlapped s{s}d{d} #{r}", schedule + STANDALONE)]
     if args.verl_async:
         plan.append(("verl separate_async", STANDALONE + ["trainer.v1.trainer_mode=separate_async"]))
     runs: dict[str, dict] = {}
@@ -175,11 +191,71 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="vo-bench-overlap-") as tmp:
         for name, overrides in plan:
             print(f"[bench] {name}: {args.steps} steps (load {_load()}) ...", flush=True)
-            runs[name] = measure(name.replace(" ", "_"), overrides + args.overrides, args.steps, Path(tmp))
+            runs[name] = measure(re.sub(r"\W", "_", name), overrides + args.overrides, args.steps, Path(tmp))
             r = runs[name]
             print(f"[bench] {name}: {r['steps_per_s']:.3f} steps/s, step {r['step_s']:.2f} s, wait {r['wait_s']:.2f} s", flush=True)
             report(args, argv, settings, runs, batching, (time.time() - started) / 60)  # after every run: a partial table
     return 0
+
+
+def _cpu_tables(runs: dict, settings: list) -> str:
+    """The cores as the bound (per setting: both modes' CPU seconds per step, the overlapped run's CPU bound and its
+    share of it) and where the overlapped runs' CPU goes, by process; "" without CPU accounting."""
+    cores = os.cpu_count()
+    done = [(s, d) for s, d in settings if runs[f"colocated s{s}d{d}"]["cpu"] and runs[f"overlapped s{s}d{d}"]["cpu"]]
+    if not done:
+        return ""
+    rows, names = [], []
+    for s, d in done:
+        col, ovl = runs[f"colocated s{s}d{d}"], runs[f"overlapped s{s}d{d}"]
+        c, o = col["cpu"], ovl["cpu"]
+        cpu_bound = cores / o["cpu_per_step"]
+        rows.append(
+            f"| ({s}, {d}) | {c['cpu_per_step']:.2f} / {o['cpu_per_step']:.2f} | "
+            f"{c['cpu_per_step'] / c['wall_per_step'] / cores:.2f} / {o['cpu_per_step'] / o['wall_per_step'] / cores:.2f} | "
+            f"{cpu_bound:.3f} | {cpu_bound / col['steps_per_s']:.2f}x | {ovl['steps_per_s'] / cpu_bound:.2f} |"
+        )
+        names += [n for n in o["by_process"] if n not in names]
+    by_process = [
+        f"| {n} | " + " | ".join(_x(runs[f"overlapped s{s}d{d}"]["cpu"]["by_process"].get(n, 0.0)) for s, d in done) + " |"
+        for n in names[:10]
+    ]
+    return (
+        f"The {cores} cores as the bound (`benchmarks/_cpu_account.py`: the machine's busy CPU seconds over the same "
+        f"steps, per step; busy = of all {cores} cores; CPU bound = {cores} / the overlapped run's CPU seconds per step, "
+        "the most steps/s its work allows on these cores):\n\n"
+        "| (s, d) | CPU (s/step) col / ovl | busy col / ovl | CPU bound (steps/s) | CPU bound / colocated | overlapped of CPU bound |\n"
+        "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
+        "Where the overlapped runs' CPU goes (CPU seconds per step, by process; verl's Ray actors by class):\n\n"
+        "| process | " + " | ".join(f"({s}, {d})" for s, d in done) + " |\n|---|" + "---:|" * len(done) + "\n"
+        + "\n".join(by_process) + "\n\n"
+    )
+
+
+def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
+    """Per setting, every round's ratio, the ratio of the mean steps/s and the overlapped runs' share of their
+    CPU bound; "" for one round."""
+    if rounds == 1:
+        return ""
+    cores = os.cpu_count()
+    lines = [
+        f"Every round (a colocated and an overlapped run per setting; rounds one after the other, {rounds} "
+        "planned): overlapped / colocated steps/s per round, the ratio of the mean steps/s, and the overlapped "
+        "run's share of its CPU bound per round:\n",
+        "| (s, d) | ratio per round | mean colocated / overlapped steps/s | ratio of means | overlapped of CPU bound per round |",
+        "|---|---|---:|---:|---|",
+    ]
+    for s, d in settings:
+        tags = [""] + [f" #{r}" for r in range(2, rounds + 1)]
+        pairs = [(runs[f"colocated s{s}d{d}{t}"], runs[f"overlapped s{s}d{d}{t}"]) for t in tags
+                 if f"colocated s{s}d{d}{t}" in runs and f"overlapped s{s}d{d}{t}" in runs]
+        col, ovl = _mean(c["steps_per_s"] for c, _ in pairs), _mean(o["steps_per_s"] for _, o in pairs)
+        lines.append(
+            f"| ({s}, {d}) | " + ", ".join(f"{o['steps_per_s'] / c['steps_per_s']:.2f}x" for c, o in pairs)
+            + f" | {col:.3f} / {ovl:.3f} | {ovl / col:.2f}x | "
+            + ", ".join(_x(o["steps_per_s"] * o["cpu"]["cpu_per_step"] / cores) if o["cpu"] else "" for _, o in pairs) + " |"
+        )
+    return "\n".join(lines) + "\n\n"
 
 
 def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> None:
@@ -209,6 +285,9 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
                       "| step | version | wait for B_t (s) | wait before push (s) | push (s) | training (s) | rest (s) | step (s) |",
                       "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         breakdown += ["| " + " | ".join([str(p[0]), str(p[1])] + [f"{x:.2f}" for x in p[2:]]) + " |" for p in o["per_step"]]
+    cpu_table = _cpu_tables(runs, settings)
+    rounds_table = _rounds_table(runs, settings, args.rounds)
+    runs_per = "one run" if args.rounds == 1 else f"{args.rounds} runs (rounds; every table but the rounds table is the first)"
     loads = "\n".join(f"- {name}: {r['load']}" for name, r in runs.items())
     variant_tables = ""
     for variant, (base, overrides, what) in VARIANTS.items():
@@ -228,11 +307,11 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
             )
         variant_tables += "\n".join(lines) + "\n\n"
     write_table(
-        "overlap.md",
+        f"{args.name}.md",
         "Overlapped vs colocated scheduler on the CPU end-to-end path",
         command_line("bench_overlap.py", argv),
         f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation, seed 0; "
-        f"one run per mode and setting, all in one invocation ({minutes:.0f} min) on a {os.cpu_count()}-core machine. "
+        f"{runs_per} per mode and setting, all in one invocation ({minutes:.0f} min) on a {os.cpu_count()}-core machine. "
         "Seconds are means per step unless said otherwise. gen = the colocated run's generation per batch generated; "
         "train = the rest of its step; bound = 1 / max(gen, train) steps/s, the most overlap can give if generation "
         "and training did not share the cores; 'of bound' = overlapped steps/s / bound. Overlapped columns: the "
@@ -244,7 +323,9 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
          "rollout busy (s/batch)"],
         rows,
         after=(
-            variant_tables
+            rounds_table
+            + cpu_table
+            + variant_tables
             + f"Streaming's cost to the rollout (the hf server alone, {batching['num_threads']} thread, "
             f"`tests/scenario_rollout.py::rollout_batching_cost`): {batching['batches']} x {batching['per_batch']} sampled "
             f"requests of 8 tokens take {batching['one_batch_s']:.2f} s as one server batch (a version's batches in one "
@@ -275,7 +356,7 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
         for a in (ax, ax_steps):
             a.legend()
         fig.tight_layout()
-        fig.savefig(RESULTS / "overlap_reward_wallclock.png", dpi=120)
+        fig.savefig(RESULTS / f"{args.name}_reward_wallclock.png", dpi=120)
         plt.close(fig)
 
 
