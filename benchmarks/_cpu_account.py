@@ -9,10 +9,12 @@ step bound steps/s from above on this machine: ``cores / cpu_per_step`` (all cor
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from pathlib import Path
+
+from _results import Poller  # benchmarks/_results.py
+from verl_offpolicy.demo.output_dir import METRICS_NAME
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -48,37 +50,25 @@ def _processes() -> dict[int, tuple[str, float]]:
     return found
 
 
-class CpuAccount:
+class CpuAccount(Poller):
     """``with CpuAccount(output_dir) as account: run(...)``; then :meth:`result`."""
 
     def __init__(self, output_dir: Path, interval_s: float = 0.2) -> None:
-        self.metrics = Path(output_dir) / "metrics.jsonl"
-        self.interval_s = interval_s
+        super().__init__(interval_s)
+        self.metrics = Path(output_dir) / METRICS_NAME
         self.snapshots: dict[int, tuple[float, float, dict]] = {}  # step -> (time, machine busy s, processes)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="cpu-account", daemon=True)
 
-    def __enter__(self) -> "CpuAccount":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _poll(self) -> None:
-        seen = 0
-        while not self._stop.wait(self.interval_s):
-            try:
-                with self.metrics.open() as f:
-                    lines = sum(1 for _ in f)
-            except OSError:
-                continue
-            if lines > seen:
-                snapshot = (time.monotonic(), _busy_s(), _processes())
-                for step in range(seen + 1, lines + 1):
-                    self.snapshots[step] = snapshot
-                seen = lines
+    def poll(self) -> None:
+        try:
+            with self.metrics.open() as f:
+                lines = sum(1 for _ in f)
+        except OSError:
+            return
+        seen = max(self.snapshots, default=0)
+        if lines > seen:
+            snapshot = (time.monotonic(), _busy_s(), _processes())
+            for step in range(seen + 1, lines + 1):
+                self.snapshots[step] = snapshot
 
     def result(self, first_step: int = 1) -> dict:
         """CPU seconds per step over steps ``first_step`` + 1 .. the last: machine-wide and by process name."""

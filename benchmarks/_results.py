@@ -1,7 +1,9 @@
-"""Shared by the benchmark scripts: rewriting their generated blocks of ``results/RESULTS.md``."""
+"""Shared by the benchmark scripts: rewriting their generated blocks of ``results/RESULTS.md``, writing their
+result tables, and polling something while a run goes on (:class:`Poller`)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 
@@ -50,3 +52,27 @@ def git_commit() -> str:
                               cwd=Path(__file__).parent, check=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+class Poller:
+    """``with poller:`` a daemon thread calls :meth:`poll` every ``interval_s`` seconds until the block ends."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)

@@ -155,6 +155,16 @@ def measure_batching() -> dict:
     return result
 
 
+def _round_tag(r: int) -> str:
+    """The suffix of round ``r``'s run names (the first round's runs carry none)."""
+    return "" if r == 1 else f" #{r}"
+
+
+def _of_cpu_bound(run: dict) -> float:
+    """The run's steps/s over the most its CPU work allows on this machine's cores (cores / CPU seconds per step)."""
+    return run["steps_per_s"] * run["cpu"]["cpu_per_step"] / os.cpu_count()
+
+
 def _x(value: float, digits: int = 2) -> str:
     return "" if value != value else f"{value:.{digits}f}"
 
@@ -173,14 +183,12 @@ def main(argv=None) -> int:
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
     plan = []
-    for s, d in settings:
-        schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
-        plan += [(f"colocated s{s}d{d}", schedule), (f"overlapped s{s}d{d}", schedule + STANDALONE)]
-        plan += [(f"{variant} s{s}d{d}", schedule + VARIANTS[variant][1]) for variant in args.variants]
-    for r in range(2, args.rounds + 1):  # more pairs, after the first round of every setting
+    for r in range(1, args.rounds + 1):  # round after round, each over every setting; variants in the first
         for s, d in settings:
             schedule = [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
-            plan += [(f"colocated s{s}d{d} #{r}", schedule), (f"overlapped s{s}d{d} #{r}", schedule + STANDALONE)]
+            tag = f"s{s}d{d}{_round_tag(r)}"
+            plan += [(f"colocated {tag}", schedule), (f"overlapped {tag}", schedule + STANDALONE)]
+            plan += [(f"{variant} {tag}", schedule + VARIANTS[variant][1]) for variant in args.variants if r == 1]
     if args.verl_async:
         plan.append(("verl separate_async", STANDALONE + ["trainer.v1.trainer_mode=separate_async"]))
     runs: dict[str, dict] = {}
@@ -213,7 +221,7 @@ def _cpu_tables(runs: dict, settings: list) -> str:
         rows.append(
             f"| ({s}, {d}) | {c['cpu_per_step']:.2f} / {o['cpu_per_step']:.2f} | "
             f"{c['cpu_per_step'] / c['wall_per_step'] / cores:.2f} / {o['cpu_per_step'] / o['wall_per_step'] / cores:.2f} | "
-            f"{cpu_bound:.3f} | {cpu_bound / col['steps_per_s']:.2f}x | {ovl['steps_per_s'] / cpu_bound:.2f} |"
+            f"{cpu_bound:.3f} | {cpu_bound / col['steps_per_s']:.2f}x | {_of_cpu_bound(ovl):.2f} |"
         )
         names += [n for n in o["by_process"] if n not in names]
     by_process = [
@@ -237,7 +245,6 @@ def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
     CPU bound; "" for one round."""
     if rounds == 1:
         return ""
-    cores = os.cpu_count()
     lines = [
         f"Every round (a colocated and an overlapped run per setting; rounds one after the other, {rounds} "
         "planned): overlapped / colocated steps/s per round, the ratio of the mean steps/s, and the overlapped "
@@ -246,14 +253,14 @@ def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
         "|---|---|---:|---:|---|",
     ]
     for s, d in settings:
-        tags = [""] + [f" #{r}" for r in range(2, rounds + 1)]
+        tags = [_round_tag(r) for r in range(1, rounds + 1)]
         pairs = [(runs[f"colocated s{s}d{d}{t}"], runs[f"overlapped s{s}d{d}{t}"]) for t in tags
                  if f"colocated s{s}d{d}{t}" in runs and f"overlapped s{s}d{d}{t}" in runs]
         col, ovl = _mean(c["steps_per_s"] for c, _ in pairs), _mean(o["steps_per_s"] for _, o in pairs)
         lines.append(
             f"| ({s}, {d}) | " + ", ".join(f"{o['steps_per_s'] / c['steps_per_s']:.2f}x" for c, o in pairs)
             + f" | {col:.3f} / {ovl:.3f} | {ovl / col:.2f}x | "
-            + ", ".join(_x(o["steps_per_s"] * o["cpu"]["cpu_per_step"] / cores) if o["cpu"] else "" for _, o in pairs) + " |"
+            + ", ".join(_x(_of_cpu_bound(o)) if o["cpu"] else "" for _, o in pairs) + " |"
         )
     return "\n".join(lines) + "\n\n"
 

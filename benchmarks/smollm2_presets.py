@@ -21,12 +21,12 @@ import argparse
 import datetime as dt
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
+from _results import Poller  # benchmarks/_results.py (this script's folder is on sys.path)
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.output_dir import METRICS_NAME
 from verl_offpolicy.demo.results import TRAIN_SCORE, read_metrics, validation_key
@@ -36,13 +36,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
 
 
-class PeakMemory:
+class PeakMemory(Poller):
     """Peak of the summed RSS of every ``main_ppo`` process whose command line holds ``marker``, and its descendants."""
 
     def __init__(self, marker: str, interval: float = 2.0):
-        self.marker, self.interval, self.peak = marker, interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(interval)
+        self.marker, self.peak = marker, 0
 
     def _sample(self) -> int:
         total = 0
@@ -56,17 +55,8 @@ class PeakMemory:
                 continue
         return total
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, self._sample())
-
-    def __enter__(self) -> "PeakMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+    def poll(self) -> None:
+        self.peak = max(self.peak, self._sample())
 
 
 def seconds_left(deadline: dt.datetime) -> float:
