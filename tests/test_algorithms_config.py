@@ -15,6 +15,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import ActorConfig
 from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.config import OffPolicyConfig, OffPolicyLossConfig
+from verl_offpolicy.glue.validation import validate_parts
 
 LOSS = "actor_rollout_ref.actor.policy_loss"
 ALGO = "algorithm.offpolicy"
@@ -43,8 +44,9 @@ ALGO = "algorithm.offpolicy"
     ],
 )
 def test_loss_config_rejects(kwargs, message):
+    """Each value on its own when the section is built; τ against its loss_mode by the startup rules."""
     with pytest.raises(ValueError, match=message):
-        OffPolicyLossConfig(**kwargs)
+        validate_parts(actor=_rec_actor(**kwargs))
 
 
 def test_opmd_loss_accepts_tau_zero():
@@ -69,7 +71,9 @@ def test_a_tau_error_names_the_key_the_user_set(preset, override, message):
 
 
 def _estimate(name, **offpolicy):
+    """The startup rules on the algorithm section, then the registered estimator."""
     config = OmegaConf.create({"adv_estimator": name, "offpolicy": offpolicy})
+    validate_parts(algorithm=config)
     return get_adv_estimator_fn(name)(torch.ones(2, 1), torch.ones(2, 1), np.array(["u", "u"]), config=config)
 
 
@@ -96,7 +100,7 @@ def test_opmd_mean_baseline_does_not_need_positive_tau():
     assert torch.equal(adv, torch.zeros(2, 1))
 
 
-def _rec_actor(clip_low=0.2, clip_high=0.2, clip_ratio=0.2, **loss_kw):
+def _rec_actor(clip_low=0.2, clip_high=0.2, clip_ratio=0.2, loss_mode="rec", **loss_kw):
     return ActorConfig(
         strategy="fsdp",
         rollout_n=1,
@@ -104,11 +108,13 @@ def _rec_actor(clip_low=0.2, clip_high=0.2, clip_ratio=0.2, **loss_kw):
         clip_ratio=clip_ratio,
         clip_ratio_low=clip_low,
         clip_ratio_high=clip_high,
-        policy_loss=OffPolicyLossConfig(loss_mode="rec", **loss_kw),
+        policy_loss=OffPolicyLossConfig(loss_mode=loss_mode, **loss_kw),
     )
 
 
 def _rec(config):
+    """The startup rules on the actor section, then the registered loss."""
+    validate_parts(actor=config)
     x = torch.zeros(2, 3, requires_grad=True)
     mask = torch.ones(2, 3, dtype=torch.bool)
     return get_policy_loss_fn("rec")(x.detach(), x, torch.ones(2, 3), mask, "token-mean", config)
@@ -149,6 +155,8 @@ def test_hydra_composition_reports_the_key():
 
 
 def test_offpolicy_section_defaults_match_the_spec():
+    from verl_offpolicy.glue.algorithms.opmd import resolve_tau
+
     section = OffPolicyConfig()
     assert (section.baseline, section.shift, section.temperature, section.beta, section.on_policy) == (
         "mean",
@@ -158,12 +166,12 @@ def test_offpolicy_section_defaults_match_the_spec():
         False,
     )
     # τ left unset takes each consumer's default from the spec: opmd 1.0, pmd_partition 0.01, pmd loss 0.01.
-    assert (section.tau_for("opmd"), section.tau_for("pmd_partition")) == (1.0, 0.01)
-    assert OffPolicyConfig(tau=0.3).tau_for("pmd_partition") == 0.3
+    assert (resolve_tau(section.tau, "opmd"), resolve_tau(section.tau, "pmd_partition")) == (1.0, 0.01)
+    assert resolve_tau(OffPolicyConfig(tau=0.3).tau, "pmd_partition") == 0.3
     loss = OffPolicyLossConfig()
     assert (loss.ring_clip_ratio_low, loss.ring_clip_ratio_high) == (0.6, 2.0)
-    assert OffPolicyLossConfig(loss_mode="pmd").resolved_tau == 0.01
-    assert OffPolicyLossConfig(loss_mode="opmd").resolved_tau == 1.0
+    assert resolve_tau(OffPolicyLossConfig(loss_mode="pmd").tau, "pmd") == 0.01
+    assert resolve_tau(OffPolicyLossConfig(loss_mode="opmd").tau, "opmd") == 1.0
 
 
 # τ is one hyperparameter (check_tau_coupling): expected outcomes derived by hand from the rule of

@@ -167,12 +167,15 @@ def test_agro_reads_kl_in_reward_from_verl_kl_penalty():
 
 
 def test_agro_rejects_config_without_kl_in_reward():
+    """The startup rules (the estimator itself checks nothing they check)."""
+    from verl_offpolicy.glue.validation import validate_parts
+
     config = OffPolicyAlgoConfig(adv_estimator="agro", use_kl_in_reward=False)
     with pytest.raises(ValueError, match="use_kl_in_reward=true"):
-        get_adv_estimator_fn("agro")(torch.ones(2, 1), torch.ones(2, 1), np.array(["p", "p"]), config=config)
+        validate_parts(algorithm=config)
     config = OffPolicyAlgoConfig(adv_estimator="agro", use_kl_in_reward=True, kl_penalty="low_var_kl")
     with pytest.raises(ValueError, match=r"algorithm.kl_penalty=kl \(got low_var_kl\)"):
-        get_adv_estimator_fn("agro")(torch.ones(2, 1), torch.ones(2, 1), np.array(["p", "p"]), config=config)
+        validate_parts(algorithm=config)
     config = OffPolicyAlgoConfig(
         adv_estimator="agro",
         use_kl_in_reward=True,
@@ -180,7 +183,7 @@ def test_agro_rejects_config_without_kl_in_reward():
         offpolicy=OffPolicyConfig(beta=0.1),
     )
     with pytest.raises(ValueError, match=r"algorithm.kl_ctrl.kl_coef=0.1 to equal algorithm.offpolicy.beta \(got kl_coef=0.2\)"):
-        get_adv_estimator_fn("agro")(torch.ones(2, 1), torch.ones(2, 1), np.array(["p", "p"]), config=config)
+        validate_parts(algorithm=config)
 
 
 def test_estimator_reads_dataclass_config():

@@ -28,7 +28,7 @@ import verl  # noqa: F401  (loads the verl.plugins entry point: registers our na
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.workers.utils.losses import ppo_loss
 from verl_offpolicy.core.losses import m2po_mask, token_log_ratio
-from verl_offpolicy.glue.config import CLIP_MODES, REGULARIZERS, WEIGHTS
+from verl_offpolicy.glue.algorithms.rec import CLIP_MODES, REGULARIZERS, WEIGHTS
 from verl_offpolicy.glue.algorithms.m2po import mini_batch_scope
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
 from verl_offpolicy.tabular import actor

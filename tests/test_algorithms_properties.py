@@ -66,7 +66,9 @@ def test_2_rec_importance_sampling_reaches_the_best_arm():
 @pytest.mark.parametrize("lr", [0.1, 1.0])
 def test_3_clip_modes_stop_inside_the_trust_region(clip_mode, weight, lr):
     config = actor("rec", clip=(0.2, 0.2), clip_mode=clip_mode, weight=weight)
-    theta, steps = train(config, estimate("grpo", MU_ARMS), steps=5000, lr=lr)
+    # gspo's sequence ratio needs a sequence-level aggregation (a startup rule); one-token responses: equal to token-mean
+    agg = "seq-mean-token-mean" if clip_mode == "gspo-one-side" else "token-mean"
+    theta, steps = train(config, estimate("grpo", MU_ARMS), steps=5000, lr=lr, agg=agg)
     assert steps < 5000, "the masked gradient never reached exactly zero"
     assert expected_reward(theta) > V_MU + 0.1
     log_ratio = torch.log_softmax(theta, 0) - torch.log(MU)

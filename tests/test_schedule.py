@@ -174,3 +174,10 @@ def test_resuming_without_the_batches_says_why_and_what_to_do():
     # a checkpoint saved with another schedule: its queued batches are at other versions
     with pytest.raises(RuntimeError, match=r"\(step, version\) \[\(4, 2\)\] were scheduled with another algorithm.offpolicy.sync_interval/sync_offset"):
         Schedule(1, 0).check_resume(3, 6, queued={4: 2})  # (1, 0): v(4) = 3
+
+
+def test_is_stale_is_false_only_for_the_on_policy_schedule():
+    """(s, d) = (1, 0) trains every batch at its generating weights; any other schedule has a stale batch."""
+    from verl_offpolicy.core.schedule import Schedule
+
+    assert [Schedule(s, d).is_stale for s, d in ((1, 0), (2, 0), (1, 1), (4, 1))] == [False, True, True, True]

@@ -29,6 +29,7 @@ import verl  # noqa: F401  (loads the verl.plugins entry point: registers our na
 from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, kl_penalty
 from verl.workers.config import ActorConfig
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig, OffPolicyLossConfig
+from verl_offpolicy.glue.validation import validate_parts
 
 __all__ = [
     "F64",
@@ -98,11 +99,11 @@ def pairwise_opmd_config(tau: float) -> OffPolicyAlgoConfig:
     )
 
 
-def actor(loss_mode: str, clip: tuple[float, float] = (0.2, 0.2), **loss_kw) -> ActorConfig:
+def actor(loss_mode: str, clip: tuple[float, float] = (0.2, 0.2), rollout_n: int = 1, **loss_kw) -> ActorConfig:
     """A real ActorConfig with our OffPolicyLossConfig (``loss_kw``: clip_mode, weight, tau, ...)."""
     return ActorConfig(
         strategy="fsdp",
-        rollout_n=1,
+        rollout_n=rollout_n,
         ppo_micro_batch_size_per_gpu=1,
         clip_ratio_low=clip[0],
         clip_ratio_high=clip[1],
@@ -120,6 +121,7 @@ def estimate(name, arms, rewards=REWARD, config=None, sample_rewards=None, **off
     token_rewards = (rewards[arms] if sample_rewards is None else sample_rewards).unsqueeze(-1)
     if config is None:
         config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": offpolicy})
+        validate_parts(algorithm=config)  # the startup rules (a passed config is validated by its caller)
     kwargs = {"norm_adv_by_std_in_grpo": False} if name == "grpo" else {}
     advantages, _ = get_adv_estimator_fn(name)(
         token_level_rewards=token_rewards,
@@ -167,6 +169,7 @@ def train(
     Returns (θ, steps taken); stops at an exact fixed point (zero gradient), which the deterministic
     dynamics never leave. If ``history`` is a list, π is appended before the first and after every step.
     """
+    validate_parts(actor=config, loss_agg_mode=agg)
     theta = torch.log(behaviour) if theta is None else theta
     if history is not None:
         history.append(torch.softmax(theta, 0))
@@ -225,6 +228,7 @@ def sync_run(
     gradient is a fixed point until the next refresh. With ``history``, π is appended before the first
     and after every step (held constant over skipped fixed-point steps).
     """
+    validate_parts(actor=config)
     n_arms = len(rewards)
     theta = torch.log(MU) if theta is None else theta
     arms = torch.arange(n_arms)
@@ -288,8 +292,10 @@ def regularised_run(
     extra: Optional[Callable] = None
     if method == "agro":
         algo = agro_config(beta, on_policy=False)
+        validate_parts(algorithm=algo, actor=config, loss_agg_mode="seq-mean-token-sum")
     elif method == "pairwise_opmd":
         algo = pairwise_opmd_config(beta)
+        validate_parts(algorithm=algo, actor=config, loss_agg_mode="seq-mean-token-sum")
     elif method == "k2":
         advantages = estimate("grpo", arms, rewards=rewards)
 
@@ -339,7 +345,8 @@ def agro_onpolicy_run(
     arms = groups.flatten()
     uids = np.repeat(np.arange(len(groups)), k)
     ref_log_prob = torch.log(pi_ref)[arms].unsqueeze(-1)
-    config = actor("rec")
+    config = actor("rec", rollout_n=k)
+    validate_parts(algorithm=algo, actor=config, loss_agg_mode="seq-mean-token-sum")
     theta = torch.log(pi_ref)
     if history is not None:
         history.append(torch.softmax(theta, 0))

@@ -3,7 +3,8 @@
 - ``offpolicy_trainer.yaml`` / ``offpolicy_megatron_trainer.yaml``: primary configs (``--config-name``).
 - ``algorithm/<name>.yaml``: one preset per algorithm, selected with ``algorithm=<name>`` (``+algorithm=``
   on verl's stock configs). Every file of this folder is a preset, and only presets may be selected.
-- ``offpolicy_shared/``: the parts the presets include (never selected directly).
+- ``offpolicy_shared/``: the parts the presets include (never selected directly); ``knobs.yaml`` there is
+  generated from the families' knobs (``python -m verl_offpolicy.configs --write-knobs``).
 - ``cpu/demo.yaml``, ``cpu/megatron.yaml``: the CPU overlays (``+cpu=demo`` for FSDP2, ``+cpu=megatron`` for
   verl's Megatron engine); ``cpu_shared/base.yaml``: their engine-independent part (never selected directly).
 - ``cpu_rollout/standalone.yaml``: with it, the CPU rollout on a pool of its own (``+cpu_rollout=standalone``).
@@ -144,14 +145,28 @@ def with_preset_table(readme: str) -> str:
     return head + preset_table() + tail
 
 
+def write_knobs() -> int:
+    """Write ``offpolicy_shared/knobs.yaml`` from the families' knobs (imports the package and verl)."""
+    from verl_offpolicy.glue.config import KNOBS_YAML, knobs_yaml
+
+    path = Path(__file__).parent / KNOBS_YAML
+    path.write_text(knobs_yaml())
+    print(f"{path}: written")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m verl_offpolicy.configs --write-readme [README.md]``: regenerate the README's preset
-    table; ``--check`` exits 1 when it differs from the generated one."""
+    table; ``--check`` exits 1 when it differs from the generated one. ``--write-knobs``: regenerate
+    ``offpolicy_shared/knobs.yaml`` from the families' knobs."""
     parser = argparse.ArgumentParser(prog="python -m verl_offpolicy.configs", description=main.__doc__)
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write-readme", metavar="README", nargs="?", const="README.md")
     action.add_argument("--check", metavar="README", nargs="?", const="README.md")
+    action.add_argument("--write-knobs", action="store_true")
     args = parser.parse_args(argv)
+    if args.write_knobs:
+        return write_knobs()
     path = Path(args.write_readme or args.check)
     text = path.read_text()
     new = with_preset_table(text)

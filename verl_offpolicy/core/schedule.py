@@ -60,6 +60,11 @@ class Schedule:
         return self.sync_interval + self.sync_offset
 
     @property
+    def is_stale(self) -> bool:
+        """True unless (s, d) = (1, 0), verl's on-policy schedule: some batch trains on older weights."""
+        return (self.sync_interval, self.sync_offset) != (1, 0)
+
+    @property
     def worst_staleness(self) -> int:
         """The largest staleness of any step: s + d - 1 (step s + d trains a batch of version 0)."""
         return self.sync_interval + self.sync_offset - 1

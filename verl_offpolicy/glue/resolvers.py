@@ -52,7 +52,7 @@ def check_preset_mini_batch(view) -> None:
     divide by the data-parallel size and, per rank, by ppo_micro_batch_size_per_gpu (FSDP, no dynamic
     batch size). Only checked when the mini-batch size is the preset's (a size set explicitly is the user's).
     """
-    from verl_offpolicy.glue.config import OffPolicyConfigError  # not at import: this module runs at `import verl`
+    from verl_offpolicy.glue.knobs import OffPolicyConfigError  # not at import: this module runs at `import verl`
 
     actor = "actor_rollout_ref.actor"
     node = view.select(actor)

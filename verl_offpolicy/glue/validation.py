@@ -19,34 +19,36 @@ without our callback reaches only that one).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import dataclasses
+from typing import Any
 
-from verl_offpolicy.glue.config import ConfigView, OffPolicyConfigError, select
-from verl_offpolicy.glue.registration import ADV_ESTIMATORS, TRAINERS, require_registration
+from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["OffPolicyConfigError", "rule_groups", "validate_offpolicy_config"]
+from verl_offpolicy.glue.knobs import OffPolicyConfigError, select
+from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES, TRAINERS, require_registration
+
+__all__ = ["OffPolicyConfigError", "rule_groups", "validate_offpolicy_config", "validate_parts"]
 
 
 def check_registered(cfg: DictConfig) -> None:
-    """The estimator and trainer the config selects, if ours, are registered in this process (else the cause).
-
-    First, because a failed registration explains every later error. (The policy loss is checked where
-    its typed section is built: :class:`~verl_offpolicy.glue.config.OffPolicyLossConfig`.)
-    """
-    adv_estimator = select(cfg, "algorithm.adv_estimator")
-    trainer_mode = select(cfg, "trainer.v1.trainer_mode")
-    if adv_estimator in ADV_ESTIMATORS:
-        require_registration("adv_estimator", adv_estimator)
-    if trainer_mode in TRAINERS:
-        require_registration("trainer", trainer_mode)
+    """The estimator, policy loss and trainer the config selects, if ours, are registered in this process
+    (else the cause). First, because a failed registration explains every later error."""
+    selected = (
+        ("adv_estimator", select(cfg, "algorithm.adv_estimator"), ADV_ESTIMATORS),
+        ("policy_loss", select(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode"), POLICY_LOSSES),
+        ("trainer", select(cfg, "trainer.v1.trainer_mode"), TRAINERS),
+    )
+    for kind, name, ours in selected:
+        if name in ours:
+            require_registration(kind, name)
 
 
 def rule_groups() -> tuple[tuple, ...]:
     """The parts' rule groups in the order they run.
 
     Imported here, after :func:`check_registered`: the algorithms part's rules sit in the modules of
-    its adapters, and a module that fails to import must surface as the registration error that names
-    its cause, not as a failure to import this module.
+    its adapters (the typed sections too are assembled from them), and a module that fails to import must
+    surface as the registration error that names its cause, not as a failure to import this module.
     """
     from verl_offpolicy.glue import algorithms, resolvers
     from verl_offpolicy.glue.scheduler import checks as scheduler
@@ -57,7 +59,47 @@ def rule_groups() -> tuple[tuple, ...]:
 def validate_offpolicy_config(cfg: DictConfig) -> None:
     """Raise :class:`OffPolicyConfigError` (or the section's ``ValueError``) on the first problem found."""
     check_registered(cfg)
+    from verl_offpolicy.glue.config import ConfigView  # after check_registered, as rule_groups
+
     view = ConfigView.of(cfg)
     for group in rule_groups():
         for rule in group:
             rule(view)
+
+
+def _plain(value: Any) -> Any:
+    """A config part (verl dataclass, DictConfig, dict) as plain containers of its plain values."""
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    if dataclasses.is_dataclass(value):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        plain = {k: _plain(v) for k, v in value.items()}
+        return {k: v for k, v in plain.items() if v is not _SKIP}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value if value is None or isinstance(value, bool | int | float | str) else _SKIP
+
+
+_SKIP = object()
+
+
+def validate_parts(*, algorithm: Any = None, actor: Any = None, loss_agg_mode: str | None = None) -> None:
+    """The algorithms part's startup rules on config parts built in code, as :func:`validate_offpolicy_config`
+    runs them on a composed config: ``algorithm`` (verl's algorithm section) and ``actor``
+    (``actor_rollout_ref.actor``, its ``policy_loss`` ours or verl's). For callers of the registered functions
+    that compose no config (:mod:`verl_offpolicy.tabular`, tests): the functions themselves check nothing
+    the startup rules check. ``loss_agg_mode``: the aggregation the caller passes the loss, if not the actor's."""
+    from verl_offpolicy.glue import algorithms
+    from verl_offpolicy.glue.config import ConfigView, offpolicy_section
+    from verl_offpolicy.glue.knobs import OffPolicySection
+
+    loss = getattr(actor, "policy_loss", None) if actor is not None else None
+    actor_values = _plain(actor) or {}
+    if loss_agg_mode is not None:
+        actor_values["loss_agg_mode"] = loss_agg_mode
+    rollout = {"n": actor_values["rollout_n"]} if "rollout_n" in actor_values else {}  # verl copies rollout.n there
+    raw = OmegaConf.create({"algorithm": _plain(algorithm) or {}, "actor_rollout_ref": {"actor": actor_values, "rollout": rollout}})
+    view = ConfigView(raw, offpolicy_section(algorithm), loss if isinstance(loss, OffPolicySection) else None)
+    for rule in algorithms.rules():
+        rule(view)

@@ -2,7 +2,7 @@
 
 Estimators (``@register_adv_est``). verl calls ``fn(token_level_rewards, response_mask, config=<algorithm config>, index=uid)`` and
 expects ``(advantages, returns)``, both [B, T]. Each function here reads its hyperparameters from
-``algorithm.offpolicy`` (:func:`offpolicy_section`), turns the uids into group ids (a hash table),
+``algorithm.offpolicy`` (its family's ``OFFPOLICY_KNOBS``, validated at startup), turns the uids into group ids (a hash table),
 calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence scores
 r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
 
@@ -26,6 +26,7 @@ actor, builds the per-token loss with :mod:`verl_offpolicy.core.losses`, multipl
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor
 
 from verl_offpolicy.core import losses as core
-from verl_offpolicy.glue.config import LOSS_PREFIX, OffPolicyConfig, OffPolicyLossConfig, offpolicy_section
+from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicySection, read
 
 # ---------------------------------------------------------------------- estimators
 
@@ -78,13 +79,10 @@ def _group_ids(index: Any, size: int, device: torch.device) -> Tensor:
 
 
 def prepare(
-    name: str, token_level_rewards: Tensor, index: Any, config: Any
-) -> tuple[OffPolicyConfig, Tensor, Tensor]:
-    """Validated ``algorithm.offpolicy``, scores r_i [B] and group ids [B]."""
-    section = offpolicy_section(config)
-    # Startup validation checked τ for the composed config; this guards what it cannot see: a direct call
-    # (verl's get_adv_estimator_fn with a config built in code, e.g. verl_offpolicy.tabular).
-    section.check_for_estimator(name)
+    name: str, token_level_rewards: Tensor, index: Any, config: Any, knobs: tuple[Knob, ...] = ()
+) -> tuple[SimpleNamespace, Tensor, Tensor]:
+    """The values of ``knobs`` in ``algorithm.offpolicy`` (checked at startup), scores r_i [B] and group ids [B]."""
+    section = SimpleNamespace(**read(config.get("offpolicy", None) if config is not None else None, knobs))
     if index is None:
         raise ValueError(f"adv_estimator={name} needs the group of each response (verl's non_tensor_batch['uid'])")
     index = np.asarray(index)
@@ -127,10 +125,10 @@ def broadcast(
 # ---------------------------------------------------------------------- losses
 
 
-def our_loss_config(loss_mode: str, config: Any) -> OffPolicyLossConfig:
-    """The actor's ``policy_loss`` as our typed config (a TypeError naming the fix if it is verl's)."""
+def our_loss_config(loss_mode: str, config: Any) -> Any:
+    """The actor's ``policy_loss`` as our typed config, ``OffPolicyLossConfig`` (a TypeError naming the fix if it is verl's)."""
     policy_loss = getattr(config, "policy_loss", None)
-    if not isinstance(policy_loss, OffPolicyLossConfig):
+    if not isinstance(policy_loss, OffPolicySection):
         raise TypeError(
             f"{LOSS_PREFIX}.loss_mode={loss_mode} is a verl-offpolicy loss, but {LOSS_PREFIX} is a "
             f"{type(policy_loss).__name__}, not verl-offpolicy's OffPolicyLossConfig: set "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_offpolicy.glue.config import ALGO_PREFIX, ConfigView, OffPolicyConfigError
+from verl_offpolicy.glue.knobs import ALGO_PREFIX, OffPolicyConfigError
 
 AGRO_KL_PENALTIES = ("kl", "k1")
 
@@ -42,7 +42,7 @@ def check_kl_in_reward(algorithm: Any, coef: float, estimator: str, coef_key: st
         raise ValueError(f"adv_estimator={estimator} is inconsistent; set " + "; ".join(fixes))
 
 
-def check_proximal_kl_reward(view: ConfigView, estimator: str, coef: str) -> None:
+def check_proximal_kl_reward(view, estimator: str, coef: str) -> None:
     """R = r − coef·log(π/π_ref) of ``estimator`` needs old_log_prob = the proximal log-prob (log π at the trained weights).
 
     verl's bypass mode (and ``ratio_anchor=rollout``, which needs it) writes the rollout log-probs into
@@ -59,7 +59,7 @@ def check_proximal_kl_reward(view: ConfigView, estimator: str, coef: str) -> Non
         )
 
 
-def one_update_per_batch_fixes(view: ConfigView) -> list[str]:
+def one_update_per_batch_fixes(view) -> list[str]:
     """What to set for exactly one optimizer update per batch: one epoch, one mini-batch (= data.train_batch_size)."""
     actor = "actor_rollout_ref.actor"
     fixes = []

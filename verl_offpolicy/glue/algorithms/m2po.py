@@ -40,9 +40,18 @@ from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
-from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
+from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
 
 LOSS_MODE = "m2po"
+LOSS_KNOBS = (
+    Knob("m2po_threshold", 0.04,
+         "m2po budget τ_M2 > 0 of the mini-batch's second moment mean (log ρ_t)² (the M2PO authors' 0.04).",
+         check=positive),
+    Knob("m2po_token_pool", "trust_region",
+         "m2po: the tokens it may mask: trust_region (the harmful ones, (A > 0 and ρ > 1) or (A < 0 and ρ < 1), "
+         "M2PO's Algorithm 1 and the authors' code) | all. Tokens outside the pool are never masked.",
+         choices=core.M2PO_TOKEN_POOLS),
+)
 # Engines whose forward_backward_batch carries the whole-mini-batch pre-pass (install_mini_batch_pre_pass).
 M2PO_STRATEGIES = ("fsdp", "fsdp2")
 # id(actor config) -> the masks M_t of the mini-batch's micro-batches not yet trained, in order (set by the
@@ -160,7 +169,7 @@ def install_mini_batch_pre_pass() -> bool:
     return True
 
 
-def check_m2po_strategy(view: ConfigView) -> None:
+def check_m2po_strategy(view) -> None:
     """m2po's mask needs the pre-pass, which only verl's FSDP engines run (:data:`M2PO_STRATEGIES`)."""
     if view.loss is None or view.loss.loss_mode != LOSS_MODE:
         return

@@ -1,4 +1,4 @@
-"""REC (``loss_mode=rec``, docs/algo/rec.md): its loss adapter and the clip-ratio rules.
+"""REC (``loss_mode=rec``, docs/algo/rec.md): its knobs, its loss adapter and the clip-ratio rules.
 
 ε_low/ε_high are the actor's (``clip_ratio_low``/``clip_ratio_high``, falling back to ``clip_ratio``,
 :func:`clip_ratios`); ``ring`` needs ε′ ≥ ε, and the sequence-ratio modes (``gspo-one-side``,
@@ -15,9 +15,26 @@ from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
-from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError, OffPolicyLossConfig, check_number
+from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, check_number, non_negative
 
 REC = "rec"
+CLIP_MODES = ("none", "one-side", "two-side", "ring", "gspo-one-side")
+WEIGHTS = ("none", "importance_sampling", "gspo_importance_sampling")
+REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
+
+LOSS_KNOBS = (
+    Knob("clip_mode", "none", "rec token mask: " + " | ".join(CLIP_MODES) + ".", choices=CLIP_MODES),
+    Knob("weight", "none", "rec token weight: none | importance_sampling (ρ_t) | gspo_importance_sampling (ρ̄_i).",
+         choices=WEIGHTS),
+    Knob("regularizer", "none",
+         "rec regulariser: none | forward-kl (−c·log π) | k2 (token-level c·(log π_t − log π_old,t)², as Trinity-RFT) "
+         "| k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response; the 1/|y| is OpenKimi's "
+         "normalisation).",
+         choices=REGULARIZERS),
+    Knob("regularizer_coef", 0.0, "Coefficient c ≥ 0 of the regulariser.", check=non_negative),
+    Knob("ring_clip_ratio_low", 0.6, "ring ε′_low (must be ≥ the actor's clip_ratio_low).", check=non_negative),
+    Knob("ring_clip_ratio_high", 2.0, "ring ε′_high (must be ≥ the actor's clip_ratio_high).", check=non_negative),
+)
 SEQUENCE_LEVEL_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ACTOR = "actor_rollout_ref.actor"
 
@@ -32,7 +49,7 @@ def clip_ratios(actor: Any) -> tuple[float, float]:
     return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
 
 
-def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config: OffPolicyLossConfig) -> None:
+def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config: Any) -> None:
     """Checks that need the actor's ε: non-negative ε, and ring ε′ ≥ ε."""
     check_number("actor_rollout_ref.actor.clip_ratio_low", clip_ratio_low, non_negative=True)
     check_number("actor_rollout_ref.actor.clip_ratio_high", clip_ratio_high, non_negative=True)
@@ -49,13 +66,13 @@ def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float, loss_config
             )
 
 
-def check_actor_clip_ratios(view: ConfigView) -> None:
+def check_actor_clip_ratios(view) -> None:
     """:func:`check_clip_ratios` on the composed config, for every loss of ours (ε ≥ 0; ring ε′ ≥ ε)."""
     if view.loss is not None:
         check_clip_ratios(*clip_ratios(view.select(ACTOR)), view.loss)
 
 
-def check_sequence_ratio_aggregation(view: ConfigView) -> None:
+def check_sequence_ratio_aggregation(view) -> None:
     """REC with the sequence ratio ρ̄_i (gspo-one-side, gspo_importance_sampling) aggregates per sequence."""
     loss = view.loss
     if loss is None or loss.loss_mode != REC:
@@ -89,10 +106,7 @@ def compute_policy_loss_rec(
     """ℓ_t = −M_t·w_t·A·log π_t + reg_t (``policy_loss.clip_mode``, ``weight``, ``regularizer``)."""
     loss_config = our_loss_config("rec", config)
     check_dtype("rec", log_prob)
-    clip_low, clip_high = clip_ratios(config)
-    # Startup checked the composed config; this guards a direct call (get_policy_loss_fn with an actor config
-    # built in code, e.g. verl_offpolicy.tabular), which no startup validation sees.
-    check_clip_ratios(clip_low, clip_high, loss_config)
+    clip_low, clip_high = clip_ratios(config)  # checked at startup (check_actor_clip_ratios)
     mask = response_mask.bool()
     terms = core.rec_loss(
         log_prob,

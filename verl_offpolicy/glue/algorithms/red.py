@@ -1,4 +1,4 @@
-"""RED (``adv_estimator=red_weight`` / ``red_drop``, docs/algo/red.md): the estimator adapters (no rule beyond the typed config)."""
+"""RED (``adv_estimator=red_weight`` / ``red_drop``, docs/algo/red.md): the estimator adapters (its knobs; no rule beyond their checks)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,19 @@ from verl.trainer.ppo.core_algos import register_adv_est
 
 from verl_offpolicy.core import advantages as core
 from verl_offpolicy.glue.algorithms.adapters import broadcast, prepare
+from verl_offpolicy.glue.knobs import Knob, integer, positive
+
+OFFPOLICY_KNOBS = (
+    Knob("seed", 0, "red_drop: the negatives dropped are reproducible from (seed, uid).", check=integer),
+    Knob("temperature", 1.0, "red_weight: A = (r − r̄)·exp((r − r̄)/temperature).", check=positive),
+)
+
 
 @register_adv_est("red_weight")
 @torch.no_grad()
 def compute_red_weight_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = (r_i − r̄)·exp(min((r_i − r̄)/T, 20)), T = ``algorithm.offpolicy.temperature``."""
-    section, scores, group_ids = prepare("red_weight", token_level_rewards, index, config)
+    section, scores, group_ids = prepare("red_weight", token_level_rewards, index, config, OFFPOLICY_KNOBS)
     advantage = core.red_weight_advantage(scores, group_ids, section.temperature)
     return broadcast("red_weight", advantage, response_mask, token_level_rewards, index)
 
@@ -44,7 +51,7 @@ def _layout(seed: int, index: np.ndarray, group_ids: Tensor) -> tuple[Tensor, Te
 @torch.no_grad()
 def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """RED-Drop: surplus negatives dropped (A = 0) reproducibly from (``algorithm.offpolicy.seed``, uid)."""
-    section, scores, group_ids = prepare("red_drop", token_level_rewards, index, config)
+    section, scores, group_ids = prepare("red_drop", token_level_rewards, index, config, OFFPOLICY_KNOBS)
     seeds, occurrence = _layout(section.seed, np.asarray(index), group_ids)
     advantage = core.red_drop_advantage(scores, group_ids, seeds, occurrence)
     return broadcast("red_drop", advantage, response_mask, token_level_rewards, index)

@@ -17,6 +17,14 @@ from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, broadcast, check_dtype, our_loss_config, prepare
+from verl_offpolicy.glue.knobs import Knob, finite
+
+OFFPOLICY_KNOBS = (
+    Knob("topr_baseline", 0.0, "topr: scalar baseline c of A = R − c (TOPR's default 0; no group statistic).",
+         check=finite),
+    Knob("topr_reward", "signed", "topr: reward R: signed (2r − 1, 0/1 rewards as TOPR's ±1) | raw (r).",
+         choices=core_adv.TOPR_REWARDS),
+)
 
 
 @register_adv_est("topr")
@@ -24,7 +32,7 @@ from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, broad
 def compute_topr_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_i = R_i − c: R_i = 2r_i − 1 (``algorithm.offpolicy.topr_reward=signed``) or r_i (``raw``), c =
     ``algorithm.offpolicy.topr_baseline``."""
-    section, scores, _ = prepare("topr", token_level_rewards, index, config)
+    section, scores, _ = prepare("topr", token_level_rewards, index, config, OFFPOLICY_KNOBS)
     advantage = core_adv.topr_advantage(scores, section.topr_baseline, section.topr_reward)
     return broadcast("topr", advantage, response_mask, token_level_rewards, index)
 

@@ -70,7 +70,7 @@ def check_rollout_correction(view: ConfigView) -> None:
         )
     if bypass or rollout_is is None:
         return
-    stale = offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0
+    stale = offpolicy.schedule.is_stale
     if offpolicy.ratio_anchor == "rollout" or (offpolicy.ratio_anchor == "behaviour" and stale):
         where = "the rollout log-probs" if offpolicy.ratio_anchor == "rollout" else "the behaviour log-probs of stale batches"
         raise OffPolicyConfigError(
@@ -111,7 +111,7 @@ def check_verl_async_modes(view: ConfigView) -> None:
         return
     offpolicy = view.offpolicy
     prefix = f"trainer.v1.trainer_mode={trainer_mode} (verl's asynchronous trainer)"
-    if offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0:
+    if offpolicy.schedule.is_stale:
         raise OffPolicyConfigError(
             f"{prefix} bounds staleness by trainer.v1.sampler.max_off_policy_threshold and cannot follow "
             f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}: set "
@@ -149,7 +149,7 @@ def check_scheduler_selected(view: ConfigView) -> None:
         return  # check_verl_async_modes
     offpolicy = view.offpolicy
     needs_scheduler = (
-        offpolicy.sync_interval != 1 or offpolicy.sync_offset != 0 or offpolicy.ratio_anchor != "proximal"
+        offpolicy.schedule.is_stale or offpolicy.ratio_anchor != "proximal"
     )
     if needs_scheduler and not _uses_scheduler(view):
         raise OffPolicyConfigError(

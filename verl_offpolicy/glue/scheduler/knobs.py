@@ -1,0 +1,28 @@
+"""The scheduler's knobs under ``algorithm.offpolicy`` (:class:`~verl_offpolicy.glue.knobs.Knob`, assembled by
+:mod:`verl_offpolicy.glue.config`): the schedule (s, d) and the ratio anchor."""
+
+from __future__ import annotations
+
+from verl_offpolicy.core.schedule import check_schedule
+from verl_offpolicy.glue.knobs import Knob
+
+RATIO_ANCHORS = ("behaviour", "rollout", "proximal")
+
+
+def _sync_interval(key: str, value) -> None:
+    check_schedule(value, 0)
+
+
+def _sync_offset(key: str, value) -> None:
+    check_schedule(1, value)
+
+
+OFFPOLICY_KNOBS = (
+    Knob("sync_interval", 1, "s ≥ 1: rollout weights refreshed every s training steps (1 = on-policy, stock verl).",
+         check=_sync_interval),
+    Knob("sync_offset", 0, "d ≥ 0: batches generated before training starts (delayed feedback).", check=_sync_offset),
+    Knob("ratio_anchor", "proximal",
+         "What old_log_prob means in the loss: behaviour (training engine at the generating weights), rollout "
+         "(inference engine log-probs), proximal (verl's default, recomputed each step).",
+         choices=RATIO_ANCHORS),
+)
