@@ -14,7 +14,7 @@ from verl_offpolicy.cli import main, preset_header, preset_names
 from verl_offpolicy.configs import PRIMARY_CONFIGS
 from verl_offpolicy.cpu.platform import is_loopback
 from verl_offpolicy.demo.command import rollout_overrides
-from verl_offpolicy.demo.process import session_processes
+from verl_offpolicy.demo.process import processes_mentioning
 
 # The console script pip installs next to this environment's python (PATH may not include it).
 EXE = str(Path(sys.executable).parent / "verl-offpolicy")
@@ -284,7 +284,7 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
     assert "overloaded" in proc.stdout and "--timeout" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
     assert set(Path("/tmp").glob("vo-doctor-*")) == before
-    assert session_processes("vo-doctor-") == []
+    assert processes_mentioning("vo-doctor-") == []
 
 
 def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flags_other_versions():
@@ -344,7 +344,7 @@ def test_ray_that_cannot_start_is_a_finding(monkeypatch):
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}
     with pytest.raises(ProbeError, match="Ray could not start a worker: .*Error"):
         ray_worker_state(env, timeout=240)
-    assert session_processes("vo-doctor-") == []
+    assert processes_mentioning("vo-doctor-") == []
 
 
 # ------------------------------------------------------------ check: what the workers will see
@@ -402,3 +402,61 @@ def test_cluster_rejects_bad_sizes_and_a_stop_without_its_dir_before_starting_an
     assert main(["cluster", "stop"]) == 2
     assert "--dir is required" in capsys.readouterr().err
     assert set(Path("/tmp").glob("vo-cluster-*")) == before
+
+
+def _sleeper(*args: str) -> subprocess.Popen:
+    """A process whose command line names ``args`` (as a Ray process names its session dir)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", *args])
+
+
+def test_cluster_stop_refuses_what_cluster_start_did_not_make_and_touches_nothing(tmp_path, capsys):
+    """`cluster stop --dir D` on a dir that is not a cluster's (a typo: the temp folder, a truncated name) once
+    killed every process whose command line contained D and removed D's tree. Now: refused, nothing ended or removed."""
+    plain = tmp_path / "nc"
+    plain.mkdir()
+    (plain / "important.txt").write_text("keep")
+    other = _sleeper(f"{plain}-other-run")
+    try:
+        assert main(["cluster", "stop", "--dir", str(plain)]) == 1
+        err = capsys.readouterr().err
+        assert f"{plain} is not a cluster dir" in err and "nothing was stopped" in err
+        named = tmp_path / "vo-cluster-lookalike"  # the right name but no marker: not made by `cluster start`
+        named.mkdir()
+        assert main(["cluster", "stop", "--dir", str(named)]) == 1
+        assert "has no vo-cluster file" in capsys.readouterr().err
+        assert main(["cluster", "stop", "--dir", str(tmp_path / "vo-cluster-missing")]) == 1
+        assert "does not exist" in capsys.readouterr().err
+        assert other.poll() is None and (plain / "important.txt").read_text() == "keep" and named.is_dir()
+    finally:
+        other.kill()
+        other.wait(timeout=60)
+
+
+def test_cluster_stop_ends_only_the_processes_of_its_own_dir(tmp_path, capsys):
+    """A cluster dir's own processes (naming it or a path under it) end and the dir goes; a process naming a
+    longer dir that starts with the same characters (another run) lives on."""
+    from verl_offpolicy.demo.cluster import MARKER_NAME, MARKER_TEXT
+
+    path = tmp_path / "vo-cluster-abc"
+    path.mkdir()
+    (path / MARKER_NAME).write_text(MARKER_TEXT)
+    ours, ours_option, theirs = _sleeper(str(path)), _sleeper(f"--temp-dir={path}/session_1"), _sleeper(f"{path}x")
+    try:
+        assert main(["cluster", "stop", "--dir", str(path)]) == 0
+        assert ours.wait(timeout=60) is not None and ours_option.wait(timeout=60) is not None
+        assert theirs.poll() is None and not path.exists()
+    finally:
+        for proc in (ours, ours_option, theirs):
+            proc.kill()
+            proc.wait(timeout=60)
+
+
+def test_names_path_matches_a_path_or_one_under_it_not_a_longer_name():
+    from verl_offpolicy.demo.process import names_path
+
+    assert names_path(["python", "-m", "x", "serve", "/tmp/d"], "/tmp/d")
+    assert names_path(["raylet", "--session_dir=/tmp/d/session_1"], "/tmp/d")
+    assert names_path(["w", '--cfg={"temp_dir": "/tmp/d"}'], "/tmp/d")
+    assert not names_path(["python", "/tmp/d-other-run"], "/tmp/d")
+    assert not names_path(["python", "/tmp/dd/x", "--x=/tmp/dx"], "/tmp/d")
+    assert not names_path(["python", "/home/tmp/d"], "/tmp/d")

@@ -366,6 +366,57 @@ def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_no
                 os.unlink(path)
 
 
+@pytest.mark.slow  # starts a Python process (the semaphore's live holder)
+def test_a_live_spawn_context_semaphore_of_another_process_is_never_orphaned():
+    """glibc maps a named semaphore under a temporary name (``sem.XXXXXX (deleted)``), so by name a semaphore in
+    use looks unmapped: a demo's clean-up unlinked another run's live ``sem.mp-*`` and its vLLM engine died
+    (``SemLock._rebuild ... FileNotFoundError``). Holders are found by inode."""
+    from verl_offpolicy.demo.process import SHM_DIR, orphaned_since, shared_memory_listing
+
+    before = shared_memory_listing()
+    code = ("import multiprocessing as mp, sys, time\nlock = mp.get_context('spawn').Lock()\n"
+            "print(lock._semlock.name, flush=True)\ntime.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        name = holder.stdout.readline().strip()  # e.g. /mp-abc123: the file is /dev/shm/sem.mp-abc123
+        path = f"{SHM_DIR}/sem.{name.lstrip('/')}"
+        assert os.path.exists(path), path
+        assert path not in orphaned_since(before)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+
+
+@pytest.mark.slow  # starts a Python process (the file's holder)
+def test_a_runs_clean_up_takes_only_files_its_own_processes_mapped(tmp_path):
+    """``owned`` (what :class:`SharedMemoryWatch` recorded of the run's processes): an unmapped file another
+    process made and left is not the run's to remove; one the run's process mapped, then left, is."""
+    from verl_offpolicy.demo.process import SHM_DIR, SharedMemoryWatch, orphaned_since, shared_memory_listing
+
+    tag = f"votest{os.getpid()}"
+    ours, theirs = f"{SHM_DIR}/psm_{tag}_ours", f"{SHM_DIR}/psm_{tag}_theirs"
+    before = shared_memory_listing()
+    code = (f"import mmap, time\nf = open({ours!r}, 'w+b'); f.write(bytes(4096)); f.flush()\n"
+            "m = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\ntime.sleep(600)")
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        Path(theirs).write_bytes(b"\0" * 4096)
+        assert run.stdout.readline().strip() == "mapped"
+        watch = SharedMemoryWatch()
+        watch.poll(run, None)
+        run.kill()
+        run.wait(timeout=60)
+        assert [p for p in orphaned_since(before, owned=watch.inodes) if tag in p] == [ours]
+        assert [p for p in orphaned_since(before) if tag in p] == sorted([ours, theirs])  # without owned: both
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=60)
+        for path in (ours, theirs):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
 @pytest.mark.slow  # starts Python processes
 def test_ending_a_run_stops_its_ray_session_while_the_driver_still_shuts_down(tmp_path):
     """verl's trainer is a Ray actor, outside the driver's process group: ending the run must stop it at once,

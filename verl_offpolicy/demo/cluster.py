@@ -12,9 +12,10 @@ server process (``python -m verl_offpolicy.demo.cluster serve DIR``) that holds 
 raylets and agents to every interface and rewrites 127.0.0.1 to the machine's address. With it off
 (:data:`verl_offpolicy.cpu.platform.LOOPBACK_ENV`), every process of every node listens on 127.0.0.1.
 
-Every process of the cluster names its dir (``/tmp/vo-cluster-*``) in its command line:
-:meth:`LocalCluster.stop` ends exactly those, never another Ray cluster of the machine (``ray stop``
-would end them all). The cluster's Ray token is in that dir (mode 0600); a process that joins needs
+Every process of the cluster names its dir (``/tmp/vo-cluster-*``, holding a ``vo-cluster`` marker file) in
+its command line: :meth:`LocalCluster.stop` acts only on such a dir of this user's and ends exactly this user's
+processes that name it as a path, never another Ray cluster of the machine (``ray stop`` would end them all)
+nor a process of a dir whose name merely starts the same. The cluster's Ray token is in that dir (mode 0600); a process that joins needs
 :meth:`LocalCluster.env`.
 """
 
@@ -41,6 +42,9 @@ from verl_offpolicy.demo.process import (
 
 CLUSTER_DIR_PREFIX = "vo-cluster-"
 STATE_NAME = "cluster.json"  # in the cluster's dir, written by the server once every node is up
+# In the cluster's dir from its creation: what `stop` requires before it ends a process or removes a file.
+MARKER_NAME = "vo-cluster"
+MARKER_TEXT = "a Ray cluster of `verl-offpolicy cluster start`; `verl-offpolicy cluster stop --dir <this dir>` ends it\n"
 LOG_NAME = "server.log"
 START_TIMEOUT_S = 600.0  # every node up (about 20 s on an idle 2-core machine, minutes under load)
 MODULE = "verl_offpolicy.demo.cluster"
@@ -117,6 +121,7 @@ class LocalCluster:
     def _start_once(cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None],
                     base_env: dict[str, str]) -> "LocalCluster":
         cluster = cls(make_owned_temp_dir(CLUSTER_DIR_PREFIX, parent))
+        (cluster.path / MARKER_NAME).write_text(MARKER_TEXT)
         (cluster.path / "nodes.json").write_text(json.dumps([asdict(n) for n in nodes]))
         env = {**base_env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
         env.update(_token_env(cluster.path))
@@ -156,10 +161,31 @@ class LocalCluster:
     def processes(self) -> list:
         return session_processes(str(self.path))
 
+    def check_ours(self) -> None:
+        """Raise :class:`ClusterError` naming what is there unless ``path`` is a cluster dir ``cluster start``
+        made for this user: a ``vo-cluster-*`` dir, owned by this user, holding the marker file."""
+        path = self.path
+        if not path.exists():
+            raise ClusterError(f"{path} does not exist: no cluster to stop (give the dir `cluster start` printed)")
+        if not path.is_dir() or path.is_symlink():
+            raise ClusterError(f"{path} is not a directory: not a cluster dir; nothing was stopped")
+        if not path.name.startswith(CLUSTER_DIR_PREFIX):
+            raise ClusterError(f"{path} is not a cluster dir (its name does not start with {CLUSTER_DIR_PREFIX!r}); "
+                               "nothing was stopped or removed")
+        if path.stat().st_uid != os.getuid():
+            raise ClusterError(f"{path} belongs to another user (uid {path.stat().st_uid}); nothing was stopped")
+        if not (path / MARKER_NAME).is_file():
+            raise ClusterError(f"{path} has no {MARKER_NAME} file, so `cluster start` did not make it; nothing was "
+                               f"stopped or removed (its entries: {', '.join(sorted(p.name for p in path.iterdir())[:8]) or 'none'})")
+
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the server (it shuts its nodes down), end whatever of the cluster is left, remove the dir."""
+        """SIGTERM the server (it shuts its nodes down), end whatever of the cluster is left, remove the dir.
+
+        Only a dir :meth:`check_ours` accepts, and only this user's processes whose command line names the dir
+        as a path (:func:`~verl_offpolicy.demo.process.session_processes`), never another dir's."""
         import shutil
 
+        self.check_ours()
         server = [p for p in self.processes() if f"{MODULE} serve" in " ".join(p.cmdline())]
         end_processes(server, grace_s)
         end_processes(self.processes(), 10.0)

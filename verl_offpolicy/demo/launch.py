@@ -12,8 +12,8 @@ from typing import Callable, Optional, Sequence
 
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.process import (
-    held_shared_memory, kill_process_tree, listening_addresses, orphaned_since, remove_leftover_files,
-    shared_memory_listing, spawn,
+    SharedMemoryWatch, held_shared_memory, kill_process_tree, listening_addresses, orphaned_since,
+    remove_leftover_files, shared_memory_listing, spawn,
 )
 from verl_offpolicy.demo.progress import STEP_LINE
 
@@ -39,7 +39,8 @@ def run_subprocess(
     ``shared_memory`` is a dict, ``held`` receives the ``/dev/shm`` files the run's processes have mapped at
     that step and ``removed`` those of them the run left behind, which are unlinked once its processes are
     gone (vLLM's engine queues and semaphores: their creators never shut down, see docs/vllm_cpu.md), plus the
-    files the run created after that step and left unmapped (:func:`~verl_offpolicy.demo.process.orphaned_since`). On timeout
+    files the run's processes mapped (polled while it runs) and left unmapped
+    (:func:`~verl_offpolicy.demo.process.orphaned_since`; never another run's). On timeout
     the process tree is killed and :class:`DemoError` is raised with the log's tail. After any exit,
     processes of the run's Ray session that are still alive are ended. ``pass_fds`` stay open in the
     subprocess (the output directory's lock). ``log_banner``: if not empty, ``log_path`` is appended to,
@@ -63,13 +64,29 @@ def run_subprocess(
 
         reader = threading.Thread(target=_pump, args=(proc, log, on_first_step, on_line), daemon=True)
         reader.start()
+        watch, stop_watch = SharedMemoryWatch(), threading.Event()
+        if shared_memory is not None:
+            threading.Thread(target=_watch_shared_memory, args=(watch, stop_watch, proc, ray_marker), daemon=True).start()
         try:
             returncode = _wait(proc, reader, timeout, ray_marker, log_path)
         finally:
+            stop_watch.set()
             if shared_memory is not None:
-                left = sorted(set(held) | set(orphaned_since(before)))
+                left = sorted(set(held) | set(orphaned_since(before, owned=watch.inodes)))
                 shared_memory.update(held=sorted(held), removed=remove_leftover_files(left))
     return returncode, time.monotonic() - start, marks
+
+
+SHM_POLL_S = 1.0  # how often the run's /dev/shm mappings are recorded (SharedMemoryWatch)
+
+
+def _watch_shared_memory(watch: SharedMemoryWatch, stop: threading.Event, proc: subprocess.Popen, ray_marker: Optional[str]) -> None:
+    while not stop.is_set() and proc.poll() is None:
+        try:
+            watch.poll(proc, ray_marker)
+        except Exception:  # noqa: BLE001 - a process ending mid-read; the next poll sees the rest
+            pass
+        stop.wait(SHM_POLL_S)
 
 
 def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_marker: Optional[str], log_path: Path) -> int:

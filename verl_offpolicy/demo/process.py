@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -42,18 +43,44 @@ def retry_ray_start(start: Callable[[int], T], errors: type[Exception], say: Cal
     return start(RAY_START_ATTEMPTS)
 
 
+def names_path(cmdline: Sequence[str], path: str) -> bool:
+    """Whether a command line names ``path`` or a path under it as an argument or an option's value
+    (``/d``, ``--temp-dir=/d``, ``/d/session_1/sockets/raylet``), not merely a longer name that starts with it
+    (``/d-other-run``)."""
+    pattern = re.compile(r"(?:^|[=\s,:'\"])" + re.escape(path.rstrip("/")) + r"(?:$|[/\s,:'\"])")
+    return any(pattern.search(arg) for arg in cmdline)
+
+
 def session_processes(marker: str) -> list:
-    """Processes whose command line mentions ``marker`` (our unique Ray temp dir)."""
+    """This user's processes whose command line names the path ``marker`` (our unique Ray temp dir, or a
+    cluster's dir; :func:`names_path`), other than this one."""
     import psutil
 
     found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    me, uid = os.getpid(), os.getuid()
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
         try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
+            cmdline, uids = proc.info["cmdline"] or [], proc.info["uids"]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if proc.info["pid"] != me and marker in cmdline:
+        if proc.info["pid"] != me and uids is not None and uids.real == uid and names_path(cmdline, marker):
+            found.append(proc)
+    return found
+
+
+def processes_mentioning(text: str) -> list:
+    """This user's processes whose command line contains ``text`` anywhere (a broad check that nothing of a
+    kind is left, e.g. ``vo-doctor-``); to act on a session use :func:`session_processes`."""
+    import psutil
+
+    me, uid = os.getpid(), os.getuid()
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            cmdline, uids = " ".join(proc.info["cmdline"] or []), proc.info["uids"]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.info["pid"] != me and uids is not None and uids.real == uid and text in cmdline:
             found.append(proc)
     return found
 
@@ -124,17 +151,59 @@ def shared_memory_listing() -> set[str]:
         return set()
 
 
-def mapped_anywhere() -> set[str]:
-    """The ``/dev/shm`` files some live process of this machine (that we may read) has mapped."""
-    return set().union(*(_mapped_shared_memory(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()))
+def _mapped_inodes(pid: int | str) -> set[tuple[str, int]]:
+    """(device, inode) of every ``/dev/shm`` file process ``pid`` maps, unlinked names included: glibc maps a named
+    semaphore under a temporary name (``/dev/shm/sem.XXXXXX (deleted)``) before linking it as ``sem.<name>``, so
+    only the inode ties a semaphore in use to its holder. Empty if the process ended or is not ours to read."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/"):
+                    found.add((fields[3], int(fields[4])))
+    except (OSError, ValueError):
+        pass
+    return found
 
 
-def orphaned_since(before: set[str]) -> list[str]:
+def _inode(path: str) -> Optional[tuple[str, int]]:
+    """``path``'s (device as /proc/<pid>/maps writes it, inode), or None if it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino
+
+
+def mapped_anywhere() -> set[tuple[str, int]]:
+    """The (device, inode) of every ``/dev/shm`` file some live process of this machine (that we may read) maps."""
+    return set().union(*(_mapped_inodes(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()))
+
+
+class SharedMemoryWatch:
+    """The ``/dev/shm`` files a run's processes map, recorded while it runs (:meth:`poll`, from a thread): the
+    only files :func:`orphaned_since` may hand to the run's clean-up, so another run's are never among them."""
+
+    def __init__(self) -> None:
+        self.inodes: set[tuple[str, int]] = set()
+
+    def poll(self, proc: subprocess.Popen, ray_marker: Optional[str]) -> None:
+        for p in _run_processes(proc, ray_marker):
+            self.inodes |= _mapped_inodes(p.pid)
+
+
+def orphaned_since(before: set[str], owned: Optional[set[tuple[str, int]]] = None) -> list[str]:
     """Files of :data:`RUN_SHM_PREFIXES` created under ``/dev/shm`` since ``before`` (a listing) that no live
-    process maps: what a run left once its processes are gone. A semaphore or segment in use is mapped by its
-    holder (``sem_open``/``shm_open`` + ``mmap``), so another job's live files are never among them."""
+    process maps (by inode: a semaphore in use is mapped by its holder under a temporary name): what a run
+    left once its processes are gone. With ``owned`` (:attr:`SharedMemoryWatch.inodes`), only files the run's
+    own processes mapped: another run's, even one it left itself, is never taken."""
     new = {p for p in shared_memory_listing() - before if os.path.basename(p).startswith(RUN_SHM_PREFIXES)}
-    return sorted(new - mapped_anywhere()) if new else []
+    if not new:
+        return []
+    inodes = {p: _inode(p) for p in new}
+    mapped = mapped_anywhere()
+    return sorted(p for p, ino in inodes.items() if ino is not None and ino not in mapped and (owned is None or ino in owned))
 
 
 def remove_leftover_files(paths: Sequence[str]) -> list[str]:
