@@ -30,22 +30,42 @@ from verl_offpolicy.glue.knobs import (  # noqa: F401 - the names the startup ru
     LOSS_PREFIX,
     Knob,
     OffPolicyConfigError,
+    SECTIONS,
     OffPolicySection,
     check_number,
     select,
 )
 
 SCHEDULER_MODULE = "verl_offpolicy.glue.scheduler.knobs"
+# Families that failed to import in this process (their knobs are missing): building a section then raises
+# the registration error that names the cause (glue/registration.py records it), not an unexpected keyword.
+_UNLOADED: list[str] = []
 
 
 def family_modules() -> tuple[Any, ...]:
     """The modules that declare knobs: the scheduler, then every family of the algorithms part (file-name order)."""
-    return tuple(importlib.import_module(name) for name in (SCHEDULER_MODULE, *algorithms.family_modules()))
+    modules = []
+    for name in (SCHEDULER_MODULE, *algorithms.family_modules()):
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception as exc:  # noqa: BLE001 - reported when a section is built (_refuse_if_unloaded)
+            _UNLOADED.append(f"importing {name} raised {type(exc).__name__}: {exc}")
+    return tuple(modules)
+
+
+def _refuse_if_unloaded(kind: str, name: Any) -> None:
+    """Raise the registration error naming the cause if a family failed to import in this process."""
+    if not _UNLOADED:
+        return
+    from verl_offpolicy.glue.registration import RegistrationError, require_registration
+
+    require_registration(kind, name)  # raises with the recorded cause when ``name`` is one of ours
+    raise RegistrationError(f"verl-offpolicy could not load its algorithm families: {'; '.join(_UNLOADED)}")
 
 
 def declared_knobs(section: str) -> tuple[Knob, ...]:
     """Every family's knobs of ``section`` (``offpolicy`` or ``loss``); a name declared twice is an error."""
-    attribute = {"offpolicy": "OFFPOLICY_KNOBS", "loss": "LOSS_KNOBS"}[section]
+    attribute = {"offpolicy": "OFFPOLICY_KNOBS", "loss": "LOSS_KNOBS"}[section]  # one per key of SECTIONS
     found: dict[str, tuple[Knob, str]] = {}
     for module in family_modules():
         for knob in getattr(module, attribute, ()):
@@ -62,7 +82,12 @@ def _docstring(summary: str, prefix: str, knobs: tuple[Knob, ...]) -> str:
 
 def _assemble(name: str, base: type, section: str, summary: str, namespace: dict) -> type:
     knobs = declared_knobs(section)
-    prefix = {"offpolicy": ALGO_PREFIX, "loss": LOSS_PREFIX}[section]
+    prefix = SECTIONS[section]
+    kind, selector, default = {"loss": ("policy_loss", "loss_mode", "vanilla"), "offpolicy": ("adv_estimator", None, None)}[section]
+
+    def __new__(cls, *args, **kwargs):
+        _refuse_if_unloaded(kind, kwargs.get(selector, default) if selector else default)
+        return object.__new__(cls)
 
     def __post_init__(self) -> None:
         if hasattr(base, "__post_init__"):  # verl's own checks of its fields first
@@ -74,7 +99,7 @@ def _assemble(name: str, base: type, section: str, summary: str, namespace: dict
         name,
         [(k.name, Any, field(default=k.default)) for k in knobs],
         bases=(OffPolicySection,) if base is object else (base, OffPolicySection),
-        namespace={"__post_init__": __post_init__, "KNOBS": knobs, "PREFIX": prefix, **namespace},
+        namespace={"__new__": __new__, "__post_init__": __post_init__, "KNOBS": knobs, "PREFIX": prefix, **namespace},
     )
     cls.__module__ = __name__  # pickled by reference (Ray ships the sections to the workers)
     cls.__doc__ = _docstring(summary, prefix, knobs)

@@ -37,8 +37,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py),
     # after recording (and clearing) what another package registered earlier under one of our names.
     "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.registration:take_over_our_names", *algorithms.family_modules()),
-    # The scheduler trainer's registered base; it imports its mode classes when it builds one.
-    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
+    # The scheduler trainer's registered name and its two mode classes (the registered class builds one of them).
+    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.colocated", "verl_offpolicy.glue.scheduler.overlapped"),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
@@ -109,7 +109,8 @@ def _in_trainer_registry(name: str) -> bool:
 # Read from the algorithms part's decorators (one source: the adapter that registers the name).
 ADV_ESTIMATORS = algorithms.declared_names(algorithms.ESTIMATOR_DECORATOR)
 POLICY_LOSSES = algorithms.declared_names(algorithms.LOSS_DECORATOR)
-TRAINERS = ("offpolicy",)
+OFFPOLICY_TRAINER = "offpolicy"  # trainer.v1.trainer_mode of the staleness scheduler (glue/scheduler/trainer.py)
+TRAINERS = (OFFPOLICY_TRAINER,)
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
 ROLLOUTS = (HF_ROLLOUT,)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
+from verl_offpolicy.glue.algorithms.opmd import PAIRWISE_OPMD
+from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER as SCHEDULER_TRAINER
 from verl_offpolicy.glue.registration import POLICY_LOSSES
 
-SCHEDULER_TRAINER = "offpolicy"
 # verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): see check_verl_async_modes.
 VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
-PAIRWISE_OPMD = "pairwise_opmd"
 
 
 def check_rollout_correction(view: ConfigView) -> None:

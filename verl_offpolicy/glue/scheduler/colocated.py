@@ -43,8 +43,10 @@ from verl_offpolicy.glue.scheduler.trainer import (
 )
 
 
-class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True):
+class ColocatedTrainer(OffPolicyTrainer):
     """The rollout sleeps while the trainer trains; one wake-up and weight sync per version that generates."""
+
+    HYBRID_ENGINE = True
 
     def __init__(self, config):
         self._rollout_version: int | None = None  # weights version the awake rollout holds; None = asleep

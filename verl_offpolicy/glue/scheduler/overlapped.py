@@ -52,8 +52,10 @@ from verl_offpolicy.glue.scheduler.trainer import (
 PRIORITY_FIELD = "priority"
 
 
-class OverlappedTrainer(OffPolicyTrainer, hybrid_engine=False):
+class OverlappedTrainer(OffPolicyTrainer):
     """The rollout generates on its own pool while the trainer trains; one weight push per version."""
+
+    HYBRID_ENGINE = False
 
     # verl's PPOTrainer._setup builds no colocated replicas (and a pure Actor worker) when this is False.
     _enable_hybrid_replicas = False

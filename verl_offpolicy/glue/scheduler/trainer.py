@@ -32,7 +32,6 @@ Each mode's docstring is its table of verl hooks and what they do to the rollout
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
@@ -168,27 +167,17 @@ def is_overlapped(config) -> bool:
 class OffPolicyTrainer(PPOTrainer):
     """verl's v1 trainer with staleness-controlled rollouts (``docs/scheduler.md``); builds the mode's class.
 
-    A mode class declares the ``actor_rollout_ref.hybrid_engine`` value it serves
-    (``class ColocatedTrainer(OffPolicyTrainer, hybrid_engine=True)``); ``OffPolicyTrainer(config)``
-    returns an instance of the class of the configured mode, so verl's one registered name serves both.
+    A mode class is a subclass that says which ``actor_rollout_ref.hybrid_engine`` value it serves
+    (``HYBRID_ENGINE``); ``OffPolicyTrainer(config)`` returns an instance of the configured mode's class, so
+    verl's one registered name serves both. The registration imports both mode modules (``glue/registration.py``).
     """
 
-    # hybrid_engine -> the module of the mode's class, imported when a trainer of that mode is built (the mode
-    # modules import this one, so none of them is imported while verl's trainer_base imports this module)
-    MODE_MODULES = {True: "verl_offpolicy.glue.scheduler.colocated", False: "verl_offpolicy.glue.scheduler.overlapped"}
-    MODES: dict[bool, type[OffPolicyTrainer]] = {}  # hybrid_engine -> the mode's class (set as each is defined)
-
-    def __init_subclass__(cls, *, hybrid_engine: bool, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if hybrid_engine in OffPolicyTrainer.MODES:
-            raise TypeError(f"hybrid_engine={hybrid_engine} is served by {OffPolicyTrainer.MODES[hybrid_engine].__name__}")
-        OffPolicyTrainer.MODES[hybrid_engine] = cls
+    HYBRID_ENGINE: bool | None = None  # set by each mode class
 
     def __new__(cls, config=None, *args, **kwargs):
         if cls is OffPolicyTrainer:
             hybrid_engine = not is_overlapped(config)
-            importlib.import_module(OffPolicyTrainer.MODE_MODULES[hybrid_engine])
-            cls = OffPolicyTrainer.MODES[hybrid_engine]
+            cls = next(mode for mode in OffPolicyTrainer.__subclasses__() if mode.HYBRID_ENGINE == hybrid_engine)
         return super().__new__(cls)
 
     def __init__(self, config):
