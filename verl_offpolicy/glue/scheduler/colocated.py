@@ -30,7 +30,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_from_nested
 
-from verl_offpolicy.glue.scheduler.metrics import rollout_call_metrics
+from verl_offpolicy.glue.scheduler.metrics import WAIT_S, rollout_call_metrics
 from verl_offpolicy.glue.scheduler.rollout import push_label
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_FIELD,
@@ -79,7 +79,7 @@ class ColocatedTrainer(OffPolicyTrainer):
         if self.replay_buffer.head(step) is None:
             raise RuntimeError(f"offpolicy scheduler: no batch is scheduled for step {step}")
         # colocated: the trainer waits for every generation
-        return {**rollout_call_metrics(len(steps)), "offpolicy/wait_s": time.perf_counter() - start}
+        return {**rollout_call_metrics(len(steps)), WAIT_S: time.perf_counter() - start}
 
     # ------------------------------------------------------------------ rollout life cycle
 

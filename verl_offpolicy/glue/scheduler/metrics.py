@@ -35,6 +35,12 @@ ROLLOUT_BATCHES_PER_SYNC = "offpolicy/rollout_batches_per_sync"
 ROLLOUT_CALLS = "offpolicy/rollout_calls"
 GENERATED_BATCHES = "offpolicy/generated_batches"
 ANCHOR_LOG_RATIO = "offpolicy/anchor_log_ratio/mean"
+WAIT_S = "offpolicy/wait_s"  # the trainer's wait for its batch at this step
+SYNC_WAIT_S = "offpolicy/sync_wait_s"  # overlapped: the wait for a weight push to the rollout
+WEIGHT_PUSHES = "offpolicy/weight_pushes"
+ROLLOUT_BUSY_FRACTION = "offpolicy/rollout_busy_fraction"
+OBSERVED_VERSION_MIN = "offpolicy/observed_version/min"  # the versions the rollout reported for the trained batch
+OBSERVED_VERSION_MAX = "offpolicy/observed_version/max"
 
 # DAPO group filtering (algorithm.filter_groups, glue/scheduler/filtering.py), logged at the step that trains the
 # batch: verl's names for what was filtered (verl counts prompt groups as "samples"), ours for the rounds.

@@ -38,6 +38,9 @@ from verl.utils.debug import marked_timer
 
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
+from verl_offpolicy.glue.scheduler.metrics import (
+    GENERATED_BATCHES, ROLLOUT_BUSY_FRACTION, ROLLOUT_CALLS, SYNC_WAIT_S, WAIT_S, WEIGHT_PUSHES,
+)
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
     STEP_TAG,
@@ -105,7 +108,7 @@ class OverlappedTrainer(OffPolicyTrainer):
             sync_wait = self._wait_in_flight()  # nothing of the previous version in flight: nothing aborted
             metrics = self.standalone.push(self.global_steps)
         self._submit(self.global_steps)
-        self._pending_sync_metrics = {**metrics, "offpolicy/sync_wait_s": sync_wait}
+        self._pending_sync_metrics = {**metrics, SYNC_WAIT_S: sync_wait}
 
     def _save_checkpoint(self):
         # Nothing in flight at a checkpoint: the saved FIFO holds finished batches only, so a resumed run
@@ -175,12 +178,12 @@ class OverlappedTrainer(OffPolicyTrainer):
         version, batches = self._last_submission if self._last_submission else (None, 0)
         submitted = version == step - 1
         metrics = {
-            "offpolicy/wait_s": time.perf_counter() - start,
-            "offpolicy/rollout_calls": float(submitted),
-            "offpolicy/generated_batches": float(batches if submitted else 0),
-            "offpolicy/weight_pushes": float(self.standalone.pushes),
+            WAIT_S: time.perf_counter() - start,
+            ROLLOUT_CALLS: float(submitted),
+            GENERATED_BATCHES: float(batches if submitted else 0),
+            WEIGHT_PUSHES: float(self.standalone.pushes),
         }
         busy = self.standalone.busy_fraction()
         if busy is not None:
-            metrics["offpolicy/rollout_busy_fraction"] = busy
+            metrics[ROLLOUT_BUSY_FRACTION] = busy
         return metrics

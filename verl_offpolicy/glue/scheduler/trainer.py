@@ -52,7 +52,9 @@ from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
 from verl_offpolicy.glue.scheduler.filtering import (
     FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
 )
-from verl_offpolicy.glue.scheduler.metrics import ANCHOR_LOG_RATIO, anchor_corr_metrics, filter_metrics, queue_metrics
+from verl_offpolicy.glue.scheduler.metrics import (
+    ANCHOR_LOG_RATIO, OBSERVED_VERSION_MAX, OBSERVED_VERSION_MIN, anchor_corr_metrics, filter_metrics, queue_metrics,
+)
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
@@ -239,7 +241,7 @@ class OffPolicyTrainer(PPOTrainer):
                 )
             return {}
         low, high = observed
-        return {"offpolicy/observed_version/min": float(low), "offpolicy/observed_version/max": float(high)}
+        return {OBSERVED_VERSION_MAX: float(high), OBSERVED_VERSION_MIN: float(low)}
 
     # ------------------------------------------------------------------ sampler and checkpoint
 
