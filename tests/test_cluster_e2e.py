@@ -1,4 +1,4 @@
-"""A Ray cluster of three nodes that exists before the run, and verl's ``main_ppo`` joining it (issue 27, item 4).
+"""A Ray cluster of three nodes that exists before the run, and verl's ``main_ppo`` joining it.
 
 ``verl_offpolicy.demo.cluster.LocalCluster``: raylets on 127.0.0.1 (Ray's ``cluster_utils``), started before the
 run as a user's cluster is. The demo joins it (``--ray-address``) in the overlapped mode at (s, d) = (2, 1): the

@@ -1,4 +1,4 @@
-"""A demo re-run in the same output directory (issue 30, item 2): it continues the run from verl's latest
+"""A demo re-run in the same output directory: it continues the run from verl's latest
 checkpoint there, keeps every earlier record (train.log and metrics.jsonl appended to, never deleted), marks
 the restart, and reads back steps 1..N with each step's latest record."""
 

@@ -1,4 +1,4 @@
-"""Re-running ``verl-offpolicy demo`` in the same output directory (issue 30, items 1 and 2), end to end.
+"""Re-running ``verl-offpolicy demo`` in the same output directory, end to end.
 
 One chain of three runs of the installed command's module (``python -m verl_offpolicy.cli demo``), ``opmd`` at
 (s, d) = (1, 1) with a checkpoint after every step (``trainer.save_freq=1``), 4 prompts x 4 samples:

@@ -1,4 +1,4 @@
-"""Hardening of the pure math (issue 30): non-finite log-probs raise naming the sample (M2PO, k2, k2_seq and
+"""Hardening of the pure math: non-finite log-probs raise naming the sample (M2PO, k2, k2_seq and
 every other loss), and integer or bool rewards give floating-point advantages.
 
 Losses are called through verl's registry (``get_policy_loss_fn``) as verl's worker calls them, and the

@@ -118,7 +118,7 @@ def _start(demo_runs, mode, s, d):
 
 
 # The setting whose comparison runs in the default tier: (2, 1), a stale setting where a version's several
-# batches stream ahead of training (issue 28's acceptance names (2, 1) and (4, 1)). (4, 1), (1, 0) (cannot
+# batches stream ahead of training ((2, 1) and (4, 1) in the default tier). (4, 1), (1, 0) (cannot
 # overlap) and (1, 1) are in the extended tier (-m extended): the same code path at other (s, d), outside the
 # default run's 30-minute budget; the (4, 1) submission order is also a fast test below, and the (4, 1)
 # schedule runs in the default tier colocated (test_scheduler_e2e.py) and with two ranks (test_ranks_e2e.py).

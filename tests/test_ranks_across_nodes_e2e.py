@@ -1,4 +1,4 @@
-"""Training ranks on two Ray nodes: ``trainer.nnodes=2`` on an existing cluster (issue 27, items 3 and 4).
+"""Training ranks on two Ray nodes: ``trainer.nnodes=2`` on an existing cluster.
 
 A cluster of two nodes on 127.0.0.1 with one fake GPU each (``verl_offpolicy.demo.cluster.LocalCluster``), started
 before the run; the demo joins it with the colocated (2, 1) pair run's configuration (tests/scenario_runs.py:

@@ -113,7 +113,7 @@ def _queued_at_checkpoint(schedule: Schedule, saved: int, run_steps: int) -> set
 @pytest.mark.parametrize("s,d", [(1, 0), (1, 1), (2, 0), (2, 1), (4, 1), (3, 5), (1, 3)])
 @pytest.mark.parametrize("run_steps", [1, 3, 8])
 def test_a_checkpointing_run_can_be_extended_at_the_scheduled_versions(s, d, run_steps):
-    """Issue 30 (1): a run of N steps saves its last checkpoint at N; a run resumed from it with more steps must
+    """A run of N steps saves its last checkpoint at N; a run resumed from it with more steps must
     find every batch the schedule generates at a version before N in that checkpoint (those weights are gone).
     Wherever s + d <= N the checkpoint holds them, for any number of steps of the resumed run."""
     schedule = Schedule(s, d)

@@ -1,7 +1,7 @@
 """Run a command that dies with the process that started it: ``python -m verl_offpolicy.demo.parent_death PID -- CMD ...``.
 
 The demo runs ``main_ppo`` in a session of its own (so that it can kill the whole group), which also means
-nothing ends it when the demo itself is SIGKILLed (the OOM killer, ``kill -9``): it used to run on for a
+nothing would end it when the demo itself is SIGKILLed (the OOM killer, ``kill -9``): it would run on for a
 minute and leave its Ray temp dir behind. This launcher asks the kernel for SIGKILL when its parent ends
 (Linux ``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``), checks that the parent ``PID`` is still the
 parent (it may have died before the request), then execs the command. Ray's GCS and raylet, started by
