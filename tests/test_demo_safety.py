@@ -117,6 +117,7 @@ def test_run_files_stay_under_the_output_and_ray_temp_dirs(tmp_path):
     env = run_files_env(tmp_path / "out", str(ray_dir), {})
     assert env["HF_DATASETS_CACHE"].startswith(str(tmp_path / "out"))
     assert env["MPLCONFIGDIR"].startswith(str(tmp_path / "out"))
+    assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path / "out"))  # demo --rollout vllm wrote ~/.cache/vllm
     token = Path(env["RAY_AUTH_TOKEN_PATH"])
     assert token.parent == ray_dir and len(token.read_text()) == 64 and token.stat().st_mode & 0o777 == 0o600
     kept = run_files_env(tmp_path / "out", str(ray_dir), {"MPLCONFIGDIR": "/mine", "RAY_AUTH_MODE": "disabled"})
@@ -484,3 +485,18 @@ def test_ending_a_run_ends_the_children_of_its_ray_processes_too(tmp_path):
             proc.wait(timeout=60)
         if grandchild is not None and _alive(grandchild):
             grandchild.kill()
+
+
+def test_a_log_that_cannot_be_written_ends_the_run_at_once_naming_the_path():
+    """A full output disk once killed the log pump; nobody drained the run's pipe, the run blocked after 64 KiB
+    and the demo waited its whole timeout. ``/dev/full`` fails every write with ENOSPC, as a full disk does."""
+    from verl_offpolicy.demo.errors import DemoError
+    from verl_offpolicy.demo.launch import run_subprocess
+
+    # prints far more than a pipe holds, then would sleep for the whole timeout
+    code = "import sys, time\nfor i in range(20000): print('x' * 80)\nsys.stdout.flush()\ntime.sleep(600)"
+    start = time.monotonic()
+    with pytest.raises(DemoError, match=r"cannot write the run's log /dev/full: No space left on device \(.*\); the run was ended") as info:
+        run_subprocess([sys.executable, "-c", code], env=dict(os.environ), log_path="/dev/full", timeout=300)
+    assert time.monotonic() - start < 120, "the run was not ended at once"
+    assert info.value.__context__ is None or not isinstance(info.value.__context__, OSError)

@@ -122,3 +122,35 @@ def test_scores_through_verls_reward_loop(tmp_path):
     )
     outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
     assert [out["reward_score"] for out in outputs] == expected
+
+
+def test_an_escaped_brace_does_not_close_a_box():
+    """``\\}`` is a literal brace in LaTeX: ``\\boxed{9\\}`` has no closing brace (it gave ``9\\``)."""
+    from verl_offpolicy.rewards.math_verify_reward import last_boxed
+
+    assert last_boxed(r"\boxed{9\}") is None
+    assert last_boxed(r"\boxed{3} then \boxed{9\}") == "3"
+    assert last_boxed(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0, -1.0, float("inf"), "30", True])
+def test_timeout_seconds_must_be_a_positive_finite_number(value):
+    """NaN raised inside verl's reward loop and 0 or below scored every answer 0, silently."""
+    from verl_offpolicy.rewards.math_verify_reward import TIMEOUT_KEY, check_timeout_seconds, compute_score
+
+    with pytest.raises(ValueError, match=rf"^{TIMEOUT_KEY} must be a finite number of seconds > 0"):
+        check_timeout_seconds(value)
+    with pytest.raises(ValueError, match=TIMEOUT_KEY):
+        compute_score("math", r"\boxed{1}", "1", timeout_seconds=value)
+
+
+def test_check_rejects_a_bad_timeout_at_startup():
+    from tests.hydra_utils import VALID_SIZES, compose_and_check
+
+    overrides = [
+        "algorithm=grpo", *VALID_SIZES,
+        "reward.custom_reward_function.path=pkg://verl_offpolicy.rewards.math_verify_reward",
+        "+reward.custom_reward_function.reward_kwargs.timeout_seconds=0",
+    ]
+    with pytest.raises(ValueError, match="reward.custom_reward_function.reward_kwargs.timeout_seconds must be"):
+        compose_and_check("offpolicy_trainer", overrides)

@@ -72,7 +72,7 @@ def join_overrides(address: str) -> list[str]:
 # What a demo run's workers need from its environment (where verl's file logger writes; no download):
 # on a cluster the run starts, its workers inherit the driver's environment; on an existing one, only
 # what the job's runtime_env gives them.
-WORKER_ENV = ("VERL_FILE_LOGGER_PATH", "HF_HUB_OFFLINE")
+WORKER_ENV = ("VERL_FILE_LOGGER_PATH", "HF_HUB_OFFLINE", "VLLM_CACHE_ROOT")
 
 
 def joins_cluster(command: list[str]) -> bool:

@@ -31,6 +31,8 @@ def run_files_env(output_dir: str | os.PathLike, ray_temp_dir: Optional[str], ba
         env["HF_DATASETS_CACHE"] = str(cache / "huggingface" / "datasets")
     if "MPLCONFIGDIR" not in base:
         env["MPLCONFIGDIR"] = str(cache / "matplotlib")
+    if "VLLM_CACHE_ROOT" not in base:  # vLLM's compile and model caches (default ~/.cache/vllm)
+        env["VLLM_CACHE_ROOT"] = str(cache / "vllm")
     if ray_temp_dir:
         env.update(ray_token_env(ray_temp_dir, base))
         if "TMPDIR" not in base:

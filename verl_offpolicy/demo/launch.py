@@ -3,6 +3,7 @@ callback line by line, a timeout, and its Ray session ended after any exit (:mod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -51,8 +52,12 @@ def run_subprocess(
     held: list[str] = []
     before = shared_memory_listing() if shared_memory is not None else set()
     log_path = Path(log_path)
-    with open(log_path, "a" if log_banner else "w", buffering=1) as log:
-        log.write(log_banner)
+    log = open(log_path, "a" if log_banner else "w", buffering=1)
+    try:
+        try:
+            log.write(log_banner)
+        except OSError as exc:
+            raise DemoError(f"cannot write the run's log {log_path}: {exc.strerror or exc} ({_free_space(log_path)})") from None
         proc = spawn(command, env, cwd, pass_fds)
 
         def on_first_step() -> None:
@@ -62,18 +67,22 @@ def run_subprocess(
             if shared_memory is not None:
                 held.extend(held_shared_memory(proc, ray_marker))
 
-        reader = threading.Thread(target=_pump, args=(proc, log, on_first_step, on_line), daemon=True)
+        output_failed: list[OSError] = []
+        reader = threading.Thread(target=_pump, args=(proc, log, on_first_step, on_line, output_failed), daemon=True)
         reader.start()
         watch, stop_watch = SharedMemoryWatch(), threading.Event()
         if shared_memory is not None:
             threading.Thread(target=_watch_shared_memory, args=(watch, stop_watch, proc, ray_marker), daemon=True).start()
         try:
-            returncode = _wait(proc, reader, timeout, ray_marker, log_path)
+            returncode = _wait(proc, reader, timeout, ray_marker, log_path, output_failed)
         finally:
             stop_watch.set()
             if shared_memory is not None:
                 left = sorted(set(held) | set(orphaned_since(before, owned=watch.inodes)))
                 shared_memory.update(held=sorted(held), removed=remove_leftover_files(left))
+    finally:
+        with contextlib.suppress(OSError):  # a full disk: the failure is already raised, naming the path
+            log.close()
     return returncode, time.monotonic() - start, marks
 
 
@@ -89,11 +98,38 @@ def _watch_shared_memory(watch: SharedMemoryWatch, stop: threading.Event, proc: 
         stop.wait(SHM_POLL_S)
 
 
-def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_marker: Optional[str], log_path: Path) -> int:
-    """The run's exit code; on timeout or any interruption its process tree is killed (and a timeout raises
-    :class:`DemoError` with the log's tail). After a clean exit, what a failed run left of its Ray session is ended."""
+def _free_space(path: Path) -> str:
     try:
-        returncode = proc.wait(timeout=timeout)
+        st = os.statvfs(path.parent)
+    except OSError:
+        return "unknown free space"
+    return f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB free on its file system"
+
+
+def _wait_or_output_failure(proc: subprocess.Popen, timeout: float, output_failed: list[OSError], log_path: Path) -> int:
+    """``proc.wait(timeout)``, cut short by a failed write of the run's log (raised as :class:`DemoError`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if output_failed:
+            exc = output_failed[0]
+            raise DemoError(
+                f"cannot write the run's log {log_path}: {exc.strerror or exc} ({_free_space(log_path)}); the run was "
+                "ended. Free space there or choose another --output-dir."
+            )
+        try:
+            return proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_marker: Optional[str], log_path: Path,
+          output_failed: list[OSError]) -> int:
+    """The run's exit code; on timeout, a failed write of its log or any interruption its process tree is killed
+    (and a timeout or an output failure raises :class:`DemoError`). After a clean exit, what a failed run left of
+    its Ray session is ended."""
+    try:
+        returncode = _wait_or_output_failure(proc, timeout, output_failed, log_path)
     except subprocess.TimeoutExpired:
         kill_process_tree(proc, ray_marker)
         reader.join(timeout=5)
@@ -110,14 +146,23 @@ def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_
     return returncode
 
 
-def _pump(proc: subprocess.Popen, log, on_first_step: Callable[[], None], on_line: Optional[Callable[[str], None]]) -> None:
+def _pump(proc: subprocess.Popen, log, on_first_step: Callable[[], None], on_line: Optional[Callable[[str], None]],
+          output_failed: list[OSError]) -> None:
     """Copy the run's output to ``log`` line by line; call ``on_first_step`` at verl's ``step:1`` line
-    and ``on_line`` for every line (its errors are swallowed: the pipe must keep draining or the child blocks)."""
+    and ``on_line`` for every line (its errors are swallowed: the pipe must keep draining or the child blocks).
+    A failed write of the log (a full disk, an I/O error) is put in ``output_failed`` for the waiting thread,
+    which ends the run; the pipe is drained on until then."""
     assert proc.stdout is not None
     first_step_seen = False
     for raw in proc.stdout:
         line = raw.rstrip("\n")
-        log.write(raw)
+        if output_failed:
+            continue
+        try:
+            log.write(raw)
+        except OSError as exc:
+            output_failed.append(exc)
+            continue
         if not first_step_seen:
             match = STEP_LINE.search(line)
             if match and match.group(1) == "1":

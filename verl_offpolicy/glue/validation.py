@@ -9,7 +9,8 @@ loss) and runs each part's rule group, first error wins. Each rule lives with wh
    :mod:`verl_offpolicy.glue.scheduler.checks`;
 3. the presets' mini-batch resolver, ``RULES`` of :mod:`verl_offpolicy.glue.resolvers`;
 4. the trainer mode (the scheduler, its overlapped mode, verl's async modes), ``RULES`` of
-   :mod:`verl_offpolicy.glue.scheduler.checks`.
+   :mod:`verl_offpolicy.glue.scheduler.checks`;
+5. the math-verify reward's keyword arguments, ``RULES`` of :mod:`verl_offpolicy.rewards.math_verify_reward`.
 
 It runs once in the driver, as a Hydra callback (:class:`verl_offpolicy.glue.startup.StartupValidation`,
 installed by every preset and our primary configs) before ``verl.trainer.main_ppo`` starts Ray or any
@@ -52,8 +53,9 @@ def rule_groups() -> tuple[tuple, ...]:
     """
     from verl_offpolicy.glue import algorithms, resolvers
     from verl_offpolicy.glue.scheduler import checks as scheduler
+    from verl_offpolicy.rewards import math_verify_reward
 
-    return (algorithms.rules(), scheduler.ROLLOUT_CORRECTION_RULES, resolvers.RULES, scheduler.RULES)
+    return (algorithms.rules(), scheduler.ROLLOUT_CORRECTION_RULES, resolvers.RULES, scheduler.RULES, math_verify_reward.RULES)
 
 
 def validate_offpolicy_config(cfg: DictConfig) -> None:

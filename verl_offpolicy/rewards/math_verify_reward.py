@@ -40,9 +40,30 @@ from typing import Optional
 logger = logging.getLogger(__name__)
 
 TIMEOUT_SECONDS = 30.0  # per answer, beyond math-verify's own 5 s timeouts for parsing and comparing
+TIMEOUT_KEY = "reward.custom_reward_function.reward_kwargs.timeout_seconds"
+MODULE_PATH = "pkg://verl_offpolicy.rewards.math_verify_reward"
+
+
+def check_timeout_seconds(value) -> None:
+    """``timeout_seconds`` must be a finite number > 0 (NaN failed inside verl's reward loop; 0 scored every answer 0)."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{TIMEOUT_KEY} must be a finite number of seconds > 0 (default {TIMEOUT_SECONDS:g}), got {value!r}")
+
+
+def check_reward_kwargs(view) -> None:
+    """Startup rule: the math-verify reward's ``timeout_seconds``, when the config selects this reward."""
+    path = view.select("reward.custom_reward_function.path")
+    if path in (MODULE_PATH, __file__) or (isinstance(path, str) and path.endswith("rewards/math_verify_reward.py")):
+        value = view.select(TIMEOUT_KEY, TIMEOUT_SECONDS)
+        check_timeout_seconds(value)
+
+
+RULES = (check_reward_kwargs,)
 STARTUP_TIMEOUT_SECONDS = 300.0  # the scoring process imports math-verify and sympy (slow on a busy machine)
 _BOXED = re.compile(r"\\boxed\s*\{")
-_BRACE = re.compile(r"[{}]")
+_BRACE = re.compile(r"(?<!\\)[{}]")  # an escaped brace is LaTeX text, not a delimiter
 _READY = "ready"
 
 
@@ -202,6 +223,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, time
 
     0.0 with a warning if the scoring process does not answer within ``timeout_seconds`` or dies meanwhile.
     """
+    check_timeout_seconds(timeout_seconds)  # also a startup rule (RULES); this guards a direct call
     try:
         return 1.0 if _SCORER.score(str(solution_str), str(ground_truth), timeout_seconds) else 0.0
     except ScoreTimeout:
