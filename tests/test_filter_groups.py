@@ -103,6 +103,21 @@ def test_no_bound_keeps_topping_up():
         assert fill.top_ups() == {1: 4}
 
 
+def test_each_round_that_leaves_a_batch_short_says_so_and_names_a_missing_bound():
+    """max_num_gen_batches <= 0 generated forever without a log line on a task where no group has spread."""
+    fill = VersionFill.start(version=3, sizes={1: 2}, max_rounds=0, metric="acc")
+    fill.record_round({1: _round(["a", "b", "c", "d"], [True, True, True, False])})  # 1 of 2 kept
+    line = fill.round_line({1: fill.top_ups() and fill.batches[1].missing})
+    assert line == (
+        "offpolicy scheduler: algorithm.filter_groups at version 3: round 1, no bound "
+        "(algorithm.filter_groups.max_num_gen_batches=0; set it > 0 to stop a version that cannot fill): "
+        "kept 1 of the 2 groups its batches need after 4 generated; 1 still missing, generating more"
+    )
+    bounded = VersionFill.start(version=0, sizes={1: 2}, max_rounds=5, metric="acc")
+    bounded.record_round({1: _round(["a", "b"], [True, True])})
+    assert "round 1 of at most 5: kept 0 of the 2" in bounded.round_line({1: 2})
+
+
 def test_filter_metrics_account_for_every_generated_group():
     # step 4 above: 8 generated = 4 trained + 3 dropped + 1 surplus, its version took 2 rounds
     assert filter_metrics(8, 3, 1, 2, dropped_values={0.0: 2, 1.0: 1}) == {

@@ -89,3 +89,17 @@ def test_the_scheduler_docs_table_of_startup_rules_matches_the_code():
         assert hasattr(importlib.import_module(module), attr), f"docs/scheduler.md names {dotted}, which does not exist"
     scheduler_rules = {f"scheduler.checks.{rule.__name__}" for rule in (*checks.ROLLOUT_CORRECTION_RULES, *checks.RULES)}
     assert scheduler_rules <= set(documented), sorted(scheduler_rules - set(documented))
+
+
+def test_check_rejects_an_unknown_checkpoint_backend_and_a_bad_generation_timeout(monkeypatch):
+    """Both passed `check` and failed after Ray started (the rollout pool's engine, the TaskRunner's deadline)."""
+    from tests.hydra_utils import VALID_SIZES, compose_and_check
+
+    base = ["algorithm=opmd", *VALID_SIZES]
+    with pytest.raises(ValueError, match=r"checkpoint_engine.backend=.bogus. is not a checkpoint engine verl knows"):
+        compose_and_check("offpolicy_trainer", [*base, *OVERLAPPED, "actor_rollout_ref.rollout.checkpoint_engine.backend=bogus"])
+    # verl's nccl engine cannot be imported on this CPU machine (no cupy): a GPU config checked here is accepted
+    compose_and_check("offpolicy_trainer", [*base, *OVERLAPPED, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"])
+    monkeypatch.setenv("VERL_OFFPOLICY_GENERATION_TIMEOUT", "abc")
+    with pytest.raises(ValueError, match="VERL_OFFPOLICY_GENERATION_TIMEOUT must be a number of seconds > 0, got 'abc'"):
+        compose_and_check("offpolicy_trainer", base)

@@ -10,6 +10,7 @@ validation stays cheap.
 from __future__ import annotations
 
 from verl_offpolicy.core.schedule import Schedule
+from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
 from verl_offpolicy.glue.algorithms.opmd import PAIRWISE_OPMD
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER as SCHEDULER_TRAINER
@@ -177,12 +178,46 @@ def check_overlapped(view: ConfigView) -> None:
             f"colocated rollout: set {rollout}.checkpoint_engine.backend to verl's nccl/nixl/... on GPUs, or "
             f"cpu_mailbox on the CPU path (+cpu_rollout=standalone)"
         )
+    check_checkpoint_backend(backend, view.select(f"{rollout}.checkpoint_engine.custom_backend_module"))
     if view.offpolicy.ratio_anchor == "behaviour":
         raise OffPolicyConfigError(
             f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: when a batch arrives the trainer "
             "has already moved past the weights that generated it; set ratio_anchor=rollout (each batch is generated "
             "entirely at one version here, so the rollout's log-probs are the behaviour policy's) or proximal"
         )
+
+
+def check_checkpoint_backend(backend, custom_module) -> None:
+    """The overlapped mode's weight transport is one verl's CheckpointEngineRegistry knows (once verl's engines and the
+    configured ``custom_backend_module`` are imported). A backend whose engine module cannot be imported on this
+    machine (``nccl`` without cupy, checked on a laptop) is accepted: its module is named in verl's import errors."""
+    import importlib
+
+    import verl.checkpoint_engine  # noqa: F401 - imports verl's engines, each registering its backend
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    key = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+    if custom_module:
+        try:
+            importlib.import_module(custom_module)
+        except ImportError as exc:
+            raise OffPolicyConfigError(
+                f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={custom_module!r} cannot be imported: {exc}"
+            ) from None
+    registered = set(CheckpointEngineRegistry._registry)
+    unimportable = sorted(CheckpointEngineRegistry._import_errors)
+    if backend in registered or any(str(backend) in module for module in unimportable):
+        return
+    raise OffPolicyConfigError(
+        f"{key}={backend!r} is not a checkpoint engine verl knows: registered here {sorted(registered)}, and "
+        f"{unimportable} cannot be imported on this machine; on the CPU path use cpu_mailbox (+cpu_rollout=standalone)"
+    )
+
+
+def check_environment(view) -> None:
+    """Our environment variables, read in the TaskRunner, checked before Ray: ``VERL_OFFPOLICY_GENERATION_TIMEOUT``."""
+    if _uses_scheduler(view):
+        GenerationDeadline.from_env()
 
 
 # Features of verl that the scheduler's per-version batches cannot serve: key -> why.
@@ -286,5 +321,5 @@ ROLLOUT_CORRECTION_RULES = (check_rollout_correction,)
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
     check_trainer_mode, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
-    check_filter_groups, check_staleness_threshold,
+    check_filter_groups, check_staleness_threshold, check_environment,
 )

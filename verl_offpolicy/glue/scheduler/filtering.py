@@ -188,6 +188,19 @@ class VersionFill:
             f"(<= 0: no bound), use more samples per prompt (actor_rollout_ref.rollout.n), or set {FILTER_GROUPS}.enable=false"
         )
 
+    def round_line(self, short: dict[int, int]) -> str:
+        """One log line per round that leaves a batch short: the version's progress, and its bound (or that it has
+        none: ``max_num_gen_batches <= 0`` is verl's "no bound", and a task where no group has spread never fills)."""
+        need = sum(b.size for b in self.batches.values())
+        kept = sum(min(len(b.kept), b.size) for b in self.batches.values())
+        bound = (f"round {self.rounds} of at most {self.max_rounds}" if self.max_rounds > 0 else
+                 f"round {self.rounds}, no bound ({FILTER_GROUPS}.max_num_gen_batches={self.max_rounds}; set it > 0 to stop "
+                 "a version that cannot fill)")
+        return (
+            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {bound}: kept {kept} of the {need} groups "
+            f"its batches need after {self.generated} generated; {sum(short.values())} still missing, generating more"
+        )
+
     def describe(self) -> str:
         """One log line: what the version generated, filtered and kept."""
         generated, values = self.generated, self.dropped_values

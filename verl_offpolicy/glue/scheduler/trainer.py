@@ -343,6 +343,8 @@ class OffPolicyTrainer(PPOTrainer):
                 raise
             if not sizes:
                 break
+            short = {step: fill.batches[step].missing for step in sizes}
+            (logger.warning if fill.max_rounds <= 0 else logger.info)(fill.round_line(short))
             chunks = {}
             for step, num_prompts in sizes.items():
                 chunks[step] = self._next_train_batch(num_prompts)
