@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from tests.scenario_runs import SCHEDULED_STEPS, opmd_overrides
-from verl_offpolicy.cli import STORAGE_NODE_KEY
+from verl_offpolicy.doctor import STORAGE_NODE_KEY
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
 from verl_offpolicy.demo.results import read_metrics, training_metrics
 from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV

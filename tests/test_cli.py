@@ -291,7 +291,7 @@ def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flag
     """doctor --address's per-node findings (the e2e in tests/test_cluster_e2e.py runs it on a real cluster):
     a node is named as ``ray status`` shows it; a version that differs from the driver's is a finding naming
     both versions, one that matches is not."""
-    from verl_offpolicy.cli import node_label, version_problems
+    from verl_offpolicy.doctor import node_label, version_problems
 
     node = {"node_id": "b828e61747d3aa01", "ip": "127.0.0.1",
             "resources": {"CPU": 8.0, "GPU": 1.0, "memory": 1e9, "object_store_memory": 1e8, "node:127.0.0.1": 1.0,
@@ -313,7 +313,7 @@ def test_doctor_address_flags_a_node_without_a_cpu_where_transfer_queue_may_deal
     affinity: a node with no CPU (no ``CPU`` key, or 0) fails a run on some start-ups and not others (seen in
     CI on tests/test_cluster_e2e.py's third node), so doctor names it with both keys of the fix; a node
     with a CPU is not a finding."""
-    from verl_offpolicy.cli import STORAGE_NODE_KEY, STORAGE_UNITS_KEY, storage_placement_problems
+    from verl_offpolicy.doctor import STORAGE_NODE_KEY, STORAGE_UNITS_KEY, storage_placement_problems
 
     assert storage_placement_problems("node x", {"CPU": 1.0, "GPU": 0.0}) == []
     for resources in ({"GPU": 1.0}, {"CPU": 0.0, "vo_node_2": 1.0}):
@@ -327,7 +327,7 @@ def test_doctors_ray_probe_keeps_its_token_in_its_own_dir(tmp_path):
     ~/.ray/auth_token, world-readable (0644), and leave it. The probe's environment points Ray at a fresh
     token in the probe's temp dir (0600, removed with it), as the demo's does (whose run test_cpu_e2e.py
     checks leaves $HOME empty); a token or mode the user set is kept."""
-    from verl_offpolicy.cli import ray_probe_env
+    from verl_offpolicy.doctor import ray_probe_env
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
     token = Path(ray_probe_env(env, str(tmp_path))["RAY_AUTH_TOKEN_PATH"])
@@ -339,7 +339,7 @@ def test_doctors_ray_probe_keeps_its_token_in_its_own_dir(tmp_path):
 @pytest.mark.timeout(300)
 def test_ray_that_cannot_start_is_a_finding(monkeypatch):
     """A real ray.init failure (RAY_ADDRESS names a cluster that is not there) in the probe process."""
-    from verl_offpolicy.cli import ProbeError, ray_worker_state
+    from verl_offpolicy.doctor import ProbeError, ray_worker_state
 
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}
     with pytest.raises(ProbeError, match="Ray could not start a worker: .*Error"):
@@ -460,3 +460,25 @@ def test_names_path_matches_a_path_or_one_under_it_not_a_longer_name():
     assert not names_path(["python", "/tmp/d-other-run"], "/tmp/d")
     assert not names_path(["python", "/tmp/dd/x", "--x=/tmp/dx"], "/tmp/d")
     assert not names_path(["python", "/home/tmp/d"], "/tmp/d")
+
+
+def test_doctor_tells_no_cluster_at_an_address_apart_from_a_slow_one_within_seconds():
+    """`doctor --address 127.0.0.1:1` waited its whole --timeout and blamed load: now a TCP connect answers at once."""
+    import time
+
+    from verl_offpolicy.doctor import ProbeError, check_cluster_reachable
+
+    start = time.monotonic()
+    with pytest.raises(ProbeError, match=r"^no Ray cluster at 127.0.0.1:1: Connection refused"):
+        check_cluster_reachable("127.0.0.1:1", {})
+    assert time.monotonic() - start < 30
+    with pytest.raises(ProbeError, match="is not a Ray cluster address"):
+        check_cluster_reachable("localhost", {})
+
+
+def test_doctor_names_the_missing_token_variables_of_a_cluster():
+    from verl_offpolicy.doctor import _token_hint
+
+    hint = _token_hint({"RAY_AUTH_MODE": "token"})
+    assert "lacks RAY_AUTH_TOKEN_PATH" in hint and "export the values `cluster start` printed" in hint
+    assert _token_hint({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/x"}) == ""

@@ -21,7 +21,7 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_cluster import BLIND, NODES, STEPS, cluster_job
-from verl_offpolicy.cli import STORAGE_UNITS_KEY
+from verl_offpolicy.doctor import STORAGE_UNITS_KEY
 from verl_offpolicy.cpu.platform import is_loopback_host
 from verl_offpolicy.demo.cluster import node_resource
 from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV

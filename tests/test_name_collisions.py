@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from verl_offpolicy.cli import _print_registry, fresh_process_state
+from verl_offpolicy.doctor import _print_registry, fresh_process_state
 
 pytestmark = pytest.mark.slow  # fresh processes import verl
 TIMEOUT = 300

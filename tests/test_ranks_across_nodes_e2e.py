@@ -25,7 +25,7 @@ import pytest
 from tests.jobs import queued_at_start
 from tests.scenario_cluster import record_workers
 from tests.scenario_runs import PAIR, PAIR_RANKS, SMALL_DEMO, dumped_batches, opmd_run, opmd_timeout, ranks, schedule
-from verl_offpolicy.cli import STORAGE_NODE_KEY
+from verl_offpolicy.doctor import STORAGE_NODE_KEY
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
 from verl_offpolicy.demo.results import read_metrics, training_metrics
 
