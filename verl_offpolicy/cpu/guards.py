@@ -140,44 +140,62 @@ def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
              f"set {prefix}.{name}={largest} (any divisor of {samples})")
 
 
-def check_cpu_config(cfg: DictConfig) -> list[str]:
-    """All problems of ``cfg`` for the CPU path, each naming the key and the value to set."""
-    problems: list[str] = []
+# Each rule of the CPU path is ``rule(cfg, need)``: it calls ``need(key, ok, got, fix)`` for each key it checks
+# (a problem is recorded where ``ok`` is false). CPU_RULES runs them in order.
 
-    def need(key: str, ok: bool, got: Any, fix: str) -> None:
+
+class Findings:
+    """The ``need`` the rules call: records ``"{key}={got!r}: {fix}"`` where ``ok`` is false."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def __call__(self, key: str, ok: bool, got: Any, fix: str) -> None:
         if not ok:
-            problems.append(f"{key}={got!r}: {fix}")
+            self.problems.append(f"{key}={got!r}: {fix}")
 
-    rollout = "actor_rollout_ref.rollout"
-    name = _select(cfg, f"{rollout}.name")
+    def extend(self, problems: list[str]) -> None:
+        """Problems a part found in full (verl's vLLM and Megatron checks list theirs)."""
+        self.problems.extend(problems)
+
+ROLLOUT = "actor_rollout_ref.rollout"
+RAY_INIT = "ray_kwargs.ray_init"
+
+
+def _uses_critic(cfg: DictConfig) -> bool:
+    return _select(cfg, "algorithm.adv_estimator") == "gae" or bool(_select(cfg, "critic.enable"))
+
+
+def check_rollout(cfg: DictConfig, need: Findings) -> None:
+    """The rollout: ``hf`` (or verl's vLLM with its overlay), one process, async, and its own pool's checks."""
+    name = _select(cfg, f"{ROLLOUT}.name")
     if name == VLLM_ROLLOUT:
-        problems += check_vllm_cpu_config(cfg)
+        need.extend(check_vllm_cpu_config(cfg))
     else:
-        need(f"{rollout}.name", name == HF_ROLLOUT, name,
-             f"SGLang does not run here; set {rollout}.name={HF_ROLLOUT} (transformers generation on the CPU), or "
+        need(f"{ROLLOUT}.name", name == HF_ROLLOUT, name,
+             f"SGLang does not run here; set {ROLLOUT}.name={HF_ROLLOUT} (transformers generation on the CPU), or "
              f"{VLLM_ROLLOUT} with +{VLLM_OVERLAY}")
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
-        value = _select(cfg, f"{rollout}.{key}", 1)
-        need(f"{rollout}.{key}", value == 1, value, f"the {name} rollout runs one process; set {rollout}.{key}=1")
-    mode = _select(cfg, f"{rollout}.mode", "async")
-    need(f"{rollout}.mode", mode == "async", mode, f"set {rollout}.mode=async")
+        value = _select(cfg, f"{ROLLOUT}.{key}", 1)
+        need(f"{ROLLOUT}.{key}", value == 1, value, f"the {name} rollout runs one process; set {ROLLOUT}.{key}=1")
+    mode = _select(cfg, f"{ROLLOUT}.mode", "async")
+    need(f"{ROLLOUT}.mode", mode == "async", mode, f"set {ROLLOUT}.mode=async")
     if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
         check_standalone_rollout(cfg, need)
 
+
+def check_device(cfg: DictConfig, need: Findings) -> None:
     device = _select(cfg, "trainer.device")
     need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")
 
-    megatron = _select(cfg, "actor_rollout_ref.actor.strategy") == MEGATRON_STRATEGY
-    if megatron:
-        problems += check_megatron_cpu_config(cfg)
-    for prefix, engine_key in (
-        ("actor_rollout_ref.actor", "fsdp_config"),
-        ("actor_rollout_ref.ref", "fsdp_config"),
-        ("critic", "fsdp"),
-    ):
-        if megatron:
-            break  # the FSDP keys do not exist in verl's Megatron configs
-        if prefix == "critic" and _select(cfg, "algorithm.adv_estimator") != "gae" and not _select(cfg, "critic.enable"):
+
+def check_engines(cfg: DictConfig, need: Findings) -> None:
+    """Megatron's CPU checks, or FSDP2 without torch.compile for the actor, the reference and a critic."""
+    if _select(cfg, "actor_rollout_ref.actor.strategy") == MEGATRON_STRATEGY:
+        need.extend(check_megatron_cpu_config(cfg))
+        return  # the FSDP keys do not exist in verl's Megatron configs
+    for prefix, engine_key in (("actor_rollout_ref.actor", "fsdp_config"), ("actor_rollout_ref.ref", "fsdp_config"), ("critic", "fsdp")):
+        if prefix == "critic" and not _uses_critic(cfg):
             continue
         for key in (f"{prefix}.strategy", f"{prefix}.{engine_key}.strategy"):
             value = _select(cfg, key)
@@ -188,8 +206,11 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
             if value is not None:
                 need(key, value is False, value, f"torch.compile is not supported on the CPU path; set {key}=false")
 
+
+def check_models(cfg: DictConfig, need: Findings) -> None:
+    """The models: sdpa or eager attention, no fused kernels, local directories (nothing is downloaded)."""
     for prefix in ("actor_rollout_ref.model", "critic.model"):
-        if prefix == "critic.model" and _select(cfg, "algorithm.adv_estimator") != "gae" and not _select(cfg, "critic.enable"):
+        if prefix == "critic.model" and not _uses_critic(cfg):
             continue
         attn = _select(cfg, f"{prefix}.override_config.attn_implementation", "flash_attention_2")
         need(f"{prefix}.override_config.attn_implementation", attn in SUPPORTED_ATTENTION, attn,
@@ -206,49 +227,60 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
                  "must be a local directory (nothing is downloaded on the CPU path); build a tiny model with "
                  "verl_offpolicy.demo.tiny.build_tiny(dir) or use verl_offpolicy.demo.run.run_demo")
 
+
+def check_worker_env(cfg: DictConfig, need: Findings) -> None:
+    """The variables every Ray worker needs (``CPU_ENV``), all of them strings."""
     for env_key, value in CPU_ENV.items():
         got = _select(cfg, f"{ENV_PREFIX}.{env_key}")
-        need(f"{ENV_PREFIX}.{env_key}", str(got) == value, got,
-             f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}")
-
+        need(f"{ENV_PREFIX}.{env_key}", str(got) == value, got, f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}")
     for env_key, value in (_select(cfg, ENV_PREFIX) or {}).items():
         need(f"{ENV_PREFIX}.{env_key}", isinstance(value, str), value,
              f"Ray takes only strings there (it fails after starting); quote the value: {ENV_PREFIX}.{env_key}='{value}'")
 
-    ray_init = "ray_kwargs.ray_init"
+
+def check_ray_resources(cfg: DictConfig, need: Findings) -> None:
+    """A cluster the run starts: enough fake GPUs and logical CPUs; one it joins: its nodes decide."""
     gpus_needed = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
     rollout_gpus = standalone_rollout_gpus(cfg)
-    num_gpus = _select(cfg, f"{ray_init}.num_gpus")
-    num_cpus = _select(cfg, f"{ray_init}.num_cpus")
-    address = _select(cfg, f"{ray_init}.address")
+    num_gpus = _select(cfg, f"{RAY_INIT}.num_gpus")
+    num_cpus = _select(cfg, f"{RAY_INIT}.num_cpus")
+    address = _select(cfg, f"{RAY_INIT}.address")
     if address is not None:  # joining an existing cluster: its nodes' resources decide, and Ray refuses these two
-        for key, value in ((f"{ray_init}.num_gpus", num_gpus), (f"{ray_init}.num_cpus", num_cpus)):
-            need(key, value is None, value, f"{ray_init}.address={address} joins an existing Ray cluster, whose nodes' "
+        for key, value in ((f"{RAY_INIT}.num_gpus", num_gpus), (f"{RAY_INIT}.num_cpus", num_cpus)):
+            need(key, value is None, value, f"{RAY_INIT}.address={address} joins an existing Ray cluster, whose nodes' "
                  f"resources decide (Ray refuses num_cpus/num_gpus when connecting); set {key}=null")
-    else:
-        need(f"{ray_init}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
-             f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
-             f"CPU these are fake: set ++{ray_init}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
-             f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
-        have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
-        required = required_ray_cpus(cfg)
-        units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
-        need(f"{ray_init}.num_cpus", have >= required, num_cpus,
-             f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
-             f"logical Ray CPUs, Ray would have {have} and wait forever; set {ray_init}.num_cpus=16 and "
-             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
+        return
+    need(f"{RAY_INIT}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
+         f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
+         f"CPU these are fake: set ++{RAY_INIT}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
+         f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
+    have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+    required = required_ray_cpus(cfg)
+    units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
+    need(f"{RAY_INIT}.num_cpus", have >= required, num_cpus,
+         f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
+         f"logical Ray CPUs, Ray would have {have} and wait forever; set {RAY_INIT}.num_cpus=16 and "
+         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
 
-    check_micro_batch_sizes(cfg, need)
 
+def check_training_ranks(cfg: DictConfig, need: Findings) -> None:
+    """One node unless joining a cluster of several; at least one training process."""
     n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
     nnodes = _select(cfg, "trainer.nnodes", 1)
-    if address is None:
+    if _select(cfg, f"{RAY_INIT}.address") is None:
         need("trainer.nnodes", nnodes == 1, nnodes, "a Ray cluster the run starts itself has one node; set trainer.nnodes=1, "
-             f"or join a cluster of several nodes ({ray_init}.address, `verl-offpolicy cluster start`)")
+             f"or join a cluster of several nodes ({RAY_INIT}.address, `verl-offpolicy cluster start`)")
     need("trainer.n_gpus_per_node", isinstance(n_gpus, int) and n_gpus >= 1, n_gpus,
          "the number of training processes (FSDP2 ranks on gloo, sharing this machine's cores): set "
          "trainer.n_gpus_per_node=1, or 2 to train on two ranks (docs/cpu.md)")
-    return problems
+
+
+def check_cpu_config(cfg: DictConfig) -> list[str]:
+    """All problems of ``cfg`` for the CPU path, each naming the key and the value to set (:data:`CPU_RULES`, in order)."""
+    need = Findings()
+    for rule in CPU_RULES:
+        rule(cfg, need)
+    return need.problems
 
 
 VLLM_OVERLAY = "cpu_rollout=vllm"
@@ -474,3 +506,9 @@ __all__ = [
     "validate_cpu_config",
     "warn_if_not_loopback",
 ]
+
+
+CPU_RULES = (
+    check_rollout, check_device, check_engines, check_models, check_worker_env, check_ray_resources,
+    check_micro_batch_sizes, check_training_ranks,
+)

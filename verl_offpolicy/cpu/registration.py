@@ -21,7 +21,7 @@ import importlib.abc
 import os
 import sys
 
-from verl_offpolicy.cpu.platform import PLATFORM_NAME, cpu_selected, install_gloo_default
+from verl_offpolicy.cpu.platform import cpu_selected, install_gloo_default
 from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 ADAPTER_FQN = "verl_offpolicy.cpu.rollout.HFServerAdapter"
@@ -50,12 +50,6 @@ def rollout_registered() -> bool:
         HF_ROLLOUT in replica.RolloutReplicaRegistry._registry
         and base._ROLLOUT_REGISTRY.get((HF_ROLLOUT, "async")) == ADAPTER_FQN
     )
-
-
-def platform_registered() -> bool:
-    from verl.plugin.platform import PlatformRegistry
-
-    return PlatformRegistry.get(PLATFORM_NAME) is not None
 
 
 def register_platform() -> None:

