@@ -147,6 +147,15 @@ class SharedJobs:
             dep.add_done_callback(one_done)
         return self._jobs[key]
 
+    def once(self, key: Any, create: Callable[[], Any]) -> Any:
+        """The entry stored under ``key``, made by ``create()`` the first time (a subclass's kind of job)."""
+        with self._lock:
+            if key in self._jobs:
+                return self._jobs[key]
+        made = create()
+        with self._lock:
+            return self._jobs.setdefault(key, made)
+
     def tmp_dir(self, name: str) -> Path:
         """A new directory of the session's temp dir for a job's files."""
         return self._tmp.mktemp(name)

@@ -47,7 +47,7 @@ FRACTIONS = {
 }
 
 
-def call(config, old, log_prob, adv, mask, agg="token-sum", weights=None):
+def call(config, old, log_prob, adv, mask, agg="token-sum", *, weights=None):
     """Registered loss and its gradient w.r.t. log_prob."""
     log_prob = log_prob.clone().requires_grad_(True)
     loss, metrics = get_policy_loss_fn(config.policy_loss.loss_mode)(

@@ -76,7 +76,7 @@ def reference_loss_and_grads(model_path: str, tokenizer_path: str, case: dict[st
     mask = batch["response_mask"].bool()
     old = _old_log_probs(log_prob.detach(), mask)
 
-    loss = whole_batch_loss(model_path, tokenizer_path, case, log_prob, old, batch["advantages"], mask)
+    loss = whole_batch_loss(model_path, tokenizer_path, case, log_prob=log_prob, old_log_prob=old, advantages=batch["advantages"], mask=mask)
     model.zero_grad()
     loss.backward()
     return {
@@ -88,7 +88,7 @@ def reference_loss_and_grads(model_path: str, tokenizer_path: str, case: dict[st
     }
 
 
-def whole_batch_loss(model_path, tokenizer_path, case, log_prob, old_log_prob, advantages, mask):
+def whole_batch_loss(model_path, tokenizer_path, case, *, log_prob, old_log_prob, advantages, mask):
     """``case``'s registered verl loss on the whole batch as one micro-batch of one rank (the value an
     engine's micro-batch sums must reproduce): ``global_batch_info`` = (1 rank, all tokens, all sequences)."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn

@@ -156,7 +156,7 @@ class DemoRuns(SharedJobs):
         self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
 
     def start(
-        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, name: str = "run",
+        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, *, name: str = "run",
         plot: bool = False, env: Optional[dict[str, str]] = None, console: bool = False,
     ) -> QueuedRun:
         """Queue the demo run (once per configuration). ``env``: variables set on top of :attr:`environ`;
@@ -165,18 +165,17 @@ class DemoRuns(SharedJobs):
 
         env = dict(env or {})
         key = ("run", preset, steps, tuple(overrides), config_name, plot, tuple(sorted(env.items())), console)
-        with self._lock:
-            if key in self._jobs:
-                return self._jobs[key]
-        out, stream = self.tmp_dir(name), io.StringIO() if console else None
-        job = self.submit(
-            ("job",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
-            overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
-            stream=stream or False, plot=plot, env={**self.environ, **env},
-        )
-        with self._lock:
-            self._jobs[key] = QueuedRun(self, job.future, out, stream)
-            return self._jobs[key]
+
+        def queue() -> QueuedRun:
+            out, stream = self.tmp_dir(name), io.StringIO() if console else None
+            job = self.submit(
+                ("job",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
+                overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
+                stream=stream or False, plot=plot, env={**self.environ, **env},
+            )
+            return QueuedRun(self, job.future, out, stream)
+
+        return self.once(key, queue)
 
 
 
@@ -231,7 +230,7 @@ def run_resumed(
 
 
 def start_resumed(
-    demo_runs: DemoRuns, reference: QueuedRun, step: int, preset: str, steps: int, overrides: Sequence[str],
+    demo_runs: DemoRuns, reference: QueuedRun, step: int, *, preset: str, steps: int, overrides: Sequence[str],
     config_name: str, timeout: float, name: str,
 ):
     """Queue a run that resumes ``reference``'s configuration (``overrides``, without its checkpointing) from

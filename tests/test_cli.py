@@ -9,7 +9,7 @@ import pytest
 
 from tests.hydra_utils import VALID_SIZES
 from tests.jobs import queued_at_start
-from tests.test_presets import SPEC
+from tests.scenario_presets import SPEC
 from verl_offpolicy.cli import main, preset_header, preset_names
 from verl_offpolicy.configs import PRIMARY_CONFIGS
 from verl_offpolicy.cpu.platform import is_loopback

@@ -139,3 +139,30 @@ def test_long_signature_scan_sees_positional_and_keyword_only_parameters():
     assert _long_signatures("def f(a, b, c, d, e, f, *, g): pass") == []
     assert _long_signatures("class C:\n    def m(self, a, b, c, d, e, f): pass") == []
     assert _long_signatures("def f(" + ", ".join(VERL_LOSS_SIGNATURE) + "): pass") == []
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _test_imports() -> dict[str, set[str]]:
+    """tests/ module name -> the tests/ modules it imports (``tests.x``), function-local imports too."""
+    modules = {f"tests.{p.stem}": p for p in TESTS.glob("*.py") if p.stem != "__init__"}
+    return {name: {m for m in _imports(path) if m in modules} - {name} for name, path in modules.items()}
+
+
+def test_no_test_module_is_imported_by_another_module():
+    """Shared constants and runs live in the support modules (scenario_*, jobs, hydra_utils, ...): a test module
+    imports those, never another test module, and a support module imports no test module."""
+    graph = _test_imports()
+    assert "tests.scenario_schedule" in graph["tests.test_scheduler_e2e"]  # the scan sees the imports
+    upward = {name: sorted(m for m in deps if m.startswith("tests.test_")) for name, deps in graph.items()}
+    assert {name: found for name, found in upward.items() if found} == {}
+
+
+def test_the_support_modules_import_no_cycle():
+    assert _cycles(_test_imports()) == []
+
+
+def test_no_test_support_function_takes_more_than_six_positional_parameters():
+    found = {p.name: _long_signatures(p.read_text()) for p in TESTS.glob("*.py")}
+    assert {path: names for path, names in found.items() if names} == {}

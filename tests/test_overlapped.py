@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import queued_at_start
+from tests.scenario_schedule import OVERLAPPED
 from tests.scenario_runs import (
     PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, opmd_timeout, start_resumed,
 )
@@ -64,12 +65,6 @@ def test_a_rollout_that_reports_no_version_is_not_checked_but_a_partial_report_f
 
 # ------------------------------------------------------------------------------ startup validation
 
-OVERLAPPED = [
-    "actor_rollout_ref.hybrid_engine=false",
-    "actor_rollout_ref.rollout.nnodes=1",
-    "actor_rollout_ref.rollout.n_gpus_per_node=1",
-    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
-]
 
 
 def _validate(preset, extra):
@@ -147,8 +142,8 @@ def resumed_run(demo_runs):
     """The overlapped (2, 1) run and, once it is done, the same run resumed from its step-2 checkpoint."""
     uninterrupted = _start(demo_runs, "overlapped", *RESUMED)
     resumed = start_resumed(
-        demo_runs, uninterrupted, RESUME_STEP, "opmd", STEPS, opmd_overrides(*RESUMED, "overlapped"), PRIMARY_CONFIG,
-        opmd_timeout(*RESUMED), name="overlapped_resumed",
+        demo_runs, uninterrupted, RESUME_STEP, preset="opmd", steps=STEPS, overrides=opmd_overrides(*RESUMED, "overlapped"),
+        config_name=PRIMARY_CONFIG, timeout=opmd_timeout(*RESUMED), name="overlapped_resumed",
     )
     return uninterrupted, resumed
 
@@ -250,46 +245,39 @@ def test_negative_control_a_run_whose_rollout_reports_a_wrong_version_stops(wron
 
 
 def _submitted_batches(s, d, version, total_steps=12, prompts=2, agent_loop_workers=2):
-    """What OverlappedTrainer._submit hands the agent loop for ``version`` of a (s, d) run: per batch, its step,
-    its prompts, and the fields each agent-loop worker reads of each prompt (verl's AgentLoopWorkerTQ: a
-    NonTensorData field is one value for every prompt of the chunk it was given)."""
-    from types import SimpleNamespace
-
+    """What the overlapped trainer's submission hands the agent loop for ``version`` of a (s, d) run, through the
+    functions it submits with (``submission_steps``, ``with_priority``): per batch, its step, its prompts, and the
+    fields each agent-loop worker reads of each prompt (verl's AgentLoopWorkerTQ: a NonTensorData field is one
+    value for every prompt of the chunk it was given)."""
     import numpy as np
     from tensordict import NonTensorData
 
-    import verl_offpolicy.glue.scheduler.overlapped as overlapped
     from verl.utils import tensordict_utils as tu
     from verl_offpolicy.core.schedule import Schedule
+    from verl_offpolicy.glue.scheduler.overlapped import submission_steps, with_priority
     from verl_offpolicy.glue.scheduler.trainer import steps_to_generate
 
     schedule = Schedule(sync_interval=s, sync_offset=d)
     rows = iter(range(1000))
+    steps = submission_steps(schedule, version, steps_to_generate(schedule, version, total_steps), queued_batches=0)
     submitted = []
-    fake = SimpleNamespace(schedule=schedule, _last_submission=None, filter_groups=None)
-    fake.replay_buffer = SimpleNamespace(batches=[], last_generation_size=0)
-    fake.replay_buffer.push = fake.replay_buffer.batches.append
-    fake._queued_steps = lambda: {b.step for b in fake.replay_buffer.batches}
-    fake._steps_generated_at = lambda v, queued=(): steps_to_generate(schedule, v, total_steps, queued)
-
-    def next_train_batch():
+    for step in steps:
         index = [next(rows) for _ in range(prompts)]
-        return tu.get_tensordict({"uid": np.array([f"u{i}" for i in index], dtype=object), "index": np.array(index)})
-
-    def to_rollout(chunk):
+        chunk = tu.get_tensordict({"uid": np.array([f"u{i}" for i in index], dtype=object), "index": np.array(index)})
         fields = []
-        for part in chunk.chunk(agent_loop_workers):
+        for part in with_priority(chunk, step).chunk(agent_loop_workers):
             for i in range(len(part)):
                 fields.append({k: v.data for k, v in part.items() if isinstance(v, NonTensorData)} | {"uid": part["uid"][i]})
         submitted.append(fields)
+    return steps, submitted
 
-    fake._next_train_batch, fake._submit_batch_to_rollout = next_train_batch, to_rollout
-    original, overlapped.tq = overlapped.tq, SimpleNamespace(kv_batch_put=lambda **kw: None)
-    try:
-        overlapped.OverlappedTrainer._submit(fake, version)
-    finally:
-        overlapped.tq = original
-    return [b.step for b in fake.replay_buffer.batches], submitted
+
+def test_a_submission_beyond_the_fifo_bound_is_refused():
+    from verl_offpolicy.core.schedule import Schedule
+    from verl_offpolicy.glue.scheduler.overlapped import submission_steps
+
+    with pytest.raises(RuntimeError, match=r"submitting 4 batches of version 4 would hold 6 > s \+ d = 5 batches"):
+        submission_steps(Schedule(4, 1), 4, [6, 7, 8, 9], queued_batches=2)
 
 
 @pytest.mark.parametrize("s, d, version, steps", [(4, 1, 0, [1, 2, 3, 4, 5]), (4, 1, 4, [6, 7, 8, 9]), (2, 1, 2, [4, 5]), (1, 1, 3, [5])])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.jobs import queued_at_start
-from tests.test_scheduler_e2e import SPEC_SCHEDULE, STALENESS, STEPS, VERL_OFF_POLICY, start_rec_s4d1
+from tests.scenario_schedule import SPEC_SCHEDULE, STALENESS, STEPS, VERL_OFF_POLICY, start_rec_s4d1
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 

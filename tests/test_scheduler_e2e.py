@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import queued_at_start
+from tests.scenario_schedule import (
+    RANKS, REC_41, REC_S4D1, REC_TIMEOUT, RESUME_STEP, SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY, start_rec_s4d1,
+)
 from tests.scenario_runs import (
-    NO_VALIDATION, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, dumped_batches, dumped_uid_groups,
-    learn_run, opmd_run, ranks, schedule, start_resumed,
+    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, dumped_batches, dumped_uid_groups,
+    learn_run, opmd_run, schedule, start_resumed,
 )
 
 STEPS = SCHEDULED_STEPS
-# verl's own names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), written out here
-VERL_OFF_POLICY = "training/off_policy"
-STALENESS = f"{VERL_OFF_POLICY}/trajectory_staleness/mean"
 # off-policy health (docs/scheduler.md): verl's rollout_corr/* suffixes under our prefix, on stale steps only
 ANCHOR_CORR = "offpolicy/anchor_corr/"
 ANCHOR_CORR_SUFFIXES = (
@@ -36,22 +36,13 @@ SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step (the demo's default is 8 x 
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# The REC runs keep the demo's 8 x 16 samples per step: enough tokens that the one-side mask finds
-# ratios outside its band on every stale step. The behaviour-anchored (4, 1) run saves a checkpoint
-# after step 3: the resume test starts from it.
-# They train on two ranks, one micro-batch of 64 samples each (tests/test_ranks_e2e.py reads the same run:
-# the (4, 1) schedule and the behaviour log-probs on two ranks), with twice the shared runs' timeout: two
-# training and two rollout processes start one after the other.
-RANKS, REC_TIMEOUT = 2, 2 * SHARED_RUN_TIMEOUT
-REC_41 = NO_VALIDATION + schedule(4, 1) + ranks(RANKS, micro_batch=64)
-RESUME_STEP = 3
 # name -> (preset, overrides, config); the opmd runs at (1, 1) and (2, 1) are the overlapped tests'
 # colocated runs (tests/scenario_runs.py: opmd_run), shared through the session's demo_runs.
 # grpo_s1d0 has the learning run's configuration (the demo's defaults, validation included): its steps are
 # compared with the first steps of that run, verl's own sync trainer (tests/scenario_runs.py: learn_run).
 RUNS = {
     "grpo_s1d0": ("grpo", schedule(1, 0), PRIMARY_CONFIG),  # our trainer + grpo preset
-    "rec_s4d1": ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], PRIMARY_CONFIG),
+    "rec_s4d1": REC_S4D1,
 }
 # The proximal-anchor REC run: the extended tier (in the default run, the behaviour-anchored run's fresh
 # steps, where the anchor equals the proximal policy, show the same: no clipping, nothing logged).
@@ -89,13 +80,10 @@ def resumed_run(demo_runs):
     preset, overrides, config_name = RUNS["rec_s4d1"]
     uninterrupted = start_rec_s4d1(demo_runs)
     # the resumed run: the same overrides less the checkpointing (REC_41)
-    return uninterrupted, start_resumed(demo_runs, uninterrupted, RESUME_STEP, preset, STEPS, REC_41, config_name, REC_TIMEOUT, name="rec_s4d1_resumed")
-
-
-def start_rec_s4d1(demo_runs):
-    """The behaviour-anchored REC run at (4, 1) on two ranks (:data:`RUNS`), shared with tests/test_ranks_e2e.py."""
-    preset, overrides, config_name = RUNS["rec_s4d1"]
-    return demo_runs.start(preset, STEPS, overrides, config_name, REC_TIMEOUT, name="rec_s4d1")
+    return uninterrupted, start_resumed(
+        demo_runs, uninterrupted, RESUME_STEP, preset=preset, steps=STEPS, overrides=REC_41, config_name=config_name,
+        timeout=REC_TIMEOUT, name="rec_s4d1_resumed",
+    )
 
 
 def _timeout(overrides) -> float:
@@ -106,13 +94,6 @@ def _timeout(overrides) -> float:
 # The schedule of docs/scheduler.md written out by hand for steps 1..6 (v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
 # versions, staleness, the steps right before which a rollout call is made (version t − 1 generates
 # the batches of the steps scheduled at that version), and the batches of the first call (s + d).
-SPEC_SCHEDULE = {
-    (1, 0): dict(versions=[0, 1, 2, 3, 4, 5], staleness=[0, 0, 0, 0, 0, 0], calls=[1, 2, 3, 4, 5, 6], first=1),
-    (1, 1): dict(versions=[0, 0, 1, 2, 3, 4], staleness=[0, 1, 1, 1, 1, 1], calls=[1, 2, 3, 4, 5], first=2),
-    (2, 0): dict(versions=[0, 0, 2, 2, 4, 4], staleness=[0, 1, 0, 1, 0, 1], calls=[1, 3, 5], first=2),
-    (2, 1): dict(versions=[0, 0, 0, 2, 2, 4], staleness=[0, 1, 2, 1, 2, 1], calls=[1, 3, 5], first=3),
-    (4, 1): dict(versions=[0, 0, 0, 0, 0, 4], staleness=[0, 1, 2, 3, 4, 1], calls=[1, 5], first=5),
-}
 # The run that shows each setting: grpo (1, 0) and (2, 0), the REC (4, 1) run, the shared opmd runs otherwise.
 SPEC_RUN = {(1, 0): "grpo_s1d0", (1, 1): (1, 1), (2, 0): "grpo_s2d0", (2, 1): (2, 1), (4, 1): "rec_s4d1"}
 # (1, 1) and (2, 0) in the extended tier: their runs would serve little else. The default run keeps versions

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.hydra_utils import VALID_SIZES
-from tests.test_overlapped import OVERLAPPED
+from tests.scenario_schedule import OVERLAPPED
 from verl_offpolicy.glue.compose import compose_preset
 from verl_offpolicy.glue.config import OffPolicyConfigError
 

@@ -27,7 +27,7 @@ import pytest
 from tests.scenario_runs import (
     PRIMARY_CONFIG, SMALL_DEMO, checkpoint_of, demo_run_command, dumped_batches, resume_overrides, run_resumed, schedule,
 )
-from tests.test_scheduler_e2e import SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY
+from tests.scenario_schedule import SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV

@@ -36,6 +36,7 @@ import transfer_queue as tq
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
+from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.metrics import (
@@ -53,6 +54,26 @@ from verl_offpolicy.glue.scheduler.trainer import (
 
 # The per-prompt field verl's agent loop passes to the rollout as the request's priority (lower runs first).
 PRIORITY_FIELD = "priority"
+
+
+def with_priority(chunk, step: int):
+    """``chunk`` (a batch of prompts for verl's agent loop) marked to generate as step ``step``'s: the rollout server
+    generates the lowest priority first (verl's agent-loop ``priority``, vLLM's scheduling_policy=priority
+    convention), so B_t before B_t+1 (docs/scheduler.md, what this does not order)."""
+    tu.assign_non_tensor_data(chunk, PRIORITY_FIELD, step)
+    return chunk
+
+
+def submission_steps(schedule: Schedule, version: int, steps: list[int], queued_batches: int) -> list[int]:
+    """The steps whose batches a submission at ``version`` hands the rollout, in schedule order; an error if the
+    FIFO would then hold more than s + d batches."""
+    if queued_batches + len(steps) > schedule.capacity:
+        raise RuntimeError(
+            f"offpolicy scheduler: submitting {len(steps)} batches of version {version} would hold "
+            f"{queued_batches + len(steps)} > s + d = {schedule.capacity} batches"
+        )
+    assert all(schedule.version(step) == version for step in steps)
+    return steps
 
 
 class OverlappedTrainer(OffPolicyTrainer):
@@ -123,17 +144,8 @@ class OverlappedTrainer(OffPolicyTrainer):
         steps = self._steps_generated_at(version, self._queued_steps())
         if not steps:
             return
-        if len(self.replay_buffer.batches) + len(steps) > self.schedule.capacity:
-            raise RuntimeError(
-                f"offpolicy scheduler: submitting {len(steps)} batches of version {version} would hold "
-                f"{len(self.replay_buffer.batches) + len(steps)} > s + d = {self.schedule.capacity} batches"
-            )
-        for step in steps:
-            assert self.schedule.version(step) == version
-            chunk = self._next_train_batch()
-            # The rollout server generates the lowest priority first (verl's agent-loop `priority`, vLLM's
-            # scheduling_policy=priority convention): B_t before B_t+1 (docs/scheduler.md, what this does not order).
-            tu.assign_non_tensor_data(chunk, PRIORITY_FIELD, step)
+        for step in submission_steps(self.schedule, version, steps, len(self.replay_buffer.batches)):
+            chunk = with_priority(self._next_train_batch(), step)
             uids = [str(u) for u in chunk["uid"]]
             tq.kv_batch_put(
                 keys=uids, partition_id=TRAIN, tags=[{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids)
@@ -146,8 +158,7 @@ class OverlappedTrainer(OffPolicyTrainer):
     def _submit_round(self, chunks: dict) -> None:
         """A top-up round: one agent-loop call per batch, priority = its step (as :meth:`_submit`)."""
         for step, chunk in chunks.items():
-            tu.assign_non_tensor_data(chunk, PRIORITY_FIELD, step)
-            self._submit_batch_to_rollout(chunk)
+            self._submit_batch_to_rollout(with_priority(chunk, step))
 
     def _wait_in_flight(self) -> float:
         """Block until every submitted batch finished (and, with ``algorithm.filter_groups``, is filtered and
