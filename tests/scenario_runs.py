@@ -55,16 +55,22 @@ def schedule(s: int, d: int) -> list[str]:
 PAIR = (2, 1)
 PAIR_RANKS = ranks(2, micro_batch=8)
 PAIR_REPLICAS = ["actor_rollout_ref.rollout.n_gpus_per_node=2"]
+# The pair validates at step 3 (inside version 2: the overlapped rollout holds version 2 then) and at its last step.
+PAIR_TEST_FREQ = 3
 
 
 def opmd_overrides(s: int, d: int, mode: str) -> list[str]:
     """The overrides of the scheduler's small ``opmd`` runs at (s, d): 4 prompts x 4 samples, no
     validation; ``mode`` is ``colocated`` or ``overlapped`` (the standalone rollout); at :data:`PAIR`, two
-    training ranks and (overlapped) two rollout replicas."""
+    training ranks, (overlapped) two rollout replicas, and validation every :data:`PAIR_TEST_FREQ` steps."""
     assert mode in ("colocated", "overlapped"), mode
     overlapped = mode == "overlapped"
-    pair = PAIR_RANKS + (PAIR_REPLICAS if overlapped else []) if (s, d) == PAIR else []
-    return SMALL_DEMO + schedule(s, d) + (STANDALONE if overlapped else []) + pair
+    small = SMALL_DEMO
+    pair = []
+    if (s, d) == PAIR:
+        pair = PAIR_RANKS + (PAIR_REPLICAS if overlapped else [])
+        small = [f"trainer.test_freq={PAIR_TEST_FREQ}" if o == "trainer.test_freq=-1" else o for o in SMALL_DEMO]
+    return small + schedule(s, d) + (STANDALONE if overlapped else []) + pair
 
 
 def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):

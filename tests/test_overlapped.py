@@ -19,7 +19,7 @@ import pytest
 from tests.jobs import queued_at_start
 from tests.scenario_schedule import OVERLAPPED
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, opmd_timeout, start_resumed,
+    PAIR, PAIR_TEST_FREQ, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, dumped_batches, opmd_overrides, opmd_run, opmd_timeout, start_resumed,
 )
 from tests.hydra_utils import VALID_SIZES, compose_and_check, compose_main_ppo
 from tests.scenario_cluster import SAVE_FREQ, cluster_job
@@ -159,6 +159,28 @@ def wrong_version_run(demo_runs):
 def _content(result) -> dict[int, list[tuple]]:
     """Per step, the trained samples of a run (verl's rollout dumps)."""
     return dumped_batches(Path(result.output_dir) / "rollouts", [m["step"] for m in result.metrics])
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_overlapped_validates_the_weights_colocated_validates(runs):
+    """verl validates after on_step_end; the overlapped rollout held the version last pushed, so a validation inside
+    a version (step 3 at (2, 1): version 2) was that of older weights (0.3281 against 0.375 once). The pair validates
+    at steps 3 and 6 (PAIR_TEST_FREQ): the same greedy validation at both, and one validation-only push (step 3)."""
+    colocated, overlapped = runs("colocated", *PAIR), runs("overlapped", *PAIR)
+
+    def validation(result):
+        return {m["step"]: {k: v for k, v in m["data"].items() if k.startswith("val-")} for m in result.metrics
+                if any(k.startswith("val-") for k in m["data"])}
+
+    expected, got = validation(colocated), validation(overlapped)
+    assert sorted(expected) == [PAIR_TEST_FREQ, 6] and sorted(got) == sorted(expected), (sorted(expected), sorted(got))
+    for step in expected:
+        assert expected[step] and got[step] == pytest.approx(expected[step], abs=1e-9), step
+    last = {m["step"]: m["data"] for m in overlapped.metrics}
+    assert last[6]["offpolicy/validation_pushes"] == 1.0  # step 3's; step 6's validation sees version 6 or pushes it
+    assert last[6]["offpolicy/weight_pushes"] == SPEC_PUSHES[PAIR]
 
 
 @pytest.mark.e2e

@@ -19,6 +19,9 @@ hook (verl PPOTrainer) what happens to the rollout
 ``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
                       request is aborted or resumed under new weights) and its batches are filtered and topped
                       up, push version t, submit its batches
+``on_validate_begin``  verl validates after ``on_step_end``: if the rollout holds an older version than the step
+                      just trained, wait until nothing is in flight (every batch of its version is generated),
+                      then push this step's weights, so validation sees the weights the colocated mode's does
 ``_save_checkpoint``  wait until nothing is in flight, then save (the FIFO is checkpointed finished)
 ====================  =====================================================================================
 
@@ -40,7 +43,7 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.metrics import (
-    GENERATED_BATCHES, ROLLOUT_BUSY_FRACTION, ROLLOUT_CALLS, SYNC_WAIT_S, WAIT_S, WEIGHT_PUSHES,
+    GENERATED_BATCHES, ROLLOUT_BUSY_FRACTION, ROLLOUT_CALLS, SYNC_WAIT_S, VALIDATION_PUSHES, WAIT_S, WEIGHT_PUSHES,
 )
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
@@ -131,6 +134,13 @@ class OverlappedTrainer(OffPolicyTrainer):
         self._submit(self.global_steps)
         self._pending_sync_metrics = {**metrics, SYNC_WAIT_S: sync_wait}
 
+    def on_validate_begin(self):
+        if self.standalone.version == self.global_steps:  # a version's first step, or validation before training
+            return
+        with marked_timer("update_weights", self.timing_raw, color="red"):
+            self._wait_in_flight()  # the rollout's version generated all its batches: none sees the new weights
+            self.standalone.push(self.global_steps, for_validation=True)
+
     def _save_checkpoint(self):
         # Nothing in flight at a checkpoint: the saved FIFO holds finished batches only, so a resumed run
         # never regenerates a batch under other weights (verl would re-issue in-flight prompts).
@@ -193,6 +203,7 @@ class OverlappedTrainer(OffPolicyTrainer):
             ROLLOUT_CALLS: float(submitted),
             GENERATED_BATCHES: float(batches if submitted else 0),
             WEIGHT_PUSHES: float(self.standalone.pushes),
+            VALIDATION_PUSHES: float(self.standalone.validation_pushes),
         }
         busy = self.standalone.busy_fraction()
         if busy is not None:

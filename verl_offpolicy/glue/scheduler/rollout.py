@@ -91,20 +91,25 @@ class StandaloneRollout:
             config=ce_config, actor_wg=actor_wg, replicas=self.server_manager.get_replicas()
         )
         self.version: int | None = None  # the version last pushed
-        self.pushes = 0
+        self.pushes = 0  # the schedule's pushes, one per generating version
+        self.validation_pushes = 0  # pushes of a step's weights for verl's validation (between scheduled versions)
         self._busy_s = self._read_busy_s()
         self._busy_at = time.perf_counter()
 
     def client(self):
         return self.server_manager.get_client()
 
-    def push(self, version: int) -> dict:
-        """Push the trainer's current weights, tagged ``version``, to every replica (once per version)."""
+    def push(self, version: int, *, for_validation: bool = False) -> dict:
+        """Push the trainer's current weights, tagged ``version``, to every replica (once per version); counted
+        in :attr:`pushes`, or in :attr:`validation_pushes` for a push made only for verl's validation."""
         if self.version == version:
             raise ObservedVersionError(f"offpolicy scheduler: version {version} pushed twice")
         metrics = self.checkpoint_manager.update_weights(push_label(version)) or {}
         self.version = version
-        self.pushes += 1
+        if for_validation:
+            self.validation_pushes += 1
+        else:
+            self.pushes += 1
         return metrics
 
     def _read_busy_s(self) -> float | None:
