@@ -98,3 +98,28 @@ def test_the_cluster_listens_on_loopback_outlives_the_run_and_stops_clean(cluste
     # without /tmp/ray it failed to start; the cluster keeps that file in its own dir (RAY_TMPDIR)
     assert cluster_run.address_file
     assert cluster_run.left_after_stop == []
+
+
+def test_a_run_joining_a_cluster_stops_at_startup_naming_a_node_without_the_plugin(monkeypatch):
+    """A node with resources whose workers cannot load the plugin (its raylet's VERL_USE_EXTERNAL_PLUGINS=none) let
+    the run start and fail ~20 s later with verl's "Unknown platform 'cpu'" and no node named. The startup check
+    (the Hydra callback, also `check`) now probes every node as `doctor --address` does and names that node."""
+    from omegaconf import OmegaConf
+
+    from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec
+    from verl_offpolicy.glue.startup import check_cluster_nodes
+
+    # in /tmp (the default): Ray's unix sockets live under the cluster's dir, whose path must stay short
+    started = LocalCluster.start([NodeSpec(gpus=1, cpus=2), NodeSpec(gpus=1, cpus=2, env={PLUGINS_ENV: "none"})])
+    try:
+        for key, value in started.env().items():
+            monkeypatch.setenv(key, value)
+        cfg = OmegaConf.create({"algorithm": {"adv_estimator": "opmd"}, "ray_kwargs": {"ray_init": {"address": started.address}}})
+        with pytest.raises(ValueError) as info:
+            check_cluster_nodes(cfg)
+        message = str(info.value)
+        assert f"ray_kwargs.ray_init.address={started.address}: the Ray workers of these nodes" in message
+        assert node_resource(1) in message and node_resource(0) not in message, message
+        assert PLUGINS_ENV in message  # the cause, as doctor reports it
+    finally:
+        started.stop()

@@ -7,6 +7,7 @@ The child side of the probes is :mod:`verl_offpolicy.glue.diagnose`; this module
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -114,6 +115,8 @@ def check_cluster_reachable(address: str, env: dict[str, str], timeout: float = 
     """Raise :class:`ProbeError` within seconds if nothing listens at ``address`` (``HOST:PORT``, the cluster's GCS):
     "no cluster at this address" is told apart from a slow cluster before any worker is asked."""
     host, _, port = address.rpartition(":")
+    if not port.isdigit() or "://" in address:  # "auto", ray://...: Ray resolves it, nothing to connect to here
+        return
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
             pass
@@ -124,6 +127,26 @@ def check_cluster_reachable(address: str, env: dict[str, str], timeout: float = 
             f"no Ray cluster at {address}: {exc.strerror or exc} (nothing listens there; is the address the one "
             "`cluster start` or `ray start --head` printed?)"
         ) from None
+
+
+def cluster_run_problems(address: str, env: dict[str, str], env_vars: dict[str, str], timeout: float) -> list[str]:
+    """What keeps a run joining the cluster at ``address`` from running, per node: a node whose fresh worker
+    (with the job's runtime_env variables ``env_vars``) lacks verl-offpolicy, named as ``ray status`` shows it.
+    A node with neither CPUs nor GPUs hosts none of verl's workers (each asks for a CPU or a GPU) and is left to
+    ``doctor --address``."""
+    from verl_offpolicy.glue.diagnose import PROBE_ENV_VARS
+
+    nodes = cluster_worker_states({**env, PROBE_ENV_VARS: json.dumps(env_vars)}, address, timeout)
+    problems = []
+    for node in nodes:
+        if not node["resources"].get("CPU") and not node["resources"].get("GPU"):
+            continue
+        state = node["state"]
+        missing = [f"{kind} '{name}'" for kind, name, ok in state.get("names", []) if not ok]
+        why = state.get("problem") or (f"missing {', '.join(missing)}" if missing else None)
+        if why:
+            problems.append(f"{node_label(node)}: {why}")
+    return problems
 
 
 def _token_hint(env: dict[str, str]) -> str:

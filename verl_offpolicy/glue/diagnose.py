@@ -151,6 +151,9 @@ def _ray_worker_state(temp_dir: str) -> dict[str, Any]:
         ray.shutdown()
 
 
+PROBE_ENV_VARS = "VERL_OFFPOLICY_PROBE_ENV_VARS"  # JSON: the runtime_env variables of the job being checked
+
+
 def _cluster_state(address: str) -> dict[str, Any]:
     """:func:`plugin_state` in a fresh Ray worker on every alive node of the existing cluster at ``address``
     (a task pinned to the node, needing no CPU, so a node busy with a job or without CPUs still answers):
@@ -160,7 +163,9 @@ def _cluster_state(address: str) -> dict[str, Any]:
 
     from verl_offpolicy.glue.diagnose import plugin_state as worker_state
 
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    # The job's runtime_env variables (the startup check of a run joining the cluster): its workers see them too.
+    env_vars = json.loads(os.environ.get(PROBE_ENV_VARS, "{}"))
+    ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env={"env_vars": env_vars} if env_vars else None)
     try:
         nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
         probe = ray.remote(worker_state)

@@ -119,6 +119,34 @@ def check_workers_plugin_setting(config: DictConfig) -> None:
         raise ValueError(f"the Ray workers of this run will not have verl-offpolicy{f' ({used})' if used else ''}: {problem}")
 
 
+CLUSTER_ADDRESS_KEY = "ray_kwargs.ray_init.address"
+CLUSTER_CHECK_TIMEOUT_S = 600.0  # a fresh worker on every node imports verl (minutes on a loaded machine)
+
+
+def check_cluster_nodes(config: DictConfig) -> None:
+    """Joining an existing cluster (``ray_kwargs.ray_init.address``): a fresh worker on every node, with this
+    run's runtime_env variables, must load verl-offpolicy; else ``ValueError`` naming the node (verl would fail
+    later with "Unknown platform" or "Unknown trainer" and no node named). The cluster's nodes have their own
+    environments, which this process cannot see (``verl-offpolicy doctor --address`` shows the same report)."""
+    address = OmegaConf.select(config, CLUSTER_ADDRESS_KEY, default=None)
+    if not address or not selected_names(config):
+        return
+    from verl_offpolicy.doctor import ProbeError, cluster_run_problems
+
+    extra = OmegaConf.select(config, WORKER_ENV_KEY, default=None)
+    env_vars = {str(k): str(v) for k, v in (OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra or {}).items()}
+    try:
+        problems = cluster_run_problems(str(address), dict(os.environ), env_vars, CLUSTER_CHECK_TIMEOUT_S)
+    except ProbeError as exc:
+        raise ValueError(f"{CLUSTER_ADDRESS_KEY}={address}: {exc}") from None
+    if problems:
+        raise ValueError(
+            f"{CLUSTER_ADDRESS_KEY}={address}: the Ray workers of these nodes will not have verl-offpolicy ("
+            f"{', '.join(selected_names(config))}): " + "; ".join(problems)
+            + ". Start those nodes' raylets with verl-offpolicy installed and loadable (`verl-offpolicy doctor --address`)"
+        )
+
+
 class StartupValidation(Callback):
     """Hydra callback: validates before ``main_ppo`` runs; exits with the message on a bad config.
 
@@ -137,5 +165,6 @@ class StartupValidation(Callback):
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
         try:
             validate(config)
+            check_cluster_nodes(config)
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
