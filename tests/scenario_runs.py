@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tests.jobs import SharedJob, SharedJobs
+from verl_offpolicy.demo.process import RAY_SUBDIR
 
 # Demo overrides of the end-to-end tests: no validation, 4 prompts x 4 samples per step (the demo's default is 8 x 16).
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
@@ -266,6 +267,7 @@ def _ray_temp_dir(command: Sequence[str]) -> str:
     """The Ray session dir a demo command was built with (``demo_command(..., ray_temp_dir=...)``)."""
     for arg in command:
         if arg.startswith("+ray_kwargs.ray_init._temp_dir=") or arg.startswith("ray_kwargs.ray_init._temp_dir="):
-            return arg.split("=", 1)[1]
+            ray_dir = Path(arg.split("=", 1)[1])
+            return str(ray_dir.parent if ray_dir.name == RAY_SUBDIR else ray_dir)  # our private dir around Ray's
     raise ValueError("the command has no Ray temp dir: build it with demo_command(..., ray_temp_dir=...)")
 

@@ -112,6 +112,8 @@ def test_a_run_joining_a_cluster_stops_at_startup_naming_a_node_without_the_plug
     # in /tmp (the default): Ray's unix sockets live under the cluster's dir, whose path must stay short
     started = LocalCluster.start([NodeSpec(gpus=1, cpus=2), NodeSpec(gpus=1, cpus=2, env={PLUGINS_ENV: "none"})])
     try:
+        # Ray makes its temp dir 0777; the cluster's own dir around it (token, marker) stays private
+        assert started.path.stat().st_mode & 0o077 == 0, oct(started.path.stat().st_mode)
         for key, value in started.env().items():
             monkeypatch.setenv(key, value)
         cfg = OmegaConf.create({"algorithm": {"adv_estimator": "opmd"}, "ray_kwargs": {"ray_init": {"address": started.address}}})

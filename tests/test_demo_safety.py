@@ -500,3 +500,16 @@ def test_a_log_that_cannot_be_written_ends_the_run_at_once_naming_the_path():
         run_subprocess([sys.executable, "-c", code], env=dict(os.environ), log_path="/dev/full", timeout=300)
     assert time.monotonic() - start < 120, "the run was not ended at once"
     assert info.value.__context__ is None or not isinstance(info.value.__context__, OSError)
+
+
+def test_ray_runs_in_a_subdir_of_the_runs_private_dir(tmp_path):
+    """Ray makes its temp dir mode 0777 (another local user could replace a run's files in it); the demo hands
+    Ray a subdir of its own 0700 dir, which holds the run's token and temporary files."""
+    from verl_offpolicy.demo.command import DemoInputs, demo_command
+    from verl_offpolicy.demo.process import make_owned_temp_dir
+
+    private = make_owned_temp_dir("vo-ray-", str(tmp_path))
+    inputs = DemoInputs(model_path=str(tmp_path), tokenizer_path=str(tmp_path), train_files=str(tmp_path), val_files=str(tmp_path))
+    command = demo_command(inputs, output_dir=tmp_path / "out", ray_temp_dir=private)
+    assert f"+ray_kwargs.ray_init._temp_dir={private}/ray" in command
+    assert Path(private).stat().st_mode & 0o777 == 0o700

@@ -36,6 +36,7 @@ from verl_offpolicy.demo.environment import ray_token_env
 from verl_offpolicy.demo.process import (
     end_processes,
     make_owned_temp_dir,
+    ray_dir_in,
     retry_ray_start,
     session_processes,
 )
@@ -236,7 +237,8 @@ def serve(path: Path) -> int:
             args = {"num_cpus": spec.cpus, "num_gpus": spec.gpus, "resources": {node_resource(index): 1},
                     "include_dashboard": False, "env_vars": spec.env or None, "node_ip_address": "127.0.0.1"}
             if cluster is None:
-                cluster = Cluster(initialize_head=True, head_node_args={**args, "temp_dir": str(path)})
+                # Ray's temp dir (mode 0777) inside the cluster's private dir
+                cluster = Cluster(initialize_head=True, head_node_args={**args, "temp_dir": ray_dir_in(path)})
             else:
                 cluster.add_node(**args)
             print(f"node {index} up", flush=True)

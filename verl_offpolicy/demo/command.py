@@ -12,6 +12,7 @@ from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_select
 from verl_offpolicy.cpu.guards import CPU_ROLLOUT_GROUP, overlay_names
 from verl_offpolicy.demo.cluster import joins_cluster
 from verl_offpolicy.demo.models import DEFAULT_MODEL, ROLLOUTS, get_model
+from verl_offpolicy.demo.process import ray_dir_in
 from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 DEFAULT_CONFIG_NAME = "ppo_trainer"
@@ -122,7 +123,7 @@ def demo_command(
     ]
     # joining an existing cluster: Ray would look for a node of that cluster in this temp dir, and fail
     if ray_temp_dir and not joins_cluster(list(overrides)):
-        command.append(f"+ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
+        command.append(f"+ray_kwargs.ray_init._temp_dir={ray_dir_in(ray_temp_dir)}")  # Ray's 0777 dir inside our 0700 one
     return command + run_overrides(preset, config_name, model, overrides)
 
 

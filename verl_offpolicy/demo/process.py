@@ -422,6 +422,16 @@ def _start_time(pid: int) -> Optional[float]:
         return None
 
 
+# Ray makes its temp dir mode 0777 (shared between users); ours are private dirs that hold Ray's in this subdir,
+# so another local user cannot reach a run's or a cluster's files (tokens, logs, sockets) through it.
+RAY_SUBDIR = "ray"
+
+
+def ray_dir_in(path: str | os.PathLike) -> str:
+    """The dir Ray uses (``_temp_dir``) inside our private dir ``path`` (:data:`RAY_SUBDIR`)."""
+    return str(Path(path) / RAY_SUBDIR)
+
+
 def make_owned_temp_dir(prefix: str, parent: str = "/tmp") -> str:
     """A new temp dir (``mkdtemp``) with an :data:`OWNER_NAME` file naming this process (PID and start time)."""
     import tempfile

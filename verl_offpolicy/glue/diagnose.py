@@ -140,7 +140,7 @@ def _ray_worker_state(temp_dir: str) -> dict[str, Any]:
         log_to_driver=False,
         configure_logging=False,
         _node_ip_address="127.0.0.1",
-        _temp_dir=temp_dir,
+        _temp_dir=os.path.join(temp_dir, "ray"),  # Ray makes its dir 0777: inside the probe's private one
     )
     # Imported by name, so that the worker imports this module (a function of __main__ would be pickled by value).
     from verl_offpolicy.glue.diagnose import plugin_state as worker_state
