@@ -277,8 +277,17 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
             ["actor_rollout_ref.rollout.calculate_log_probs=false", "algorithm.offpolicy.ratio_anchor=rollout"],
             "set actor_rollout_ref.rollout.calculate_log_probs=true",
         ),
-        ("rec_oneside_nois", ["trainer.v1.trainer_mode=sync"], "trainer.v1.trainer_mode=offpolicy"),
-        ("rec_oneside_nois", ["trainer.use_v1=false"], "set trainer.use_v1=true"),
+        # staleness needs the scheduler (on verl's V1 trainer): the message names the key and both ways out
+        ("rec_oneside_nois", ["trainer.v1.trainer_mode=sync", "algorithm.offpolicy.sync_interval=2"], "trainer.v1.trainer_mode=offpolicy"),
+        (
+            "rec_oneside_nois",
+            ["trainer.use_v1=false", "algorithm.offpolicy.sync_offset=1"],
+            "algorithm.offpolicy.sync_interval=1, sync_offset=1 needs verl-offpolicy's scheduler, which runs on verl's V1 "
+            "trainer (got trainer.use_v1=False, trainer.v1.trainer_mode=offpolicy): set trainer.use_v1=true "
+            "trainer.v1.trainer_mode=offpolicy, or set algorithm.offpolicy.sync_interval=1 algorithm.offpolicy.sync_offset=0 (on-policy)",
+        ),
+        ("grpo", ["trainer.use_v1=false", "algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"],
+         "or set algorithm.offpolicy.ratio_anchor=proximal"),
         ("rec_ring_nois", ["actor_rollout_ref.actor.policy_loss.ring_clip_ratio_low=0.1"], "ring ε′ ≥ ε"),
         ("rec_oneside_nois", ["actor_rollout_ref.actor.clip_ratio_low=-0.1"], "clip_ratio_low must be >= 0"),
         ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.clip_mode=sideways"], "allowed values: none, one-side"),
@@ -383,3 +392,12 @@ def test_on_a_fresh_batch_these_presets_take_reinforces_step(preset):
     _, grad, _ = call(actor, old, old.clone(), advantages, mask, agg=actor.loss_agg_mode)
     assert actor.loss_agg_mode == "token-mean"
     assert torch.allclose(grad, -advantages * mask / mask.sum(), atol=1e-7)
+
+
+@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("trainer", [["trainer.use_v1=false"], ["trainer.v1.trainer_mode=sync"]])
+def test_every_preset_runs_on_verls_own_trainers_at_one_zero(preset, trainer):
+    """The estimators and losses are verl registry entries: at (s, d) = (1, 0) nothing of the scheduler is needed,
+    so every preset validates on verl's legacy RayPPOTrainer (use_v1=false) and on V1's own sync trainer; the
+    behaviour anchor is the proximal policy there (each batch trains at the weights that generated it)."""
+    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *trainer, *VALID_SIZES]))

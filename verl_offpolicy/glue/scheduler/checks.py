@@ -144,20 +144,28 @@ def _uses_scheduler(view: ConfigView) -> bool:
     return bool(view.select("trainer.use_v1", False)) and view.trainer_mode == SCHEDULER_TRAINER
 
 
+def needs_scheduler(offpolicy) -> bool:
+    """Whether a config needs the ``offpolicy`` trainer: a stale schedule (s, d) ≠ (1, 0), or the ``rollout`` anchor
+    (the trainer swaps the rollout's log-probs in). At (1, 0) the ``behaviour`` anchor is the proximal policy (every
+    batch trains at the weights that generated it), so any trainer, verl's legacy ``RayPPOTrainer`` included, runs it."""
+    return offpolicy.schedule.is_stale or offpolicy.ratio_anchor == "rollout"
+
+
 def check_scheduler_selected(view: ConfigView) -> None:
-    """Staleness control and non-proximal ratio anchors are provided by the ``offpolicy`` trainer."""
+    """Staleness control and the rollout anchor are provided by the ``offpolicy`` trainer (verl's V1 trainer)."""
     if view.select("trainer.use_v1", False) and view.trainer_mode in VERL_ASYNC_TRAINERS:
         return  # check_verl_async_modes
     offpolicy = view.offpolicy
-    needs_scheduler = (
-        offpolicy.schedule.is_stale or offpolicy.ratio_anchor != "proximal"
-    )
-    if needs_scheduler and not _uses_scheduler(view):
+    if needs_scheduler(offpolicy) and not _uses_scheduler(view):
+        use_v1, mode = view.select("trainer.use_v1"), view.trainer_mode
+        what = (f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}"
+                if offpolicy.schedule.is_stale else f"algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor}")
+        on_policy = ("set algorithm.offpolicy.sync_interval=1 algorithm.offpolicy.sync_offset=0 (on-policy)"
+                     if offpolicy.schedule.is_stale else "set algorithm.offpolicy.ratio_anchor=proximal")
         raise OffPolicyConfigError(
-            f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}, "
-            f"ratio_anchor={offpolicy.ratio_anchor} need verl-offpolicy's scheduler: set trainer.use_v1=true and "
-            f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} (got use_v1={view.select('trainer.use_v1')}, "
-            f"trainer_mode={view.trainer_mode})"
+            f"{what} needs verl-offpolicy's scheduler, which runs on verl's V1 trainer (got trainer.use_v1={use_v1}, "
+            f"trainer.v1.trainer_mode={mode}): set trainer.use_v1=true trainer.v1.trainer_mode={SCHEDULER_TRAINER}, "
+            f"or {on_policy}"
         )
 
 
