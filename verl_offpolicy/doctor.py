@@ -258,6 +258,12 @@ def doctor(args: argparse.Namespace) -> int:
                 problems.append(f"{dist} is not installed")
         print(f"  {dist:16s} {version}")
     print(f"  {'python':16s} {sys.version.split()[0]}")
+    from verl_offpolicy.verl_pin import STRICT_ENV, TESTED_VERL, strict, untested_verl
+
+    untested = untested_verl()
+    if untested and strict():
+        problems.append(f"{untested} ({STRICT_ENV}=1)")
+    print(f"  tested on verl {TESTED_VERL}" + (f"; WARNING: {untested}" if untested else ": installed"))
 
     # Both in fresh processes with this environment: this process would register everything itself.
     # With --address, a worker on every node of that cluster instead of a private one.

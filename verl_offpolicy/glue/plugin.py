@@ -22,3 +22,10 @@ except Exception as _exc:  # noqa: BLE001 - verl would hide it at DEBUG level
     )
 else:
     register_all()
+
+try:
+    from verl_offpolicy.verl_pin import warn_if_untested
+
+    warn_if_untested()  # one warning when the installed verl is not the one the package is tested on
+except Exception:  # noqa: BLE001 - the plugin never raises (verl would hide it)
+    pass

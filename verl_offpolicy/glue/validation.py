@@ -34,6 +34,9 @@ __all__ = ["OffPolicyConfigError", "rule_groups", "validate_offpolicy_config", "
 def check_registered(cfg: DictConfig) -> None:
     """The estimator, policy loss and trainer the config selects, if ours, are registered in this process
     (else the cause). First, because a failed registration explains every later error."""
+    from verl_offpolicy.verl_pin import check_verl_version
+
+    check_verl_version()  # VERL_OFFPOLICY_STRICT_VERL=1: an untested verl stops the run here
     selected = (
         ("adv_estimator", select(cfg, "algorithm.adv_estimator"), ADV_ESTIMATORS),
         ("policy_loss", select(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode"), POLICY_LOSSES),
