@@ -166,3 +166,11 @@ def test_the_support_modules_import_no_cycle():
 def test_no_test_support_function_takes_more_than_six_positional_parameters():
     found = {p.name: _long_signatures(p.read_text()) for p in TESTS.glob("*.py")}
     assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_the_scheduler_reaches_transfer_queue_through_its_store_module_only():
+    """Everything the scheduler keeps in TransferQueue (the FIFO's tags, its resume state, the fields it rewrites)
+    goes through glue/scheduler/store.py: a verl without TransferQueue is one module to port."""
+    scheduler = PACKAGE / "glue" / "scheduler"
+    users = sorted(p.name for p in scheduler.glob("*.py") if any(m.split(".")[0] == "transfer_queue" for m in _imports(p)))
+    assert users == ["store.py"]

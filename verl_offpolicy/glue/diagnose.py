@@ -93,7 +93,7 @@ def plugin_state() -> dict[str, Any]:
     try:
         from verl_offpolicy.glue import registration
     except Exception as exc:  # noqa: BLE001 - reported, with the cause
-        from verl_offpolicy.glue.startup import import_failure_message
+        from verl_offpolicy.glue.broken_install import import_failure_message
 
         problem = problem or import_failure_message("verl_offpolicy.glue.registration", exc)
         return {"problem": problem, "names": names, "versions": installed_versions()}

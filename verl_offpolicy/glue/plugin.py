@@ -14,7 +14,7 @@ LOAD_FAILURE: str | None = None
 try:
     from verl_offpolicy.glue.registration import register_all
 except Exception as _exc:  # noqa: BLE001 - verl would hide it at DEBUG level
-    from verl_offpolicy.glue.startup import import_failure_message
+    from verl_offpolicy.glue.broken_install import import_failure_message
 
     LOAD_FAILURE = import_failure_message("verl_offpolicy.glue.registration", _exc)
     logging.getLogger("verl_offpolicy").error(

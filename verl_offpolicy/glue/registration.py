@@ -37,8 +37,9 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py),
     # after recording (and clearing) what another package registered earlier under one of our names.
     "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.registration:take_over_our_names", *algorithms.family_modules()),
-    # The scheduler trainer's registered name and its two mode classes (the registered class builds one of them).
-    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.colocated", "verl_offpolicy.glue.scheduler.overlapped"),
+    # The scheduler trainer's registered class; it imports its mode classes when it builds one (they import it:
+    # importing them here, while the trainer module may itself be importing verl's trainer_base, would be a cycle).
+    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from verl_offpolicy.configs import PRESET_GROUP, preset_names
-
-PACKAGE = "verl_offpolicy"
-
-
-class BrokenInstallError(RuntimeError):
-    """Part of verl-offpolicy cannot be imported; the message names the file and the cause."""
-
-
-def import_failure_message(module: str, exc: BaseException) -> str:
-    """One readable line: which module failed, where (the innermost of our files) and why."""
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" (in {exc.filename}, line {exc.lineno})"
-    else:
-        for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-            if f"/{PACKAGE}/" in frame.filename.replace("\\", "/"):
-                where = f" (at {frame.filename}, line {frame.lineno})"
-                break
-    return (
-        f"broken installation: importing {module} raised {type(exc).__name__}: {exc}{where}; nothing of "
-        "verl-offpolicy can run. Fix that (install the missing package, or reinstall verl-offpolicy), "
-        "then run `verl-offpolicy doctor`."
-    )
-
+from verl_offpolicy.glue.broken_install import BrokenInstallError, import_failure_message
 
 def import_validation():
     """``validate_offpolicy_config``, or :class:`BrokenInstallError` with one readable line."""

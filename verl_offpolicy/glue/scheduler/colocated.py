@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import time
 
-import transfer_queue as tq
-from transfer_queue import KVBatchMeta
 
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_from_nested
 
+from verl_offpolicy.glue.scheduler import store
+from verl_offpolicy.glue.scheduler.store import KVBatchMeta
 from verl_offpolicy.glue.scheduler.metrics import WAIT_S, rollout_call_metrics
 from verl_offpolicy.glue.scheduler.rollout import push_label
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_FIELD,
     BEHAVIOUR_TAG,
     STEP_TAG,
-    TRAIN,
     VERSION_TAG,
     OffPolicyTrainer,
     QueuedBatch,
@@ -117,7 +116,7 @@ class ColocatedTrainer(OffPolicyTrainer):
         # the agent loop generates them all in one call. Timed as verl's own trainer times generation
         # ("gen", logged as timing_s/gen; verl adds the sampling of the batch to it).
         with marked_timer("gen", self.timing_raw, color="red"):
-            tq.kv_batch_put(keys=all_uids, partition_id=TRAIN, tags=tags)
+            store.tag(all_uids, tags)
             self._submit_batch_to_rollout(chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks))
             self._wait_for_generation(set(all_uids), version)
             self._settle(entries, version)  # DAPO: filtered and topped up while the rollout holds this version
@@ -136,9 +135,9 @@ class ColocatedTrainer(OffPolicyTrainer):
         self._submit_batch_to_rollout(batches[0] if len(batches) == 1 else tu.concat_tensordict(batches))
 
     def _trajectory_meta(self, uids: set[str]) -> KVBatchMeta:
-        items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+        items = store.tags()
         pairs = [(k, t) for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids]
-        return KVBatchMeta(partition_id=TRAIN, keys=[k for k, _ in pairs], tags=[t for _, t in pairs])
+        return store.batch([k for k, _ in pairs], [t for _, t in pairs])
 
     def _store_behaviour_log_probs(self, uids: set[str]) -> None:
         """log π at the generating weights, by the training engine, for every stale batch's trajectory."""
@@ -156,8 +155,8 @@ class ColocatedTrainer(OffPolicyTrainer):
         self.actor_rollout_wg.compute_log_prob(meta)
         real = [k for k, t in zip(meta.keys, meta.tags, strict=True) if not t.get("is_padding", False)]
         padding = [k for k, t in zip(meta.keys, meta.tags, strict=True) if t.get("is_padding", False)]
-        data = tq.kv_batch_get(keys=real, partition_id=TRAIN, select_fields=["log_probs", "response_mask"])
+        data = store.read(real, ["log_probs", "response_mask"])
         data[BEHAVIOUR_FIELD] = response_from_nested(data.pop("log_probs"), data["response_mask"])
-        tq.kv_batch_put(keys=real, partition_id=TRAIN, fields=data.select(BEHAVIOUR_FIELD))
+        store.write(real, data.select(BEHAVIOUR_FIELD))
         if padding:
-            tq.kv_clear(keys=padding, partition_id=TRAIN)
+            store.clear(padding)

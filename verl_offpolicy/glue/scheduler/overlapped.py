@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import time
 
-import transfer_queue as tq
 
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
+from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
@@ -48,7 +48,6 @@ from verl_offpolicy.glue.scheduler.metrics import (
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
     STEP_TAG,
-    TRAIN,
     VERSION_TAG,
     OffPolicyTrainer,
     QueuedBatch,
@@ -157,9 +156,7 @@ class OverlappedTrainer(OffPolicyTrainer):
         for step in submission_steps(self.schedule, version, steps, len(self.replay_buffer.batches)):
             chunk = with_priority(self._next_train_batch(), step)
             uids = [str(u) for u in chunk["uid"]]
-            tq.kv_batch_put(
-                keys=uids, partition_id=TRAIN, tags=[{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids)
-            )
+            store.tag(uids, [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids))
             self._submit_batch_to_rollout(chunk)
             self.replay_buffer.push(QueuedBatch(step=step, version=version, uids=uids, behaviour=False, settled=self.filter_groups is None))
         self.replay_buffer.last_generation_size = len(steps)

@@ -32,6 +32,7 @@ Each mode's docstring is its table of verl hooks and what they do to the rollout
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -39,12 +40,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-import transfer_queue as tq
-from transfer_queue import KVBatchMeta
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 
+from verl_offpolicy.glue.scheduler import store
+from verl_offpolicy.glue.scheduler.store import TRAIN, KVBatchMeta
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
@@ -61,7 +62,6 @@ from verl_offpolicy.glue.validation import validate_offpolicy_config
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
-TRAIN = "train"
 STEP_TAG = "offpolicy_step"
 VERSION_TAG = "offpolicy_version"
 BEHAVIOUR_TAG = "offpolicy_behaviour"
@@ -108,7 +108,7 @@ class StalenessQueue(ReplayBuffer):
     def restore(self) -> None:
         """Rebuild the FIFO from the prompt tags TransferQueue restored from a checkpoint."""
         by_step: dict[int, QueuedBatch] = {}
-        for uid, tag in (tq.kv_list(TRAIN) or {}).get(TRAIN, {}).items():
+        for uid, tag in store.tags().items():
             if not tag.get("is_prompt", False) or STEP_TAG not in tag:
                 continue
             step = tag[STEP_TAG]
@@ -171,13 +171,17 @@ class OffPolicyTrainer(PPOTrainer):
 
     A mode class is a subclass that says which ``actor_rollout_ref.hybrid_engine`` value it serves
     (``HYBRID_ENGINE``); ``OffPolicyTrainer(config)`` returns an instance of the configured mode's class, so
-    verl's one registered name serves both. The registration imports both mode modules (``glue/registration.py``).
+    verl's one registered name serves both. The mode modules import this one, so it imports them (by name,
+    :data:`MODE_MODULES`) only when it builds a trainer.
     """
 
     HYBRID_ENGINE: bool | None = None  # set by each mode class
+    MODE_MODULES = ("verl_offpolicy.glue.scheduler.colocated", "verl_offpolicy.glue.scheduler.overlapped")
 
     def __new__(cls, config=None, *args, **kwargs):
         if cls is OffPolicyTrainer:
+            for module in OffPolicyTrainer.MODE_MODULES:
+                importlib.import_module(module)
             hybrid_engine = not is_overlapped(config)
             cls = next(mode for mode in OffPolicyTrainer.__subclasses__() if mode.HYBRID_ENGINE == hybrid_engine)
         return super().__new__(cls)
@@ -227,7 +231,7 @@ class OffPolicyTrainer(PPOTrainer):
 
     def _observed_version_metrics(self, entry: QueuedBatch) -> dict:
         """The version the rollout reports for the head batch's trajectories, checked against the schedule."""
-        items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+        items = store.tags()
         uids = set(entry.uids)
         tags = [t for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids]
         observed = check_observed_version(entry.step, entry.version, tags)
@@ -280,7 +284,7 @@ class OffPolicyTrainer(PPOTrainer):
         done_before = -1
         while True:
             self._raise_dispatch_failures()
-            items = (tq.kv_list(TRAIN) or {}).get(TRAIN, {})
+            items = store.tags()
             status = defaultdict(int)
             for uid in uids:
                 status[items.get(uid, {}).get("status", "missing")] += 1
@@ -350,7 +354,7 @@ class OffPolicyTrainer(PPOTrainer):
                 chunks[step] = self._next_train_batch(num_prompts)
                 uids = [str(u) for u in chunks[step]["uid"]]
                 tags = [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour[step]}] * len(uids)
-                tq.kv_batch_put(keys=uids, partition_id=TRAIN, tags=tags)
+                store.tag(uids, tags)
             self._submit_round(chunks)
             pending = {step: [str(u) for u in chunk["uid"]] for step, chunk in chunks.items()}
         discard = set()
@@ -359,7 +363,7 @@ class OffPolicyTrainer(PPOTrainer):
             counts = [batch.generated, len(batch.dropped), len(batch.surplus), fill.rounds]
             entry.uids, entry.settled = batch.selected, True
             entry.filtered = filter_metrics(*counts, dropped_values=batch.dropped_values)
-            tq.kv_batch_put(keys=entry.uids, partition_id=TRAIN, tags=[{FILTER_TAG: counts}] * len(entry.uids))
+            store.tag(entry.uids, [{FILTER_TAG: counts}] * len(entry.uids))
             discard |= set(batch.dropped) | set(batch.surplus)
         self.replay_buffer._sync_metadata_from_transfer_queue()
         self.replay_buffer._clear_groups(TRAIN, discard)  # verl's: the prompts and their trajectories
@@ -381,7 +385,7 @@ class OffPolicyTrainer(PPOTrainer):
             raise RuntimeError(f"offpolicy scheduler: finished prompt groups without trajectories: {sorted(missing)[:5]}")
         if keys:
             metric = self.filter_groups.metric
-            values = trajectory_metric(tq.kv_batch_get(keys=keys, partition_id=TRAIN, select_fields=[metric_field(metric)]), metric)
+            values = trajectory_metric(store.read(keys, [metric_field(metric)]), metric)
             group = torch.tensor([index[k.split("_")[0]] for k in keys], dtype=torch.long)
             dropped = zero_spread_groups(values, group, len(order))
             shared = shared.scatter_reduce(0, group, values, "amax", include_self=False)
@@ -407,7 +411,7 @@ class OffPolicyTrainer(PPOTrainer):
             source = BEHAVIOUR_FIELD
         else:
             return batch  # trained at staleness 0: behaviour weights are the proximal weights
-        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=[source, "old_log_probs", "response_mask"])
+        data = store.read(keys, [source, "old_log_probs", "response_mask"], batch.partition_id)
         if self.schedule.staleness(self.global_steps) > 0:
             # off-policy health on stale batches only (docs/scheduler.md, "What it logs"); on a fresh batch a
             # rollout anchor differs from the proximal policy only by the two engines' mismatch
@@ -417,7 +421,7 @@ class OffPolicyTrainer(PPOTrainer):
         anchored = data.pop(source)
         metrics[ANCHOR_LOG_RATIO] = _masked_mean_gap(proximal, anchored, data["response_mask"])
         data["old_log_probs"] = anchored
-        tq.kv_batch_put(keys=keys, partition_id=batch.partition_id, fields=data.select("old_log_probs"))
+        store.write(keys, data.select("old_log_probs"), batch.partition_id)
         return batch
 
 
