@@ -409,6 +409,7 @@ def _sleeper(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", *args])
 
 
+@pytest.mark.slow  # starts a Python process (another run's stand-in)
 def test_cluster_stop_refuses_what_cluster_start_did_not_make_and_touches_nothing(tmp_path, capsys):
     """`cluster stop --dir D` on a dir that is not a cluster's (a typo: the temp folder, a truncated name) once
     killed every process whose command line contained D and removed D's tree. Now: refused, nothing ended or removed."""
@@ -432,6 +433,7 @@ def test_cluster_stop_refuses_what_cluster_start_did_not_make_and_touches_nothin
         other.wait(timeout=60)
 
 
+@pytest.mark.slow  # starts Python processes (the cluster's and another run's stand-ins)
 def test_cluster_stop_ends_only_the_processes_of_its_own_dir(tmp_path, capsys):
     """A cluster dir's own processes (naming it or a path under it) end and the dir goes; a process naming a
     longer dir that starts with the same characters (another run) lives on."""
@@ -472,8 +474,7 @@ def test_doctor_tells_no_cluster_at_an_address_apart_from_a_slow_one_within_seco
     with pytest.raises(ProbeError, match=r"^no Ray cluster at 127.0.0.1:1: Connection refused"):
         check_cluster_reachable("127.0.0.1:1", {})
     assert time.monotonic() - start < 30
-    with pytest.raises(ProbeError, match="is not a Ray cluster address"):
-        check_cluster_reachable("localhost", {})
+    check_cluster_reachable("auto", {})  # Ray resolves "auto" (and ray://): nothing to connect to here
 
 
 def test_doctor_names_the_missing_token_variables_of_a_cluster():

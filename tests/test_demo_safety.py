@@ -487,6 +487,7 @@ def test_ending_a_run_ends_the_children_of_its_ray_processes_too(tmp_path):
             grandchild.kill()
 
 
+@pytest.mark.slow  # starts a Python process (the run)
 def test_a_log_that_cannot_be_written_ends_the_run_at_once_naming_the_path():
     """A full output disk once killed the log pump; nobody drained the run's pipe, the run blocked after 64 KiB
     and the demo waited its whole timeout. ``/dev/full`` fails every write with ENOSPC, as a full disk does."""
@@ -502,6 +503,8 @@ def test_a_log_that_cannot_be_written_ends_the_run_at_once_naming_the_path():
     assert info.value.__context__ is None or not isinstance(info.value.__context__, OSError)
 
 
+@pytest.mark.e2e  # builds a demo command (the suite's rule: what builds one is in the end-to-end tier); runs nothing
+@pytest.mark.slow
 def test_ray_runs_in_a_subdir_of_the_runs_private_dir(tmp_path):
     """Ray makes its temp dir mode 0777 (another local user could replace a run's files in it); the demo hands
     Ray a subdir of its own 0700 dir, which holds the run's token and temporary files."""

@@ -59,6 +59,8 @@ def quadratic_last_boxed(text):
     for match in reversed(list(_BOXED.finditer(text))):
         depth, start = 1, match.end()
         for i in range(start, len(text)):
+            if text[i - 1] == "\\":  # an escaped brace is LaTeX text
+                continue
             if text[i] == "{":
                 depth += 1
             elif text[i] == "}":
@@ -85,7 +87,7 @@ TABLE = [
     ("} } \\boxed{5}", "5"),  # stray closing braces before the box do not matter
     ("\\boxed{5} }", "5"),
     ("\\boxed{1} \\boxed{2 { 3}", "1"),  # the second box's brace opened inside it never closes
-    ("\\boxed{\\{x\\}}", "\\{x\\}"),  # an escaped brace still counts as a brace (as before)
+    ("\\boxed{\\{x\\}}", "\\{x\\}"),  # escaped braces are text: the box closes at its own brace
     ("\\boxed", None),
     ("boxed{1}", None),  # no backslash: not a box
     ("\\boxed{1}" + "\\boxed{" * 50, "1"),

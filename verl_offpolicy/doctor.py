@@ -120,8 +120,6 @@ def check_cluster_reachable(address: str, env: dict[str, str], timeout: float = 
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
             pass
-    except ValueError:
-        raise ProbeError(f"{address!r} is not a Ray cluster address (HOST:PORT, as `cluster start` printed it)") from None
     except OSError as exc:
         raise ProbeError(
             f"no Ray cluster at {address}: {exc.strerror or exc} (nothing listens there; is the address the one "
