@@ -56,6 +56,9 @@ print(json.dumps([POLICY_LOSS_REGISTRY["topr"].__module__, ADV_ESTIMATOR_REGISTR
     found = {(c["kind"], c["name"]): c for c in state["collisions"]}
     assert set(found) == {("policy_loss", "topr"), ("adv_estimator", "opmd")}
     assert "registered first by their_losses.their_topr" in found[("policy_loss", "topr")]["message"]
+    # a name known to mean different maths elsewhere says so (verl#6986's topr normalises by length)
+    assert "truncates the length-normalised sequence ratio" in found[("policy_loss", "topr")]["message"]
+    assert "length-normalised" not in found[("adv_estimator", "opmd")]["message"]
     assert not any(c["fatal"] for c in found.values())  # ours serves both names
     problems = _print_registry("fresh process", state)
     assert len(problems) == 2 and "COLLISION policy_loss" in capsys.readouterr().out

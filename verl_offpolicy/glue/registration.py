@@ -138,6 +138,11 @@ OWN_PACKAGE = "verl_offpolicy"
 CONFIG_KEYS = {"adv_estimator": "algorithm.adv_estimator", "policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode"}
 # (kind, name) -> origin of the function that another package had registered before ours replaced it
 _replaced: dict[tuple[str, str], str] = {}
+# Names another package defines with different maths: said in every collision message on them.
+OTHER_MEANINGS = {
+    ("policy_loss", "topr"): "verl's own topr (verl#6986) truncates the length-normalised sequence ratio, "
+    "verl-offpolicy's the unnormalised one (docs/algo/topr.md): the two train differently",
+}
 
 
 def _algorithm_registries() -> dict[str, tuple[dict, tuple[str, ...]]]:
@@ -178,17 +183,19 @@ def collision(kind: str, name: str) -> str | None:
     registry, _ = _algorithm_registries()[kind]
     key = CONFIG_KEYS[kind]
     fn = registry.get(name)
+    meaning = f"; {OTHER_MEANINGS[(kind, name)]}" if (kind, name) in OTHER_MEANINGS else ""
     if fn is not None and not is_ours(fn):
         return (
             f"{kind} '{name}' in verl's registry is {origin(fn)}, registered after verl-offpolicy's (verl keeps the "
             f"last one), so {key}={name} would not run verl-offpolicy's; remove or disable the package of "
             f"{getattr(fn, '__module__', '?')} (VERL_USE_EXTERNAL_PLUGINS lists the plugins verl loads), or rename its {kind}"
+            + meaning
         )
     if (kind, name) in _replaced:
         return (
             f"{kind} '{name}' was registered first by {_replaced[(kind, name)]}; verl-offpolicy's replaced it, so "
             f"{key}={name} runs verl-offpolicy's (docs/extending.md#name-collisions); to use the other, uninstall "
-            "verl-offpolicy or register it under another name"
+            "verl-offpolicy or register it under another name" + meaning
         )
     return None
 
