@@ -1,6 +1,8 @@
 """Every preset composes with verl's stock and our primary configs, converts to verl's dataclasses,
 passes verl's validate_config and ours, and resolves to the settings of docs/algorithms.md."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -401,3 +403,18 @@ def test_every_preset_runs_on_verls_own_trainers_at_one_zero(preset, trainer):
     so every preset validates on verl's legacy RayPPOTrainer (use_v1=false) and on V1's own sync trainer; the
     behaviour anchor is the proximal policy there (each batch trains at the weights that generated it)."""
     validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *trainer, *VALID_SIZES]))
+
+
+@pytest.mark.parametrize("sampling, named", [
+    ("actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.rollout.temperature=0.7"),
+    ("actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_p=0.9"),
+    ("actor_rollout_ref.rollout.top_k=50", "actor_rollout_ref.rollout.top_k=50"),
+])
+def test_the_rollout_anchor_refuses_a_reshaped_sampling_distribution(sampling, named):
+    """Log-probs of a tempered or truncated distribution are not π's: the rollout anchor would bias every ratio."""
+    overrides = ["algorithm=rec_oneside_nois", "algorithm.offpolicy.ratio_anchor=rollout",
+                 "actor_rollout_ref.rollout.calculate_log_probs=true", sampling, *VALID_SIZES]
+    with pytest.raises(ValueError, match=rf"ratio_anchor=rollout takes the rollout's log-probs as π_old, but {re.escape(named)} makes"):
+        validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", overrides))
+    # the anchors the trainer computes itself are not affected
+    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [o for o in overrides if "ratio_anchor" not in o]))

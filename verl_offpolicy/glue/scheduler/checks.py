@@ -261,6 +261,31 @@ def check_scheduler_features(view: ConfigView) -> None:
         )
 
 
+def check_rollout_anchor_sampling(view: ConfigView) -> None:
+    """The ``rollout`` anchor uses the inference engine's log-probs as π_old. A rollout that samples at a temperature
+    other than 1, with top-p < 1 or top-k > 0 returns the log-probs of that reshaped distribution, not of π: every
+    ratio would be biased, silently (TRL#6880). Rejected, naming the keys (the anchors the trainer computes are not)."""
+    if view.offpolicy.ratio_anchor != "rollout":
+        return
+    rollout = "actor_rollout_ref.rollout"
+    temperature = view.select(f"{rollout}.temperature", 1.0)
+    top_p = view.select(f"{rollout}.top_p", 1.0)
+    top_k = view.select(f"{rollout}.top_k", -1)
+    reshaped = []
+    if temperature != 1:
+        reshaped.append(f"{rollout}.temperature={temperature}")
+    if top_p is not None and top_p < 1:
+        reshaped.append(f"{rollout}.top_p={top_p}")
+    if top_k is not None and top_k > 0:
+        reshaped.append(f"{rollout}.top_k={top_k}")
+    if reshaped:
+        raise OffPolicyConfigError(
+            f"algorithm.offpolicy.ratio_anchor=rollout takes the rollout's log-probs as π_old, but {', '.join(reshaped)} "
+            "makes the rollout sample (and score) a reshaped distribution, not the policy's: set temperature=1.0, "
+            "top_p=1.0 and top_k=-1, or ratio_anchor=behaviour (the training engine at the generating weights) or proximal"
+        )
+
+
 FILTER_GROUPS = "algorithm.filter_groups"
 
 
@@ -325,7 +350,7 @@ def check_staleness_threshold(view: ConfigView) -> None:
 
 
 # verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
-ROLLOUT_CORRECTION_RULES = (check_rollout_correction,)
+ROLLOUT_CORRECTION_RULES = (check_rollout_correction, check_rollout_anchor_sampling)
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
     check_trainer_mode, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
