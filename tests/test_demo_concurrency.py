@@ -8,6 +8,7 @@ other with verl's vLLM rollout (vLLM's CPU build, installed by the README's setu
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -45,7 +46,8 @@ def test_two_demos_at_once_both_finish_and_leave_nothing(tmp_path):
     for out, proc in runs.items():
         assert proc.returncode == 0, f"{out.name}: exit {proc.returncode}\n{outputs.get(out, '')[-4000:]}"
         log = (out / "train.log").read_text(errors="replace")
-        assert "SemLock" not in log and "FileNotFoundError" not in log, log[-3000:]
+        # another run's clean-up removing a live semaphore: SemLock._rebuild ... FileNotFoundError on /dev/shm
+        assert not re.search(r"SemLock|FileNotFoundError: \[Errno 2\][^\n]*(/dev/shm|sem\.)", log), log[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 2 and summary["listening_not_loopback"] == []
     for out in runs:

@@ -86,8 +86,8 @@ def test_fsdp_and_megatron_engines_give_the_reference_loss_and_gradient(runs, ca
     # Megatron: its loss is the whole-batch formula on its own log-probs (aggregation exact) ...
     mask = torch.tensor(ref["response_mask"])
     expected = whole_batch_loss(
-        runs["paths"]["model_path"], runs["paths"]["tokenizer_path"], case,
-        torch.tensor(megatron["log_probs"]), torch.tensor(ref["old_log_probs"]), torch.tensor(ref["advantages"]), mask,
+        runs["paths"]["model_path"], runs["paths"]["tokenizer_path"], case, log_prob=torch.tensor(megatron["log_probs"]),
+        old_log_prob=torch.tensor(ref["old_log_probs"]), advantages=torch.tensor(ref["advantages"]), mask=mask,
     )
     assert megatron["loss"] == pytest.approx(float(expected), rel=MEGATRON_LOSS_TOL, abs=1e-6)
     # ... and its bf16 log-probs and gradient are the reference's to bf16 precision.

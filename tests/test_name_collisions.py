@@ -75,13 +75,19 @@ OffPolicyLossConfig(loss_mode="rec")  # ours, before the other package registers
 def late_rec(*args, **kwargs):
     pass
 
+from omegaconf import OmegaConf
 from verl_offpolicy.glue.registration import collisions
+from verl_offpolicy.glue.validation import check_registered  # the startup validation's first rule
+
+def selecting(loss_mode):
+    return OmegaConf.create({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": loss_mode}}}})
+
 try:
-    OffPolicyLossConfig(loss_mode="rec")
+    check_registered(selecting("rec"))
     error = None
 except Exception as exc:
     error = f"{type(exc).__name__}: {exc}"
-OffPolicyLossConfig(loss_mode="opmd")  # a name nobody else claims still passes
+check_registered(selecting("opmd"))  # a name nobody else claims still passes
 print(json.dumps({"error": error, "collisions": collisions()}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)

@@ -171,14 +171,14 @@ def test_overlapped_validates_the_weights_colocated_validates(runs):
     colocated, overlapped = runs("colocated", *PAIR), runs("overlapped", *PAIR)
 
     def validation(result):
-        return {m["step"]: {k: v for k, v in m["data"].items() if k.startswith("val-")} for m in result.metrics
-                if any(k.startswith("val-") for k in m["data"])}
+        return {m["step"]: {k: v for k, v in m.items() if k.startswith("val-")} for m in result.metrics
+                if any(k.startswith("val-") for k in m)}
 
     expected, got = validation(colocated), validation(overlapped)
     assert sorted(expected) == [PAIR_TEST_FREQ, 6] and sorted(got) == sorted(expected), (sorted(expected), sorted(got))
     for step in expected:
         assert expected[step] and got[step] == pytest.approx(expected[step], abs=1e-9), step
-    last = {m["step"]: m["data"] for m in overlapped.metrics}
+    last = {m["step"]: m for m in overlapped.metrics}
     assert last[6]["offpolicy/validation_pushes"] == 1.0  # step 3's; step 6's validation sees version 6 or pushes it
     assert last[6]["offpolicy/weight_pushes"] == SPEC_PUSHES[PAIR]
 
