@@ -400,3 +400,14 @@ def test_the_standalone_overlay_selects_the_ordered_agent_loop(tmp_path):
     assert compose_and_check(PRIMARY_CONFIG, base).actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
     cfg = compose_and_check(PRIMARY_CONFIG, [*base, "+cpu_rollout=standalone"])
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == ORDERED_AGENT_LOOP
+
+
+def test_copies_of_a_row_are_numbered_as_v1_numbers_its_sessions():
+    """verl's legacy agent loop passes no session id: the n copies of a row (sharing its prompt object) are numbered
+    0..n-1 in the order they start, as V1's session ids; a new row object starts again at 0. Without it every copy
+    got seed 0 and the legacy trainer's groups held n identical samples."""
+    from verl_offpolicy.cpu.agent_loop import copy_number
+
+    row, other = [{"role": "user", "content": "repeat a"}], [{"role": "user", "content": "repeat a"}]
+    assert [copy_number(row) for _ in range(4)] == [0, 1, 2, 3]
+    assert copy_number(other) == 0  # an equal but distinct row (another step's batch) is a new row

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
@@ -32,13 +32,34 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP
 
 _ROW_STRIDE = 1_000_003  # > any group size: (row, session) -> distinct seeds
+_COPIES_KEPT = 65_536
+# id(a row's prompt object) -> (the object, copies of the row seen): verl's legacy agent loop (main_ppo_v0) passes no
+# session id; its rollout.n copies of a row are consecutive and share the row's prompt object (numpy's repeat keeps
+# references, pickling a chunk keeps them shared). The object is held so that its id is not reused meanwhile.
+_copies: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+
+
+def copy_number(row_object: Any) -> int:
+    """The how-manieth copy of its row ``row_object`` belongs to (0 for the first), in the order the agent loop
+    starts them: the session id V1's agent loop passes (0..n-1), for verl's legacy agent loop."""
+    key = id(row_object)
+    seen = _copies.get(key)
+    number = seen[1] if seen is not None and seen[0] is row_object else 0
+    _copies[key] = (row_object, number + 1)
+    _copies.move_to_end(key)
+    while len(_copies) > _COPIES_KEPT:
+        _copies.popitem(last=False)
+    return number
 
 
 @register(SEEDED_AGENT_LOOP)
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if "seed" not in sampling_params and kwargs.get("index") is not None:
-            seed = int(kwargs["index"]) * _ROW_STRIDE + int(kwargs.get("session_id", 0))
+            session = kwargs.get("session_id")
+            if session is None:  # verl's legacy trainer: its agent loop numbers no copies
+                session = copy_number(kwargs.get("raw_prompt"))
+            seed = int(kwargs["index"]) * _ROW_STRIDE + int(session)
             sampling_params = {**sampling_params, "seed": seed}
         priority = int(kwargs.get("priority", 0) or 0)
         if priority and self.rollout_config.name == HF_ROLLOUT:
