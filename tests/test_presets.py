@@ -396,7 +396,11 @@ def test_on_a_fresh_batch_these_presets_take_reinforces_step(preset):
     assert torch.allclose(grad, -advantages * mask / mask.sum(), atol=1e-7)
 
 
-@pytest.mark.parametrize("preset", preset_names())
+# The fast tier checks a behaviour-anchored and a proximal preset; the slow tier every preset (a repeat on more configs).
+ON_VERLS_TRAINERS = [p if p in ("rec_oneside_nois", "opmd") else pytest.param(p, marks=pytest.mark.slow) for p in preset_names()]
+
+
+@pytest.mark.parametrize("preset", ON_VERLS_TRAINERS)
 @pytest.mark.parametrize("trainer", [["trainer.use_v1=false"], ["trainer.v1.trainer_mode=sync"]])
 def test_every_preset_runs_on_verls_own_trainers_at_one_zero(preset, trainer):
     """The estimators and losses are verl registry entries: at (s, d) = (1, 0) nothing of the scheduler is needed,
