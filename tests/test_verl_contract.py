@@ -5,9 +5,9 @@ The symbol and keyword lists are not written by hand: they are read from the pac
 ``from verl... import X``, ``import verl...``, and every call of such a name with its keyword arguments, function-
 local imports included), then checked against the installed verl: a symbol that is gone, or a keyword argument its
 function no longer takes, fails naming both. Run it against a new verl before using the package there
-(``verl_offpolicy.verl_pin`` says so at import). Checked by hand once: with ``compute_offpolicy_metrics`` renamed in
-the installed ``verl/trainer/ppo/rollout_corr_helper.py`` the symbol test failed naming
-``verl.trainer.ppo.rollout_corr_helper.compute_offpolicy_metrics`` and the file that imports it.
+(``verl_offpolicy.verl_pin`` says so at import). Checked by hand once, with a module added to the package that
+imported ``verl.trainer.ppo.core_algos.no_such_symbol_here`` and called ``agg_loss(..., bogus_keyword=1)``: both
+tests failed, naming the symbol with the importing file, and the keyword with the callee's signature.
 """
 
 from __future__ import annotations
