@@ -51,9 +51,8 @@ def names_path(cmdline: Sequence[str], path: str) -> bool:
     return any(pattern.search(arg) for arg in cmdline)
 
 
-def session_processes(marker: str) -> list:
-    """This user's processes whose command line names the path ``marker`` (our unique Ray temp dir, or a
-    cluster's dir; :func:`names_path`), other than this one."""
+def _own_processes(matches: Callable[[list[str]], bool]) -> list:
+    """This user's processes, other than this one, whose command line (its arguments) ``matches``."""
     import psutil
 
     found = []
@@ -63,26 +62,21 @@ def session_processes(marker: str) -> list:
             cmdline, uids = proc.info["cmdline"] or [], proc.info["uids"]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if proc.info["pid"] != me and uids is not None and uids.real == uid and names_path(cmdline, marker):
+        if proc.info["pid"] != me and uids is not None and uids.real == uid and matches(cmdline):
             found.append(proc)
     return found
+
+
+def session_processes(marker: str) -> list:
+    """This user's processes whose command line names the path ``marker`` (our unique Ray temp dir, or a
+    cluster's dir; :func:`names_path`), other than this one."""
+    return _own_processes(lambda cmdline: names_path(cmdline, marker))
 
 
 def processes_mentioning(text: str) -> list:
     """This user's processes whose command line contains ``text`` anywhere (a broad check that nothing of a
     kind is left, e.g. ``vo-doctor-``); to act on a session use :func:`session_processes`."""
-    import psutil
-
-    me, uid = os.getpid(), os.getuid()
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
-        try:
-            cmdline, uids = " ".join(proc.info["cmdline"] or []), proc.info["uids"]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if proc.info["pid"] != me and uids is not None and uids.real == uid and text in cmdline:
-            found.append(proc)
-    return found
+    return _own_processes(lambda cmdline: text in " ".join(cmdline))
 
 
 def listening_addresses(proc: subprocess.Popen, ray_marker: Optional[str]) -> list[str]:

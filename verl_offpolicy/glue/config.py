@@ -25,14 +25,13 @@ from verl.workers.config import PolicyLossConfig
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue import algorithms
-from verl_offpolicy.glue.knobs import (  # noqa: F401 - the names the startup rules import from here
+from verl_offpolicy.glue.knobs import (  # noqa: F401 - LOSS_PREFIX, OffPolicyConfigError: the scheduler's rules import them from here
     ALGO_PREFIX,
     LOSS_PREFIX,
+    SECTIONS,
     Knob,
     OffPolicyConfigError,
-    SECTIONS,
     OffPolicySection,
-    check_number,
     select,
 )
 
@@ -63,11 +62,11 @@ def _refuse_if_unloaded(kind: str, name: Any) -> None:
     raise RegistrationError(f"verl-offpolicy could not load its algorithm families: {'; '.join(_UNLOADED)}")
 
 
-def declared_knobs(section: str) -> tuple[Knob, ...]:
-    """Every family's knobs of ``section`` (``offpolicy`` or ``loss``); a name declared twice is an error."""
+def declared_knobs(section: str, modules: tuple[Any, ...]) -> tuple[Knob, ...]:
+    """The knobs of ``section`` (``offpolicy`` or ``loss``) that ``modules`` declare; a name declared twice is an error."""
     attribute = {"offpolicy": "OFFPOLICY_KNOBS", "loss": "LOSS_KNOBS"}[section]  # one per key of SECTIONS
     found: dict[str, tuple[Knob, str]] = {}
-    for module in family_modules():
+    for module in modules:
         for knob in getattr(module, attribute, ()):
             if knob.name in found:
                 raise TypeError(f"{attribute}: {knob.name!r} is declared by {found[knob.name][1]} and {module.__name__}")
@@ -81,7 +80,7 @@ def _docstring(summary: str, prefix: str, knobs: tuple[Knob, ...]) -> str:
 
 
 def _assemble(name: str, base: type, section: str, summary: str, namespace: dict) -> type:
-    knobs = declared_knobs(section)
+    knobs = declared_knobs(section, _FAMILIES)
     prefix = SECTIONS[section]
     kind, selector, default = {"loss": ("policy_loss", "loss_mode", "vanilla"), "offpolicy": ("adv_estimator", None, None)}[section]
 
@@ -111,6 +110,7 @@ def _schedule(self) -> Schedule:
     return Schedule(self.sync_interval, self.sync_offset)
 
 
+_FAMILIES = family_modules()  # imported once: both sections are assembled from them
 OffPolicyConfig = _assemble(
     "OffPolicyConfig", object, "offpolicy", "``algorithm.offpolicy``: estimator hyperparameters and the staleness scheduler.",
     {"schedule": property(_schedule)},
