@@ -11,15 +11,18 @@ with colocated at (2, 1) without filtering: tests/test_overlapped.py).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.jobs import queued_at_start
 from tests.scenario_runs import dapo_run
+from verl_offpolicy.demo.repeat_task import make_row, write_splits
 from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
 from verl_offpolicy.glue.scheduler.filtering import (
-    FilterGroupsExhausted, VersionFill, trajectory_metric, zero_spread_groups,
+    FilterGroupsExhausted, VersionFill, check_filter_metric, trajectory_metric, zero_spread_groups,
 )
 from verl_offpolicy.glue.scheduler.metrics import filter_metrics
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -151,6 +154,50 @@ def test_filter_groups_is_accepted_with_the_scheduler_and_checked():
         _validate(FILTER + ["actor_rollout_ref.rollout.n=1"])
     with pytest.raises(OffPolicyConfigError, match=r"set reward.reward_model.enable_resource_pool=true"):
         _validate(FILTER + ["reward.reward_model.enable=true"])
+
+
+def _filter_config(tmp_path, metric, reward_source=None):
+    """The composed config of a filtered run on a one-row repeat task; ``reward_source``: a reward function file."""
+    files = write_splits(tmp_path, [make_row("a", 0, "train", 4)], [make_row("a", 0, "test", 4)])
+    extra = [f"data.train_files={files['train_files']}", f"algorithm.filter_groups.metric={metric}"]
+    if reward_source is not None:
+        (tmp_path / "reward.py").write_text(reward_source)
+        extra += [f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.custom_reward_function.name=score"]
+    else:
+        extra += ["reward.custom_reward_function.path=pkg://verl_offpolicy.cpu.task"]
+    return compose_main_ppo("offpolicy_trainer", ["algorithm=opmd", *VALID_SIZES, *FILTER[:1], *extra])
+
+
+DICT_REWARD = "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return {'score': 1.0, 'hit': 1}\n"
+
+
+@pytest.mark.parametrize(
+    "metric,reward_source,allowed",
+    [
+        ("reward", None, None),  # verl's canonical reward: always there
+        ("acc", None, None),  # a number-valued reward function: verl's manager names it acc
+        ("bogus", None, "['acc', 'reward']"),
+        ("hit", DICT_REWARD, None),  # a dict-valued one: its keys
+        ("acc", DICT_REWARD, "['hit', 'reward', 'score']"),
+    ],
+)
+def test_the_filter_metric_is_checked_against_the_reward_functions_answer(tmp_path, metric, reward_source, allowed):
+    """The metric is looked up in each trajectory's reward_extra_info at the first filtered version (minutes into
+    a run): startup calls the configured reward function on the first training row, as verl's naive manager does
+    (a dict's keys; a number becomes ``acc``), and names the allowed values."""
+    config = _filter_config(tmp_path, metric, reward_source)
+    if allowed is None:
+        check_filter_metric(config)
+        return
+    with pytest.raises(ValueError, match=rf"metric='{metric}' is not a value .* allowed values: {re.escape(allowed)}"):
+        check_filter_metric(config)
+
+
+def test_the_filter_metric_says_when_it_cannot_be_checked(tmp_path, capsys):
+    config = _filter_config(tmp_path, "bogus")
+    config.data.train_files = str(tmp_path / "absent.parquet")
+    check_filter_metric(config)
+    assert "metric='bogus' not checked before the run: no training file at data.train_files=" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -5,7 +5,8 @@
 worker it checks that ``algorithm=`` names a preset, not verl's own file of that group
 (:func:`check_algorithm_choice`), that the Ray
 workers' environment lets ``import verl`` load verl-offpolicy (:func:`check_workers_plugin_setting`) and
-runs :func:`verl_offpolicy.glue.validation.validate_offpolicy_config`.
+runs :func:`verl_offpolicy.glue.validation.validate_offpolicy_config`, then the checks that call the user's code
+(the DAPO filter metric against the reward function's answer).
 
 This module imports only the standard library, Hydra and OmegaConf at import time. Hydra instantiates
 callbacks before running them, so if our validation code itself could not import (a broken install,
@@ -141,6 +142,9 @@ class StartupValidation(Callback):
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
         try:
             validate(config)
+            from verl_offpolicy.glue.scheduler.filtering import check_filter_metric
+
+            check_filter_metric(config)
             check_cluster_nodes(config)
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc

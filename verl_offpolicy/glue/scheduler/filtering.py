@@ -23,11 +23,14 @@ are :func:`~verl_offpolicy.glue.scheduler.checks.check_filter_groups`.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+from omegaconf import OmegaConf
 
 from verl_offpolicy.glue.scheduler.checks import FILTER_GROUPS
 
@@ -210,4 +213,60 @@ class VersionFill:
             f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation round{'s' if self.rounds > 1 else ''}, "
             f"{generated} prompt groups generated, {dropped} dropped (same {self.metric} on every sample; value: groups = "
             f"{dict(sorted(values.items()))}), {surplus} surplus discarded, steps {sorted(self.batches)} full"
+        )
+
+
+# verl's registered reward managers whose reward_extra_info is the reward function's dict (or {"acc": score}
+# for a number): experimental/reward_loop/reward_manager/{naive,dapo,gdpo,remote}.py.
+DICT_OR_ACC_MANAGERS = ("naive", "dapo", "gdpo", "remote")
+
+
+def returned_metric_names(config) -> set[str] | str:
+    """The names ``algorithm.filter_groups.metric`` can take for this config: ``reward`` and the
+    ``reward_extra_info`` keys verl's reward manager builds from the reward function's answer on the first
+    training row (scored against its own ground truth), as the reward workers will. A string says why that
+    cannot be known before the run (another reward manager, a reward model, no training file yet)."""
+    import asyncio
+    import inspect
+
+    import pandas as pd
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    manager = OmegaConf.select(config, "reward.reward_manager", default=None) or {}
+    if manager.get("source", "register") != "register" or manager.get("name", "naive") not in DICT_OR_ACC_MANAGERS:
+        return f"reward.reward_manager {manager.get('source')}:{manager.get('name')} builds its own reward_extra_info"
+    if OmegaConf.select(config, "reward.reward_model.enable", default=False):
+        return "a reward model scores the samples"
+    files = OmegaConf.select(config, "data.train_files", default=None)
+    first = files if isinstance(files, str) else (list(files)[0] if files else None)
+    if not first or not os.path.isfile(os.path.expanduser(first)):
+        return f"no training file at data.train_files={first!r} yet"
+    row = pd.read_parquet(os.path.expanduser(first)).iloc[0]
+    truth = (row.get("reward_model") or {}).get("ground_truth", "")
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    function = get_custom_reward_fn(config)
+    if function is None:
+        from verl.utils.reward_score import default_compute_score as function
+    result = function(data_source=row.get("data_source"), solution_str=str(truth), ground_truth=truth, extra_info=extra)
+    if inspect.isawaitable(result):
+        result = asyncio.run(result)
+    keys = set(result) if isinstance(result, dict) else {"acc"}
+    return {"reward", *keys}
+
+
+def check_filter_metric(config) -> None:
+    """``algorithm.filter_groups.metric`` must be a name verl's reward loop gives each trajectory (else the run
+    stops at its first filtered version); ``ValueError`` naming the names there are. Prints why it could not
+    check, if it could not."""
+    section = OmegaConf.select(config, FILTER_GROUPS, default=None)
+    if not section or not section.get("enable", False):
+        return
+    metric = section.get("metric")
+    names = returned_metric_names(config)
+    if isinstance(names, str):
+        print(f"verl-offpolicy: note: {FILTER_GROUPS}.metric={metric!r} not checked before the run: {names}", file=sys.stderr)
+    elif metric not in names:
+        raise ValueError(
+            f"{FILTER_GROUPS}.metric={metric!r} is not a value verl's reward loop gives a trajectory: the reward "
+            f"function returns {sorted(names - {'reward'})} for the first training row; allowed values: {sorted(names)}"
         )
