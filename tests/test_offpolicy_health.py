@@ -96,6 +96,20 @@ def test_anchor_corr_ess_of_equal_weights_is_one_and_of_one_dominant_token_is_sm
     assert skewed[PREFIX + "rollout_is_eff_sample_size"] == pytest.approx((e10 + 3) ** 2 / (4 * (e10**2 + 3)), rel=1e-5)
 
 
+def test_anchor_corr_is_finite_for_a_finite_anchor_far_from_the_proximal_policy():
+    """verl exponentiates raw log-quantities (k3_kl, the perplexities, ppl_ratio: inf here); every exponent is
+    capped at ±20 (verl's SAFETY_BOUND), the log-space statistics stay exact. By hand, proximal [−1, −2],
+    anchor [−1e4, −1]: log ρ = [9999, −1], capped [20, −1]; k3 = (e²⁰ − 21 + e⁻¹ + 1 − 1)/2; the anchor's mean
+    log-prob −5000.5, the proximal's −1.5."""
+    stats = anchor_corr_metrics(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1e4, -1.0]]), torch.ones(1, 2))
+    assert all(math.isfinite(v) for v in stats.values()), {k: v for k, v in stats.items() if not math.isfinite(v)}
+    assert stats[PREFIX + "k3_kl"] == pytest.approx((math.exp(20) - 21 + math.exp(-1)) / 2, rel=1e-9)
+    assert stats[PREFIX + "rollout_ppl"] == pytest.approx(math.exp(20), rel=1e-9)
+    assert stats[PREFIX + "training_ppl"] == pytest.approx(math.exp(1.5), rel=1e-6)
+    assert stats[PREFIX + "ppl_ratio"] == pytest.approx(math.exp(-20), rel=1e-9)
+    assert stats[PREFIX + "kl"] == pytest.approx(-4999.0) and stats[PREFIX + "rollout_log_ppl"] == pytest.approx(5000.5)
+
+
 def test_anchor_corr_of_a_batch_without_response_tokens_is_empty():
     assert anchor_corr_metrics(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3)) == {}
 

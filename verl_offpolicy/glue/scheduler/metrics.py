@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from verl.trainer.ppo.rollout_corr_helper import SAFETY_BOUND, compute_offpolicy_metrics, compute_rollout_correction_weights
@@ -129,7 +130,9 @@ def anchor_corr_metrics(proximal: Tensor, anchor: Tensor, response_mask: Tensor)
 
     The arithmetic is verl's own (``compute_offpolicy_metrics``; ``compute_rollout_correction_weights`` with
     token weights and no truncation, keeping the keys of :data:`ANCHOR_CORR_WEIGHTS`); its masked sums select
-    the response tokens, so anything on padding (−inf, NaN) is ignored.
+    the response tokens, so anything on padding (−inf, NaN) is ignored. Except that every exponent is capped at
+    ±SAFETY_BOUND (20, verl's cap of ρ), as in :func:`capped_exponentials`: verl's ``k3_kl``, perplexities and
+    ``ppl_ratio`` exponentiate raw log-quantities and are inf for a finite anchor far from the proximal policy.
     """
     mask = response_mask.bool()
     if not bool(mask.any()):
@@ -139,4 +142,31 @@ def anchor_corr_metrics(proximal: Tensor, anchor: Tensor, response_mask: Tensor)
         log_ratio=proximal - anchor, response_mask=mask, rollout_is="token", rollout_is_threshold=UNTRUNCATED
     )
     stats.update((key, weights[key]) for key in ANCHOR_CORR_WEIGHTS)
+    stats.update(capped_exponentials(proximal, anchor, mask))
     return {ANCHOR_CORR_PREFIX + key: float(stats[key]) for key in ANCHOR_CORR_STATS}
+
+
+def capped_exponentials(proximal: Tensor, anchor: Tensor, mask: Tensor) -> dict[str, float]:
+    """verl's exponentiated ``rollout_corr`` statistics with each exponent clamped to [−B, B], B = SAFETY_BOUND:
+
+        c_t = clamp(log π_proximal − log π_anchor, ±B),  k3_kl = ⟨e^{c_t} − c_t − 1⟩,
+        training_ppl = mean_i e^{min(−⟨log π_proximal⟩_i, B)},  rollout_ppl = the same of π_anchor,
+        ppl_ratio = mean_i e^{clamp(⟨log π_anchor⟩_i − ⟨log π_proximal⟩_i, ±B)}
+
+    (⟨·⟩_i the mean over sequence i's response tokens, ⟨·⟩ over all; sequences without one are left out).
+    Equal to verl's values while every exponent is within ±B; finite for any finite log-probs."""
+    weight = mask.to(torch.float64)
+    proximal = proximal.to(torch.float64).masked_fill(~mask, 0.0)
+    anchor = anchor.to(torch.float64).masked_fill(~mask, 0.0)
+    clamped = (proximal - anchor).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    k3 = ((clamped.exp() - clamped - 1) * weight).sum() / weight.sum()
+    tokens = weight.sum(-1)
+    rows = tokens > 0
+    mean_proximal = proximal.sum(-1)[rows] / tokens[rows]
+    mean_anchor = anchor.sum(-1)[rows] / tokens[rows]
+    return {
+        "k3_kl": float(k3),
+        "training_ppl": float((-mean_proximal).clamp(max=SAFETY_BOUND).exp().mean()),
+        "rollout_ppl": float((-mean_anchor).clamp(max=SAFETY_BOUND).exp().mean()),
+        "ppl_ratio": float((mean_anchor - mean_proximal).clamp(-SAFETY_BOUND, SAFETY_BOUND).exp().mean()),
+    }
