@@ -5,6 +5,7 @@
 import json
 import math
 
+from verl_offpolicy.demo.launch import failure_message
 from verl_offpolicy.demo.progress import progress_line
 from verl_offpolicy.demo.results import (
     missing_steps,
@@ -71,3 +72,38 @@ def test_progress_line_of_verls_step_line():
     assert progress_line("ValueError: bad key") == "[cpu-demo] ValueError: bad key"
     assert progress_line("UserWarning: FutureWarning: something") is None
     assert progress_line("INFO: nothing to see") is None
+
+
+def test_an_error_repeated_by_every_request_in_flight_is_shown_once():
+    """A dead Ray actor fails each request in flight with the same error (ids and counts aside): one console line."""
+    seen: set[str] = set()
+    first = "ray.exceptions.ActorDiedError: The actor 8dfe4d90 died (request 17)"
+    assert progress_line(first, seen) == f"[cpu-demo] {first}"
+    assert progress_line("ray.exceptions.ActorDiedError: The actor 1968e95a died (request 18)", seen) is None
+    assert progress_line("ValueError: another cause", seen) == "[cpu-demo] ValueError: another cause"
+
+
+# The end of train.log of a demo whose hf rollout server was SIGKILLed mid-run (Ray's report, tabs as Ray writes it).
+DEAD_SERVER_LOG = """Traceback (most recent call last):
+ray.exceptions.RayTaskError(ActorDiedError): ray::TaskRunnerV1.run() (pid=6637, ip=127.0.0.1)
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+\tclass_name: HFRolloutServer
+\tactor_id: 8dfe4d9031b77254ac20a0bc01000000
+\tpid: 6959
+\tname: hf_server_0_0
+\tnamespace: 89216535-4c0d-4199-bf0b-594decb08b87
+\tip: 127.0.0.1
+The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker \
+unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the process was killed
+"""
+
+
+def test_a_run_ended_by_a_dead_actor_names_it_in_one_line(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(DEAD_SERVER_LOG)
+    message = failure_message(1, log)
+    assert message.startswith("main_ppo exited with status 1: the Ray actor hf_server_0_0 (HFRolloutServer, pid 6959) died: ")
+    assert "Worker unexpectedly exits with a connection error code 2." in message and f"traceback: {log}" in message
+    assert "\n" not in message
+    log.write_text("Traceback (most recent call last):\nValueError: bad key\n")
+    assert failure_message(2, log) == f"main_ppo exited with status 2; end of {log}:\nTraceback (most recent call last):\nValueError: bad key"

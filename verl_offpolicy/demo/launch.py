@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import threading
 import time
@@ -173,6 +174,36 @@ def _pump(proc: subprocess.Popen, log, on_first_step: Callable[[], None], on_lin
                 on_line(line)
             except Exception:  # noqa: BLE001 - the pipe must keep draining or the child blocks
                 pass
+
+
+def dead_actor(log: str) -> str | None:
+    """One line naming the Ray actor whose death ended the run, from the last ``ActorDiedError`` report in
+    ``log`` (Ray's ``class_name``/``name``/``pid`` lines and the worker's exit detail), or None if there is none."""
+    start = log.rfind("The actor died")
+    if start < 0:
+        return None
+    report = log[start : start + 2000]
+    fields = dict(re.findall(r"^\s+(class_name|name|pid|ip): (\S+)$", report, flags=re.MULTILINE))
+    detail = re.search(r"Worker exit detail: ([^.]*\.)", report)
+    who = fields.get("name") or fields.get("class_name") or "a Ray actor"
+    kind = f" ({fields['class_name']}, pid {fields.get('pid', '?')})" if "class_name" in fields else ""
+    why = detail.group(1) if detail else "its worker process died"
+    return (
+        f"the Ray actor {who}{kind} died: {why} Its process was killed (SIGKILL, the kernel's OOM killer: see "
+        "`dmesg`) or crashed; every request to it then fails with the same ActorDiedError"
+    )
+
+
+def failure_message(returncode: int, log_path: str | os.PathLike) -> str:
+    """Why main_ppo ended with ``returncode``: the dead actor in one line if an actor's death ended it (the
+    traceback stays in the log), else the end of the log."""
+    try:
+        cause = dead_actor(Path(log_path).read_text(errors="replace"))
+    except OSError:
+        cause = None
+    if cause:
+        return f"main_ppo exited with status {returncode}: {cause}. The full traceback: {log_path}"
+    return f"main_ppo exited with status {returncode}; end of {log_path}:\n{tail(log_path)}"
 
 
 def tail(path: str | os.PathLike, lines: int = 60) -> str:

@@ -108,8 +108,10 @@ STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - ")
 _ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception): |verl-offpolicy:")
 
 
-def progress_line(line: str) -> Optional[str]:
-    """A compact console line for verl's per-step console log, or None to stay quiet."""
+def progress_line(line: str, seen_errors: Optional[set[str]] = None) -> Optional[str]:
+    """A compact console line for verl's per-step console log, or None to stay quiet. With ``seen_errors``
+    (the error lines shown so far, numbers and ids aside), an error line is shown once: a dead Ray actor fails
+    every request in flight with the same error, which stays in the log."""
     match = STEP_LINE.search(line)
     if match:
         line = line[match.start() :].strip()
@@ -130,5 +132,10 @@ def progress_line(line: str) -> Optional[str]:
         val = [f"val={_number(fields[val_key])}"] if val_key else []
         return f"[cpu-demo] step {step}: " + " ".join(shown + val)
     if "Warning" not in line and _ERROR_LINE.search(line):
+        if seen_errors is not None:
+            key = re.sub(r"[0-9a-f]{8,}|\d+", "#", line.strip())
+            if key in seen_errors:
+                return None
+            seen_errors.add(key)
         return f"[cpu-demo] {line}"
     return None

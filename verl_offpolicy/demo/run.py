@@ -41,7 +41,7 @@ from verl_offpolicy.cpu.registration import FSDP_RUN_SKIPS, SKIP_ENGINES_ENV
 from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_inputs, cpu_engine, demo_command
 from verl_offpolicy.demo.environment import cpu_env, run_files_env
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
-from verl_offpolicy.demo.launch import run_subprocess, tail
+from verl_offpolicy.demo.launch import failure_message, run_subprocess, tail
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
 from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
@@ -266,7 +266,7 @@ def _train(
             log_banner=banner,
         )
         if returncode != 0:
-            raise DemoError(f"main_ppo exited with status {returncode}; end of {run.log_path}:\n{tail(run.log_path)}")
+            raise DemoError(failure_message(returncode, run.log_path))
     except DemoError as exc:  # a timeout (run_subprocess) or a failed run
         exc.ray_temp_dir = ray_temp_dir
         raise
@@ -351,10 +351,11 @@ def _report(result: DemoResult, console: Optional[TextIO]) -> None:
 def _console_lines(console: Optional[TextIO], signals: InterruptSignals) -> Callable[[str], None]:
     """The run's output line -> its console lines: start-up phases as they complete, a line per step."""
     phases = StartupPhases()
+    seen_errors: set[str] = set()
 
     def on_line(line: str) -> None:
         if console and signals.received is None:  # once interrupted, the dying run's output goes to the log only
-            for shown in (phases.feed(line), progress_line(line)):
+            for shown in (phases.feed(line), progress_line(line, seen_errors)):
                 if shown:
                     print(shown, file=console, flush=True)
 
