@@ -99,6 +99,12 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
         topk1 = await server.generate(prompts[0], {"temperature": 1.5, "top_k": 1, "max_tokens": 6}, request_id="k1")
         out["top_k1_is_greedy"] = topk1.token_ids == single[0].token_ids
         out["no_logprobs_when_not_asked"] = topk1.log_probs is None
+        # stop_token_ids (vLLM's meaning): the same seeded sample, cut after the first stop token (included).
+        sampled = {"temperature": 1.0, "ignore_eos": True, "max_tokens": 12, "seed": 5}
+        whole = await server.generate(prompts[0], dict(sampled), request_id="whole")
+        stop = whole.token_ids[3]
+        cut = await server.generate(prompts[0], dict(sampled, stop_token_ids=[stop]), request_id="cut")
+        out["stops_at_stop_token"] = (cut.token_ids, whole.token_ids[: whole.token_ids.index(stop) + 1])
         # A weight update that misses parameters is refused; a full one tags global_steps.
         state = {k: v.clone() for k, v in reference.state_dict().items()}
         await server.update_weights_chunk(list(state.items())[:3])

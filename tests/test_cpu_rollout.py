@@ -53,6 +53,8 @@ def test_server_generation_semantics_against_transformers(tmp_path):
     assert report["max_tokens_respected"]
     assert report["top_k1_is_greedy"]
     assert report["no_logprobs_when_not_asked"]
+    cut, expected = report["stops_at_stop_token"]
+    assert cut == expected and len(expected) <= 4
     assert report["stop_reasons"] == ["completed"]
     for temperature, diff in report["sampled_logprob_max_diff"].items():
         assert diff < 1e-4, (temperature, diff)

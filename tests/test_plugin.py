@@ -83,6 +83,7 @@ def test_name_lists_equal_what_our_decorators_registered():
     """Drift: every name in glue/registration.py's lists is registered by our code, and every entry our
     code put into a verl registry is in a list (so doctor and the startup checks know it)."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.experimental.agent_loop.tool_parser import ToolParser
     from verl.plugin.platform import PlatformRegistry
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
@@ -98,6 +99,7 @@ def test_name_lists_equal_what_our_decorators_registered():
         "ROLLOUTS (replicas)": (reg.ROLLOUTS, replica.RolloutReplicaRegistry._registry),
         "ROLLOUTS (adapters)": (reg.ROLLOUTS, {name: v for (name, _mode), v in base._ROLLOUT_REGISTRY.items()}),
         "AGENT_LOOPS": (reg.AGENT_LOOPS, _agent_loop_registry),
+        "TOOL_PARSERS": (reg.TOOL_PARSERS, ToolParser._registry),
     }
     for list_name, (listed, registry) in registries.items():
         ours = sorted(name for name, entry in registry.items() if _defined_by_us(entry))

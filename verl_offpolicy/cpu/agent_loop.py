@@ -1,4 +1,5 @@
-"""Reproducible single-turn agent loops for the CPU path: ``seeded_single_turn_agent`` and ``ordered_single_turn_agent``.
+"""Reproducible agent loops for the CPU path: ``seeded_single_turn_agent``, ``ordered_single_turn_agent`` and the
+multi-turn ``seeded_tool_agent`` (verl's tool agent loop, seeded; ordered on a standalone rollout).
 
 ``seeded_single_turn_agent`` (the CPU overlay's default): verl's single-turn agent loop plus a sampling seed
 per sample, derived from the dataset row (``index``) and the sample's session id within its group. The
@@ -28,8 +29,10 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
-from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP
+import verl_offpolicy.cpu.tool_parser  # noqa: F401 - registers the word-level tool-call format beside the tool loop
+from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP
 
 _ROW_STRIDE = 1_000_003  # > any group size: (row, session) -> distinct seeds
 _COPIES_KEPT = 65_536
@@ -52,19 +55,24 @@ def copy_number(row_object: Any) -> int:
     return number
 
 
+def seeded(sampling_params: dict[str, Any], rollout_name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The sample's sampling parameters with its seed (from the row's ``index`` and the sample's copy number)
+    and, on the ``hf`` rollout, verl's ``priority`` argument (module docstring)."""
+    if "seed" not in sampling_params and kwargs.get("index") is not None:
+        session = kwargs.get("session_id")
+        if session is None:  # verl's legacy trainer: its agent loop numbers no copies
+            session = copy_number(kwargs.get("raw_prompt"))
+        sampling_params = {**sampling_params, "seed": int(kwargs["index"]) * _ROW_STRIDE + int(session)}
+    priority = int(kwargs.get("priority", 0) or 0)
+    if priority and rollout_name == HF_ROLLOUT:
+        sampling_params = {**sampling_params, "priority": priority}
+    return sampling_params
+
+
 @register(SEEDED_AGENT_LOOP)
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        if "seed" not in sampling_params and kwargs.get("index") is not None:
-            session = kwargs.get("session_id")
-            if session is None:  # verl's legacy trainer: its agent loop numbers no copies
-                session = copy_number(kwargs.get("raw_prompt"))
-            seed = int(kwargs["index"]) * _ROW_STRIDE + int(session)
-            sampling_params = {**sampling_params, "seed": seed}
-        priority = int(kwargs.get("priority", 0) or 0)
-        if priority and self.rollout_config.name == HF_ROLLOUT:
-            sampling_params = {**sampling_params, "priority": priority}
-        return await super().run(sampling_params, **kwargs)
+        return await super().run(seeded(sampling_params, self.rollout_config.name, kwargs), **kwargs)
 
 
 class PriorityGate:
@@ -108,3 +116,18 @@ class OrderedSingleTurnAgentLoop(SeededSingleTurnAgentLoop):
         # Held until verl's _run_agent_loop task (this sample: run, reward, TransferQueue write) ends.
         await gate.hold(int(kwargs.get("priority", 0) or 0))
         return await super().run(sampling_params, **kwargs)
+
+
+@register(SEEDED_TOOL_AGENT_LOOP)
+class SeededToolAgentLoop(ToolAgentLoop):
+    """verl's multi-turn ``tool_agent`` loop with the seeds above: every turn of a sample is generated with the
+    sample's seed (the ``hf`` server draws the turn's sampler from it, the version and the turn's prompt). On a
+    rollout with its own pool (``actor_rollout_ref.hybrid_engine=false``, the overlapped mode) it also admits
+    samples one priority at a time, as ``ordered_single_turn_agent`` does: a sample holds its priority through
+    all its turns and tool calls."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        if not self.config.actor_rollout_ref.hybrid_engine:
+            gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
+            await gate.hold(int(kwargs.get("priority", 0) or 0))
+        return await super().run(seeded(sampling_params, self.rollout_config.name, kwargs), **kwargs)

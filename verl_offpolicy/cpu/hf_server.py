@@ -15,7 +15,8 @@ parameters are batched (left padding, KV cache). Sampling and seeding: :mod:`.sa
 
 - ``max_tokens`` (or ``max_new_tokens``) caps the response; otherwise the default is vLLM's
   ``min(response_length, prompt_length + response_length - len(prompt))``. EOS stops a response
-  (and is included in it) unless ``ignore_eos``.
+  (and is included in it) unless ``ignore_eos``; so does a token of ``stop_token_ids`` (vLLM's meaning: verl's
+  tool agent loop stops a turn at its tool parser's call token), whatever ``ignore_eos``.
 
 The server talks over Ray only and listens on no port. The replica that launches it and the adapter
 that feeds it weights are in :mod:`.rollout`.
@@ -87,6 +88,7 @@ class _Request:
     future: asyncio.Future
     sample_seed: int = 0
     priority: int = 0  # lower runs first (vLLM's scheduling_policy=priority convention)
+    stop_ids: frozenset[int] = frozenset()  # sampling_params["stop_token_ids"]: stop after one (included)
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     stop_reason: str = "completed"
@@ -268,6 +270,7 @@ class HFRolloutServer:
             future=asyncio.get_running_loop().create_future(),
             sample_seed=self.request_seeds.next(key, prompt_ids, self.global_steps, params.get("seed")),
             priority=int(params.get("priority", 0) or 0),
+            stop_ids=frozenset(int(t) for t in params.get("stop_token_ids") or ()),
         )
         self.stats["requests"] += 1
         self._pending.append(request)
@@ -361,9 +364,12 @@ class HFRolloutServer:
                     continue
                 request.token_ids.append(token_list[i])
                 request.log_probs.append(log_prob_list[i])
-                if (not key.ignore_eos and token_list[i] in self.eos_token_ids) or len(
-                    request.token_ids
-                ) >= request.max_tokens:
+                token = token_list[i]
+                if (
+                    (not key.ignore_eos and token in self.eos_token_ids)
+                    or token in request.stop_ids
+                    or len(request.token_ids) >= request.max_tokens
+                ):
                     active[i] = False
             if not any(active):
                 break

@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from verl_offpolicy.glue.registration import HF_ROLLOUT, VLLM_ROLLOUT
+from verl_offpolicy.glue.registration import HF_ROLLOUT, SEEDED_TOOL_AGENT_LOOP, VLLM_ROLLOUT, WORD_TOOL_PARSER
 
 
 def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> dict[str, str]:
@@ -42,6 +42,32 @@ def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> di
     spec = TinyModelSpec(seed=seed, **(HEAD_DIM_32 if head_dim_32 else {}))
     tiny = build_tiny(output_dir / ("tiny_h32" if head_dim_32 else "tiny"), spec)
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
+
+
+def _build_tiny_tool(output_dir: Path, seed: int) -> dict[str, str]:
+    """The tiny model with the tool task's words (in ``tiny_tool/``) and the tool task's data."""
+    from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
+    from verl_offpolicy.demo.tool_task import build_dataset
+
+    tiny = build_tiny(output_dir / "tiny_tool", TinyModelSpec(seed=seed, task="tool"))
+    return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
+
+
+def _tool_task_overrides() -> tuple[str, ...]:
+    """verl's multi-turn tool agent loop on the tool task (its tool config ships with the package)."""
+    from verl_offpolicy.demo.tool_task import TOOL_CONFIG
+
+    return (
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_CONFIG}",
+        f"actor_rollout_ref.rollout.multi_turn.format={WORD_TOOL_PARSER}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",  # call, then answer
+        "data.max_response_length=16",  # the call, the tool's reply (5 context tokens), 4 answer slots, EOS, slack
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={SEEDED_TOOL_AGENT_LOOP}",
+        "reward.custom_reward_function.path=pkg://verl_offpolicy.demo.tool_task",
+        "reward.custom_reward_function.name=compute_score",
+        "trainer.experiment_name=demo_tool",
+    )
 
 
 def _build_smollm2(output_dir: Path, seed: int, *, operation: str = "add", val_size: int = 16) -> dict[str, str]:
@@ -150,6 +176,16 @@ MODELS: dict[str, DemoModel] = {
         default_steps=40,
         default_timeout_s=lambda steps: 1200.0,
         task_overrides=_REPEAT_TASK_OVERRIDES,
+    ),
+    # verl's multi-turn tool agent loop: a question only the row's tool answers (demo/tool_task.py)
+    "tiny-tool": DemoModel(
+        name="tiny-tool",
+        title="tiny Llama, tool task (two turns)",
+        preparing="the tiny model (tool task words) and the tool task's data",
+        build=_build_tiny_tool,
+        default_steps=60,  # train reward ~0.7 at step 40, past 0.8 by 60 (docs/multi_turn.md)
+        default_timeout_s=lambda steps: 1200.0,
+        overrides=_tool_task_overrides(),
     ),
     "smollm2-135m": DemoModel(
         name="smollm2-135m",

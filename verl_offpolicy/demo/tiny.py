@@ -25,6 +25,12 @@ ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 # Task words: the instruction and the symbols a prompt asks to repeat.
 INSTRUCTION_TOKENS = ("repeat",)
 SYMBOLS = tuple("abcdefghijklmnop")
+# The tool task's words (demo/tool_task.py): its question, the tool message's role marker and the call token of
+# the ``words`` tool-call format (cpu/tool_parser.py). Ordinary words, not special tokens: the reward reads them
+# in the decoded trajectory. The call token's text is the parser's CALL_TOKEN (tested equal).
+TOOL_ROLE = "<|tool|>"
+TOOL_TASK_TOKENS = (TOOL_ROLE, "<|call|>", "ask")
+TASKS = ("repeat", "tool")
 
 # One message: "<|role|> content"; the generation prompt is "<|assistant|>". Tokens are separated by
 # spaces, which the WhitespaceSplit pre-tokenizer drops.
@@ -47,6 +53,7 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 128
+    task: str = "repeat"  # one of TASKS: the vocabulary's task words
     # Larger than Llama's 0.02: with a near-uniform start the copy circuit forms slowly (in a pure
     # PyTorch GRPO simulation of the demo, 0.1 reached ~0.95 reward in 40 steps, 0.02 ~0.5).
     initializer_range: float = 0.1
@@ -60,16 +67,19 @@ class TinyModelSpec:
 HEAD_DIM_32 = {"num_attention_heads": 2, "num_key_value_heads": 1}
 
 
-def vocabulary() -> list[str]:
-    return [*SPECIAL_TOKENS, *ROLE_TOKENS, *INSTRUCTION_TOKENS, *SYMBOLS]
+def vocabulary(task: str = "repeat") -> list[str]:
+    if task not in TASKS:
+        raise ValueError(f"unknown tiny task {task!r}; allowed: {', '.join(TASKS)}")
+    words = INSTRUCTION_TOKENS if task == "repeat" else TOOL_TASK_TOKENS
+    return [*SPECIAL_TOKENS, *ROLE_TOKENS, *words, *SYMBOLS]
 
 
-def build_tokenizer(out_dir: str | os.PathLike):
-    """Build and save the WordLevel tokenizer (with chat template) to ``out_dir``; return it."""
+def build_tokenizer(out_dir: str | os.PathLike, task: str = "repeat"):
+    """Build and save the WordLevel tokenizer (with chat template) of ``task``'s words to ``out_dir``; return it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(vocabulary())}
+    vocab = {token: i for i, token in enumerate(vocabulary(task))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with spaces
@@ -136,11 +146,11 @@ def build_tiny(root: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -
     root = Path(root)
     model_dir, tokenizer_dir = root / "model", root / "tokenizer"
     marker = root / "tiny_spec.json"
-    wanted = {**asdict(spec), "vocab": vocabulary()}
+    wanted = {**asdict(spec), "vocab": vocabulary(spec.task)}
     paths = {"model_path": str(model_dir), "tokenizer_path": str(tokenizer_dir)}
     if marker.exists() and json.loads(marker.read_text()) == wanted and (model_dir / "config.json").exists():
         return paths
-    tokenizer = build_tokenizer(tokenizer_dir)
+    tokenizer = build_tokenizer(tokenizer_dir, spec.task)
     build_model(model_dir, tokenizer, spec)
     marker.write_text(json.dumps(wanted))
     return paths

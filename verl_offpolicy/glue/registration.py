@@ -101,6 +101,13 @@ def _in_agent_loop_registry(name: str) -> bool:
     return name in _agent_loop_registry
 
 
+def _in_tool_parser_registry(name: str) -> bool:
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # noqa: F401 - its hook registers ours
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    return name in ToolParser._registry
+
+
 def _in_trainer_registry(name: str) -> bool:
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
@@ -122,7 +129,10 @@ CPU_CHECKPOINT_BACKEND = "cpu_mailbox"
 CPU_CHECKPOINT_MODULE = "verl_offpolicy.cpu.checkpoint_engine"
 SEEDED_AGENT_LOOP = "seeded_single_turn_agent"  # the CPU overlay's agent loop (verl_offpolicy.cpu.agent_loop)
 ORDERED_AGENT_LOOP = "ordered_single_turn_agent"  # the same, one priority at a time: the standalone overlay's
-AGENT_LOOPS = (SEEDED_AGENT_LOOP, ORDERED_AGENT_LOOP)
+SEEDED_TOOL_AGENT_LOOP = "seeded_tool_agent"  # verl's multi-turn tool agent loop, seeded (and ordered on a standalone rollout)
+AGENT_LOOPS = (SEEDED_AGENT_LOOP, ORDERED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP)
+WORD_TOOL_PARSER = "words"  # the tool-call format of a word-level tokenizer (verl_offpolicy.cpu.tool_parser)
+TOOL_PARSERS = (WORD_TOOL_PARSER,)
 
 
 # ---------------------------------------------------------------------- name collisions
@@ -227,6 +237,7 @@ def expected_names() -> list[RegisteredName]:
         RegisteredName("agent_loop", n, "actor_rollout_ref.rollout.agent.default_agent_loop", _in_agent_loop_registry)
         for n in AGENT_LOOPS
     ]
+    names += [RegisteredName("tool_parser", n, "actor_rollout_ref.rollout.multi_turn.format", _in_tool_parser_registry) for n in TOOL_PARSERS]
     return names
 
 
