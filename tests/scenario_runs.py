@@ -164,21 +164,24 @@ class DemoRuns(SharedJobs):
 
     def start(
         self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, *, name: str = "run",
-        plot: bool = False, env: Optional[dict[str, str]] = None, console: bool = False,
+        plot: bool = False, env: Optional[dict[str, str]] = None, console: bool = False, model: Optional[str] = None,
     ) -> QueuedRun:
         """Queue the demo run (once per configuration). ``env``: variables set on top of :attr:`environ`;
-        ``console``: keep the run's console lines (``run_demo(stream=...)``) in :attr:`QueuedRun.console`."""
+        ``console``: keep the run's console lines (``run_demo(stream=...)``) in :attr:`QueuedRun.console`;
+        ``model``: the demo model (default: the demo's)."""
         import io
 
-        env = dict(env or {})
-        key = ("run", preset, steps, tuple(overrides), config_name, plot, tuple(sorted(env.items())), console)
+        from verl_offpolicy.demo.models import DEFAULT_MODEL
+
+        env, model = dict(env or {}), model or DEFAULT_MODEL
+        key = ("run", preset, steps, tuple(overrides), config_name, plot, tuple(sorted(env.items())), console, model)
 
         def queue() -> QueuedRun:
             out, stream = self.tmp_dir(name), io.StringIO() if console else None
             job = self.submit(
                 ("job",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
                 overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
-                stream=stream or False, plot=plot, env={**self.environ, **env},
+                stream=stream or False, plot=plot, env={**self.environ, **env}, model=model,
             )
             return QueuedRun(self, job.future, out, stream)
 
