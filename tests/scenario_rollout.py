@@ -18,7 +18,7 @@ from tests.actor_harness import ActorHarness
 from verl_offpolicy.cpu.platform import CPU_ENV
 
 
-def _server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
+def in_process_server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
     from verl.workers.rollout.replica import RolloutMode
     from tests.actor_harness import compose_cpu_config
     from verl_offpolicy.cpu.hf_server import HFRolloutServer
@@ -41,7 +41,7 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
     from verl_offpolicy.demo.tiny import build_tiny
 
     paths = build_tiny(Path(workdir) / "tiny")
-    server, cfg = _server(paths["model_path"], paths["tokenizer_path"])
+    server, cfg = in_process_server(paths["model_path"], paths["tokenizer_path"])
     tok = server.model_config.tokenizer
     reference = AutoModelForCausalLM.from_pretrained(paths["model_path"], attn_implementation="sdpa").eval()
 
@@ -232,7 +232,7 @@ def rollout_priority_order(workdir: str, groups: int = 3, per_group: int = 8) ->
     from verl_offpolicy.demo.tiny import build_tiny
 
     paths = build_tiny(Path(workdir) / "tiny")
-    server, _ = _server(paths["model_path"], paths["tokenizer_path"])
+    server, _ = in_process_server(paths["model_path"], paths["tokenizer_path"])
     tok = server.model_config.tokenizer
     ids = tok.apply_chat_template([{"role": "user", "content": "repeat a b"}], add_generation_prompt=True, tokenize=True)
     prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
@@ -277,7 +277,7 @@ def rollout_batching_cost(workdir: str, batches: int = 4, per_batch: int = 128, 
     from verl_offpolicy.demo.tiny import build_tiny
 
     paths = build_tiny(Path(workdir) / "tiny")
-    server, _ = _server(paths["model_path"], paths["tokenizer_path"], [f"actor_rollout_ref.rollout.engine_kwargs.hf.num_threads={num_threads}"])
+    server, _ = in_process_server(paths["model_path"], paths["tokenizer_path"], [f"actor_rollout_ref.rollout.engine_kwargs.hf.num_threads={num_threads}"])
     tok = server.model_config.tokenizer
     words = ["a", "b", "c", "d", "a b", "c d", "a b c", "b c d"]
     prompts = []

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from tests.scenario_rollout import _server
+from tests.scenario_rollout import in_process_server
 
 
 class _Client:
@@ -36,7 +36,7 @@ def tool_trajectories(workdir: str, samples: int = 24) -> dict[str, Any]:
 
     paths = build_tiny(Path(workdir) / "tiny_tool", TinyModelSpec(task="tool"))
     overrides = [o for o in _tool_task_overrides() if not o.startswith(("reward.", "trainer."))]
-    server, cfg = _server(paths["model_path"], paths["tokenizer_path"], overrides)
+    server, cfg = in_process_server(paths["model_path"], paths["tokenizer_path"], overrides)
     tokenizer = server.model_config.tokenizer
     async def one(loop, index: int):
         params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}

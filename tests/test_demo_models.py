@@ -10,7 +10,7 @@ import pytest
 from tests.hydra_utils import compose_and_check
 from verl_offpolicy.cli import main
 from verl_offpolicy.demo.command import preset_overrides, run_overrides
-from verl_offpolicy.demo.models import get_model
+from verl_offpolicy.demo.models import get_model, model_names
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -18,7 +18,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def test_unknown_model_is_one_clear_error(capsys, tmp_path):
     assert main(["demo", "--model", "gpt-5", "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "unknown --model 'gpt-5'; allowed: tiny, tiny-h32, smollm2-135m" in err
+    assert f"unknown --model 'gpt-5'; allowed: {', '.join(model_names())}" in err
+    assert {"tiny", "tiny-h32", "tiny-tool", "smollm2-135m"} <= set(model_names())
     assert not (tmp_path / "o").exists()  # nothing was created
 
 

