@@ -123,6 +123,7 @@ def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
         ("actor_rollout_ref.actor.strategy=fsdp", "FSDP1 does not run on the CPU; set actor_rollout_ref.actor.strategy=fsdp2"),
         ("actor_rollout_ref.rollout.name=vllm", "set actor_rollout_ref.rollout.name=hf"),
         ("ray_kwargs.ray_init.num_cpus=2", "Ray would have 2 and wait forever"),
+        ("actor_rollout_ref.model.lora_rank=8", "lora.merge=False: with actor_rollout_ref.model.lora_rank=8 the rollout must receive merged weights"),
     ],
 )
 def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override, expected):

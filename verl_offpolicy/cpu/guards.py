@@ -182,6 +182,18 @@ def check_rollout(cfg: DictConfig, need: Findings) -> None:
     need(f"{ROLLOUT}.mode", mode == "async", mode, f"set {ROLLOUT}.mode=async")
     if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
         check_standalone_rollout(cfg, need)
+    check_lora(cfg, need)
+
+
+def check_lora(cfg: DictConfig, need: Findings) -> None:
+    """LoRA (``actor_rollout_ref.model.lora_rank > 0``) reaches the CPU path's rollouts as merged weights only:
+    the ``hf`` server loads full weights, not adapters (verl's vLLM adapter path is not verified here)."""
+    rank = _select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
+    merge = _select(cfg, "actor_rollout_ref.model.lora.merge", False)
+    if isinstance(rank, int) and rank > 0:
+        need("actor_rollout_ref.model.lora.merge", bool(merge), merge,
+             f"with actor_rollout_ref.model.lora_rank={rank} the rollout must receive merged weights (it cannot load "
+             "adapters here); set actor_rollout_ref.model.lora.merge=true")
 
 
 def check_device(cfg: DictConfig, need: Findings) -> None:

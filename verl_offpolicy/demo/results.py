@@ -133,6 +133,8 @@ class DemoResult:
     resumed_after_step: Optional[int] = None  # this run resumed from the checkpoint of that step (re-run in its dir)
     # steps an earlier run trained and checkpointed but was stopped before logging (no record exists)
     unlogged_steps: list[int] = field(default_factory=list)
+    # the trained model's parameters, trainable parameters and LoRA rank (verl_offpolicy.demo.model_size)
+    model_size: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rewards(self) -> list[float]:
@@ -160,6 +162,7 @@ class DemoResult:
             "validation": self.validation,
             "timings": self.timings,
             "rollout_vs_trainer": self.rollout_vs_trainer,
+            **self.model_size,
             "listening_sockets": len(self.listening),
             "listening_not_loopback": [a for a in self.listening if not is_loopback(a)],
             "shared_memory_left_by_run": self.shared_memory.get("removed", []),  # unlinked by the demo

@@ -42,6 +42,7 @@ from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_i
 from verl_offpolicy.demo.environment import cpu_env, run_files_env
 from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
 from verl_offpolicy.demo.launch import failure_message, run_subprocess, tail
+from verl_offpolicy.demo.model_size import model_size
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
 from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
 from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
@@ -327,6 +328,7 @@ def _collect(
         shared_memory=shared_memory,
         resumed_after_step=resumed or None,
         unlogged_steps=unlogged,
+        model_size=model_size(Path(run.output_dir) / "hydra" / ".hydra" / "config.yaml") or {},
     )
 
 

@@ -42,10 +42,12 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
-    # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory.
+    # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory; merged LoRA
+    # weights reach the rollout in their own dtype.
     # m2po's whole-mini-batch pre-pass (runs only for loss_mode=m2po): verl_offpolicy.glue.algorithms.m2po.
     "verl.workers.engine.fsdp.transformer_impl": (
         "verl_offpolicy.cpu.platform:install_unpinned_offload",
+        "verl_offpolicy.cpu.platform:install_exact_merged_lora",
         "verl_offpolicy.glue.algorithms.m2po:install_mini_batch_pre_pass",
     ),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the Megatron engine's CUDA shims, installed when one is built.

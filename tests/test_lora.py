@@ -1,0 +1,126 @@
+"""LoRA through the scheduler on the CPU path (docs/scheduler.md, "LoRA").
+
+verl 0.9.1's FSDP keys (``actor_rollout_ref.model.lora_rank``, ``lora_alpha``, ``target_modules``) with
+``actor_rollout_ref.model.lora.merge=true``: the rollout receives the merged weights at every sync (the
+``hf`` server loads full weights, not adapters; the CPU guard refuses LoRA without merging), in their own
+dtype on the CPU (``cpu/platform.install_exact_merged_lora``: verl casts them to bf16).
+
+Fast: the model size the demo's ``summary.json`` reports, by hand. ``-m extended``: the (4, 1) runs, colocated
+and overlapped, train the same samples at the scheduled versions; rollout and trainer probabilities agree
+after each sync as in full-parameter runs; the overlapped run resumed from its step-3 checkpoint trains the
+batches of the uninterrupted one; the summary's counts equal the count verl logs; the negative control, an
+overlapped LoRA run whose pushes are tagged one version ahead, stops before training.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import queued_at_start
+from tests.scenario_runs import (
+    PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, checkpoint_of, dumped_batches, schedule, start_resumed,
+)
+from verl_offpolicy.demo.errors import DemoError
+from verl_offpolicy.demo.model_size import count_parameters
+from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
+from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV
+
+RANK = 8
+LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.model.lora.merge=true"]
+SETTING = (4, 1)
+STEPS = 6
+VERSIONS = [0, 0, 0, 0, 0, 4]  # (4, 1), steps 1..6, docs/scheduler.md's table
+RESUME_STEP = 3
+TIMEOUT = 900
+
+
+def test_the_demo_reports_the_model_size_verl_builds(tmp_path):
+    """The tiny model (hidden 64, MLP 128, 2 layers, 4 query heads and 2 key/value heads of 16, vocabulary 24):
+    per layer q 64·64, k and v 64·32, o 64·64, gate, up and down 64·128 each, two norms of 64 → 36 992; two
+    layers, the final norm (64), embedding and head (2·24·64): 77 120. LoRA r = 8 on every linear layer but the
+    head adds r·(in + out) per layer: q 8·128, k and v 8·96, o 8·128, gate, up, down 8·192 → 8 192 per layer,
+    16 384 in all, the only trainable parameters."""
+    paths = build_tiny(tmp_path / "tiny", TinyModelSpec())
+    assert count_parameters({"path": paths["model_path"]}) == {"parameters": 77_120, "trainable_parameters": 77_120, "lora_rank": 0}
+    lora = {"path": paths["model_path"], "lora_rank": RANK, "lora_alpha": 16, "target_modules": "all-linear"}
+    assert count_parameters(lora) == {"parameters": 77_120 + 16_384, "trainable_parameters": 16_384, "lora_rank": RANK}
+
+
+def _overrides(mode: str) -> list[str]:
+    """The (4, 1) LoRA run of ``mode``; the overlapped one checkpoints at step 3 (the resumed run's start)."""
+    overlapped = STANDALONE + [f"trainer.save_freq={RESUME_STEP}"] if mode == "overlapped" else []
+    return SMALL_DEMO + LORA + schedule(*SETTING) + overlapped
+
+
+def _lora_run(demo_runs, mode: str, *, env=None, name=None, steps=STEPS):
+    return demo_runs.start("opmd", steps, _overrides(mode), PRIMARY_CONFIG, TIMEOUT, name=name or f"lora_{mode}", env=env)
+
+
+@queued_at_start(scope="module")
+def lora_runs(demo_runs):
+    jobs = {mode: _lora_run(demo_runs, mode) for mode in ("colocated", "overlapped")}
+    resumed = start_resumed(
+        demo_runs, jobs["overlapped"], RESUME_STEP, preset="opmd", steps=STEPS, overrides=_overrides("overlapped"),
+        config_name=PRIMARY_CONFIG, timeout=TIMEOUT, name="lora_overlapped_resumed",
+    )
+    return lambda mode: (resumed if mode == "resumed" else jobs[mode]).result()
+
+
+@queued_at_start()
+def wrong_version_lora_run(demo_runs):
+    return _lora_run(demo_runs, "overlapped", env={PUSH_VERSION_FAULT_ENV: "1"}, name="lora_wrong_version", steps=2)
+
+
+def _batches(result, steps):
+    return dumped_batches(Path(result.output_dir) / "rollouts", steps)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(3000)
+def test_lora_trains_the_same_samples_colocated_and_overlapped(lora_runs):
+    colocated, overlapped = lora_runs("colocated"), lora_runs("overlapped")
+    for result in (colocated, overlapped):
+        assert [int(m["offpolicy/version"]) for m in result.metrics] == VERSIONS
+        assert [int(m["offpolicy/observed_version/max"]) for m in result.metrics] == VERSIONS
+        assert [int(m["offpolicy/observed_version/min"]) for m in result.metrics] == VERSIONS
+        # fresh steps (1, and 6 after version 4's push): the rollout generated with the trainer's merged weights
+        fresh = [m["training/rollout_probs_diff_max"] for m in result.metrics if m["step"] in (1, 6)]
+        assert len(fresh) == 2 and max(fresh) < 1e-5, fresh
+        summary = result.summary()
+        assert (summary["lora_rank"], summary["trainable_parameters"]) == (RANK, 16_384)
+        logged = re.search(r"PeftModelForCausalLM contains ([\d.]+)K parameters", Path(result.log_path).read_text())
+        assert logged and f"{summary['parameters'] / 1000:.2f}" == logged.group(1)
+    steps = range(1, STEPS + 1)
+    assert _batches(colocated, steps) == _batches(overlapped, steps)
+    assert [m["actor/pg_loss"] for m in colocated.metrics] == pytest.approx([m["actor/pg_loss"] for m in overlapped.metrics], abs=1e-6)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(3000)
+def test_a_resumed_lora_run_trains_the_batches_of_the_uninterrupted_one(lora_runs):
+    uninterrupted = lora_runs("overlapped")
+    resumed, _, metrics = lora_runs("resumed")
+    assert checkpoint_of(uninterrupted, RESUME_STEP).is_dir()
+    later = range(RESUME_STEP + 1, STEPS + 1)
+    assert sorted(s for s in metrics if s >= 1) == list(later)
+    assert [int(metrics[s]["offpolicy/version"]) for s in later] == VERSIONS[RESUME_STEP:]
+    assert dumped_batches(resumed / "rollouts", later) == _batches(uninterrupted, later)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(3000)
+def test_negative_control_a_lora_run_whose_pushes_are_a_version_ahead_stops(wrong_version_lora_run):
+    with pytest.raises(DemoError):
+        wrong_version_lora_run.result()
+    log = (wrong_version_lora_run.output_dir / "train.log").read_text(errors="replace")
+    assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
+    assert "step:1 - " not in log
