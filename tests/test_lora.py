@@ -7,7 +7,7 @@ dtype on the CPU (``cpu/platform.install_exact_merged_lora``: verl casts them to
 
 Fast: the model size the demo's ``summary.json`` reports, by hand. ``-m extended``: the (4, 1) runs, colocated
 and overlapped, train the same samples at the scheduled versions; rollout and trainer probabilities agree
-after each sync as in full-parameter runs; the overlapped run resumed from its step-3 checkpoint trains the
+on the fresh step as in full-parameter runs (later syncs: the two modes' equality, each mode syncing differently); the overlapped run resumed from its step-3 checkpoint trains the
 batches of the uninterrupted one; the summary's counts equal the count verl logs; the negative control, an
 overlapped LoRA run whose pushes are tagged one version ahead, stops before training.
 """
@@ -88,9 +88,10 @@ def test_lora_trains_the_same_samples_colocated_and_overlapped(lora_runs):
         assert [int(m["offpolicy/version"]) for m in result.metrics] == VERSIONS
         assert [int(m["offpolicy/observed_version/max"]) for m in result.metrics] == VERSIONS
         assert [int(m["offpolicy/observed_version/min"]) for m in result.metrics] == VERSIONS
-        # fresh steps (1, and 6 after version 4's push): the rollout generated with the trainer's merged weights
-        fresh = [m["training/rollout_probs_diff_max"] for m in result.metrics if m["step"] in (1, 6)]
-        assert len(fresh) == 2 and max(fresh) < 1e-5, fresh
+        # the fresh step (1: staleness 0, the only one at (4, 1)): the rollout generated with the trainer's merged
+        # weights, in fp32 (verl's bf16 cast of merged weights gave 3.4e-3 here; full-parameter runs ~2e-7)
+        (first,) = [m["training/rollout_probs_diff_max"] for m in result.metrics if m["step"] == 1]
+        assert first < 1e-5, first
         summary = result.summary()
         assert (summary["lora_rank"], summary["trainable_parameters"]) == (RANK, 16_384)
         logged = re.search(r"PeftModelForCausalLM contains ([\d.]+)K parameters", Path(result.log_path).read_text())

@@ -331,7 +331,8 @@ def install_exact_merged_lora() -> bool:
     measured on the tiny model, the rollout/trainer probability gap at the first step is 3.4e-3 against 3.6e-7
     for full-parameter training. Only when ``VERL_PLATFORM=cpu``, this replaces the method by one that sends the
     same merged tensors (the adapters merged while they are read, the base restored afterwards: verl's
-    ``merged_lora_context``) without the cast. Run right after verl imports that module
+    ``merged_lora_context``) without the cast, and initialises LoRA adapters from a fixed seed
+    (:func:`_seed_lora_init`). Run right after verl imports that module
     (``verl_offpolicy.glue.registration.DEFERRED_REGISTRATIONS``). Returns True if installed.
     """
     if not cpu_selected():
@@ -355,7 +356,31 @@ def install_exact_merged_lora() -> bool:
 
     merged_in_own_dtype._verl_offpolicy_exact = True
     engine._merged_lora_per_tensor_param = merged_in_own_dtype
+    _seed_lora_init(fsdp_engine)
     return True
+
+
+LORA_INIT_SEED = 0
+
+
+def _seed_lora_init(fsdp_engine) -> None:
+    """LoRA's adapter initialisation (PEFT draws A from the global torch RNG in ``get_peft_model``) from a fixed
+    seed, :data:`LORA_INIT_SEED`, leaving the process's RNG as it was: otherwise the adapters depend on what the
+    worker process drew before (the colocated and the overlapped mode's workers draw differently), and two runs
+    of one configuration differ from their first gradient."""
+    import torch
+
+    build = fsdp_engine.get_peft_model
+    if getattr(build, "_verl_offpolicy_seeded", False):
+        return
+
+    def seeded_get_peft_model(*args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(LORA_INIT_SEED)
+            return build(*args, **kwargs)
+
+    seeded_get_peft_model._verl_offpolicy_seeded = True
+    fsdp_engine.get_peft_model = seeded_get_peft_model
 
 
 class CPUPlatformError(RuntimeError):
