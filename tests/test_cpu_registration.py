@@ -174,3 +174,29 @@ print(json.dumps({"plain_logger": plain, "separate_async_logger": type(separate_
         cpu=True,
     )
     assert report == {"plain_logger": "TypeError", "separate_async_logger": "_FlushTolerantLogger"}
+
+
+def test_a_one_process_group_listens_on_a_free_port_when_its_port_was_taken(monkeypatch):
+    """verl picks MASTER_PORT, then the group's rank 0 binds it: another run starting beside this one can take it
+    in between ("Address already in use", once). A group of one process needs no agreed port: its store takes a
+    free one. A group of two needs the agreed port: the error stands."""
+    import datetime
+    import socket
+
+    from verl_offpolicy.cpu.platform import loopback_rendezvous_store
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv("DIST_INIT_METHOD", raising=False)
+    try:
+        store = loopback_rendezvous_store(0, 1, datetime.timedelta(seconds=30))
+        store.set("key", "value")
+        assert store.get("key") == b"value" and store.port != port
+        with pytest.raises(OSError, match="Address already in use"):
+            loopback_rendezvous_store(0, 2, datetime.timedelta(seconds=30))
+    finally:
+        taken.close()

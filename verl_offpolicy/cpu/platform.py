@@ -20,6 +20,7 @@ What the CPU path needs besides the platform (the ``+cpu=demo`` overlay sets all
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import ipaddress
 import logging
@@ -223,6 +224,10 @@ def loopback_rendezvous_store(rank: int, world_size: int, timeout: datetime.time
     ``MASTER_ADDR`` says. On a loopback run (:data:`LOOPBACK_ENV`) rank 0 binds the socket to
     ``MASTER_ADDR:MASTER_PORT`` itself and hands it to the store (verl's ``create_tcp_store``).
     None (use torch's rendezvous) if the address is not loopback or ``DIST_INIT_METHOD`` is set.
+
+    A group of one process (verl's checkpoint-engine worker of a standalone rollout) needs no agreed port: when
+    ``MASTER_PORT`` was taken between verl choosing it and this bind (another run starting beside this one;
+    seen once as "Address already in use"), its store listens on a free port instead.
     """
     host = os.environ.get("MASTER_ADDR", "")
     if not is_loopback_host(host) or os.environ.get("DIST_INIT_METHOD"):
@@ -234,7 +239,13 @@ def loopback_rendezvous_store(rank: int, world_size: int, timeout: datetime.time
     if rank == 0:
         listen_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listen_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listen_socket.bind((host, port))
+        try:
+            listen_socket.bind((host, port))
+        except OSError as exc:
+            if world_size != 1 or exc.errno != errno.EADDRINUSE:
+                raise
+            listen_socket.bind((host, 0))
+            port = listen_socket.getsockname()[1]
         listen_socket.listen(128)
     return create_tcp_store(
         host,
