@@ -274,3 +274,20 @@ def _ray_temp_dir(command: Sequence[str]) -> str:
             return str(ray_dir.parent if ray_dir.name == RAY_SUBDIR else ray_dir)  # our private dir around Ray's
     raise ValueError("the command has no Ray temp dir: build it with demo_command(..., ray_temp_dir=...)")
 
+
+
+def check_stopped_before_training_on_a_wrong_version(run) -> None:
+    """The negative control of the observed-version check: ``run`` (a :class:`QueuedRun` whose weight pushes are
+    tagged one version ahead, ``PUSH_VERSION_FAULT_ENV=1``) failed, saying step 1's batch came from version 1,
+    before training anything."""
+    from verl_offpolicy.demo.errors import DemoError
+
+    try:
+        run.result()
+    except DemoError:
+        pass
+    else:
+        raise AssertionError("the run whose pushes are tagged a version ahead did not fail")
+    log = (run.output_dir / "train.log").read_text(errors="replace")
+    assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
+    assert "step:1 - " not in log  # nothing was trained
