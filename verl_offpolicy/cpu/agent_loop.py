@@ -109,12 +109,17 @@ class PriorityGate:
 _gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its gate (an agent-loop worker runs one loop)
 
 
+async def hold_turn(kwargs: dict[str, Any]) -> None:
+    """Wait until this worker's :class:`PriorityGate` admits the sample's ``priority``; it is held until verl's
+    ``_run_agent_loop`` task (this sample: run, reward, TransferQueue write) ends."""
+    gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
+    await gate.hold(int(kwargs.get("priority", 0) or 0))
+
+
 @register(ORDERED_AGENT_LOOP)
 class OrderedSingleTurnAgentLoop(SeededSingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
-        # Held until verl's _run_agent_loop task (this sample: run, reward, TransferQueue write) ends.
-        await gate.hold(int(kwargs.get("priority", 0) or 0))
+        await hold_turn(kwargs)
         return await super().run(sampling_params, **kwargs)
 
 
@@ -128,6 +133,5 @@ class SeededToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if not self.config.actor_rollout_ref.hybrid_engine:
-            gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
-            await gate.hold(int(kwargs.get("priority", 0) or 0))
+            await hold_turn(kwargs)
         return await super().run(seeded(sampling_params, self.rollout_config.name, kwargs), **kwargs)
