@@ -182,7 +182,6 @@ def check_rollout(cfg: DictConfig, need: Findings) -> None:
     need(f"{ROLLOUT}.mode", mode == "async", mode, f"set {ROLLOUT}.mode=async")
     if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
         check_standalone_rollout(cfg, need)
-    check_lora(cfg, need)
 
 
 def check_lora(cfg: DictConfig, need: Findings) -> None:
@@ -521,6 +520,6 @@ __all__ = [
 
 
 CPU_RULES = (
-    check_rollout, check_device, check_engines, check_models, check_worker_env, check_ray_resources,
+    check_rollout, check_lora, check_device, check_engines, check_models, check_worker_env, check_ray_resources,
     check_micro_batch_sizes, check_training_ranks,
 )
