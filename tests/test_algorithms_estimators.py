@@ -126,6 +126,20 @@ def test_topr_raw_reward_advantage_of_all_correct_and_all_wrong_groups():
     torch.testing.assert_close(a, torch.tensor([1.3, 3.0], dtype=F64))
 
 
+@pytest.mark.parametrize(
+    "rewards, found",
+    [([1.0, -1.0, -1.0, 1.0], r"2 of 4 rewards are outside \{0, 1\} \(range found: \[-1, 1\]\)"),  # verl's ±1 math reward
+     ([0.25, 0.0, 1.0, 0.5], r"2 of 4 rewards are outside \{0, 1\} \(range found: \[0, 1\]\)")],  # partial credit
+    ids=["plus-minus-one", "fractions"],
+)
+def test_topr_signed_reward_refuses_rewards_outside_zero_one(rewards, found):
+    # 2r − 1 would map ±1 to {1, −3} and a fraction to a mostly negative R: the signed mapping is for 0/1 only.
+    with pytest.raises(ValueError, match=r"algorithm\.offpolicy\.topr_reward=signed: .*" + found + r".*'raw'"):
+        run("topr", rewards, ["a", "a", "b", "b"])
+    # the same rewards with topr_reward=raw are R = r (c = 0)
+    torch.testing.assert_close(run("topr", rewards, ["a", "a", "b", "b"], topr_reward="raw"), torch.tensor(rewards, dtype=F64))
+
+
 def test_topr_all_wrong_group_is_pushed_down_with_the_tapered_weight():
     # All-wrong group (r = 0 → A = −1) through the registered topr estimator and loss: sequence 0 has
     # Δ = log π/μ = −0.5 − 0.5 = −1 → w = e^−1; sequence 1 has Δ = +0.2 → w = min(1, e^0.2) = 1.

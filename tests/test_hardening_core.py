@@ -132,8 +132,8 @@ def _expected_integer_advantages():
         ("agro", "on"): [-1.5, 0.5, 0.5, 0.5],
         # pairwise_opmd, τ = 1: A = 2·K·τ·d/(1+τ)² = 2·4·d/4 = 2d
         ("pairwise_opmd",): [4.5, -1.5, -1.5, -1.5],
-        # topr, signed reward, c = 0: A = 2r − 1 (no group statistic)
-        ("topr",): [5.0, -1.0, -1.0, -1.0],
+        # topr, raw reward, c = 0: A = r (no group statistic; 'signed' takes 0/1 rewards only)
+        ("topr",): [3.0, 0.0, 0.0, 0.0],
     }
 
 
@@ -152,7 +152,7 @@ def _core_call(key, scores, ids):
     if name == "pairwise_opmd":
         return core_adv.pairwise_opmd_advantage(scores, ids, tau=1.0)
     if name == "topr":
-        return core_adv.topr_advantage(scores, 0.0, "signed")
+        return core_adv.topr_advantage(scores, 0.0, "raw")
     raise AssertionError(name)
 
 

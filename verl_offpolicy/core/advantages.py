@@ -222,13 +222,30 @@ TOPR_REWARDS = ("signed", "raw")
 
 
 def topr_reward(scores: Tensor, reward: str) -> Tensor:
-    """TOPR's reward R_i: 2·r_i − 1 (``signed``: the 0/1 rewards of a verifiable task as TOPR's ±1) or r_i (``raw``)."""
+    """TOPR's reward R_i: 2·r_i − 1 (``signed``: the 0/1 rewards of a verifiable task as TOPR's ±1) or r_i (``raw``).
+
+    ``signed`` is defined for rewards in {0, 1} only: anything else raises a ValueError naming the range found
+    (a ±1 reward would become {1, −3}, a fraction of partial credit a mostly negative R).
+    """
     scores = float_scores(scores)
     if reward == "signed":
+        check_binary(scores)
         return 2.0 * scores - 1.0
     if reward != "raw":
         raise ValueError(f"topr reward must be one of {', '.join(TOPR_REWARDS)}, got {reward!r}")
     return scores
+
+
+def check_binary(scores: Tensor) -> None:
+    """Raise a ValueError if a score is not 0 or 1, naming the range found and how many scores lie outside {0, 1}."""
+    outside = (scores != 0) & (scores != 1)
+    if bool(outside.any()):
+        raise ValueError(
+            f"topr reward 'signed' maps 0/1 rewards to TOPR's ±1 (R = 2r − 1), but {int(outside.sum())} of "
+            f"{scores.numel()} rewards are outside {{0, 1}} (range found: [{float(scores.min()):g}, "
+            f"{float(scores.max()):g}]). Rewards already on TOPR's scale (e.g. a ±1 math reward) or partial credit "
+            "need topr_reward 'raw' (R = r)"
+        )
 
 
 def topr_advantage(scores: Tensor, baseline: float, reward: str = "signed") -> Tensor:

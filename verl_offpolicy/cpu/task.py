@@ -10,6 +10,9 @@ with verl's custom reward function mechanism:
 
     reward.custom_reward_function.path=pkg://verl_offpolicy.cpu.task
     reward.custom_reward_function.name=compute_score
+
+``compute_score_binary`` is the same task with a 0/1 reward (the first word is the symbol or not), for
+algorithms defined on verifiable 0/1 rewards (TOPR's ``signed`` mapping).
 """
 
 from __future__ import annotations
@@ -42,3 +45,15 @@ def compute_score(
     if not budget:
         budget = max(len(words), 1)
     return score(words, str(ground_truth), int(budget))
+
+
+def compute_score_binary(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Optional[dict[str, Any]] = None,
+    **kwargs: Any,
+) -> float:
+    """The repeat task with a verifiable 0/1 reward (``reward.custom_reward_function.name=compute_score_binary``):
+    1 if the response's first word is the symbol (the answer is right), else 0."""
+    return float(solution_str.split()[:1] == [str(ground_truth)])

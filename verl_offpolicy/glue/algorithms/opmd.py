@@ -39,7 +39,7 @@ PAIRWISE_OPMD = "pairwise_opmd"
 # The losses that read ``policy_loss.tau``.
 TAU_LOSSES = ("opmd", "pmd")
 # The default τ of each reader (docs/algorithms.md), used while ``tau`` is left unset (null).
-DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01, PAIRWISE_OPMD: 1.0}
+DEFAULT_TAU = {"opmd": 1.0, "pmd_partition": 0.01, "pmd": 0.01, PAIRWISE_OPMD: 0.1}
 OPMD_BASELINES = ("mean", "logavgexp")
 # How the presets set the loss's τ: one hyperparameter, set as algorithm.offpolicy.tau.
 TAU_INTERPOLATION = "${" + ALGO_PREFIX + ".tau}"
@@ -57,7 +57,7 @@ def _partition_clamp(key: str, clamp: Any) -> None:
 OFFPOLICY_KNOBS = (
     Knob("tau", None,
          "Temperature τ of opmd (logavgexp baseline), pmd_partition, pairwise_opmd (also its KL coefficient) and "
-         "the opmd/pmd losses; null = each one's default (opmd 1.0, pmd_partition 0.01, pmd 0.01, pairwise_opmd 1.0).",
+         "the opmd/pmd losses; null = each one's default (opmd 1.0, pmd_partition 0.01, pmd 0.01, pairwise_opmd 0.1).",
          check=optional_finite),
     Knob("baseline", "mean", "opmd estimator baseline: mean (r̄) | logavgexp (τ·(logsumexp(r/τ) − log K)).",
          choices=OPMD_BASELINES),

@@ -22,7 +22,8 @@ from verl_offpolicy.glue.knobs import Knob, finite
 OFFPOLICY_KNOBS = (
     Knob("topr_baseline", 0.0, "topr: scalar baseline c of A = R − c (TOPR's default 0; no group statistic).",
          check=finite),
-    Knob("topr_reward", "signed", "topr: reward R: signed (2r − 1, 0/1 rewards as TOPR's ±1) | raw (r).",
+    Knob("topr_reward", "signed",
+         "topr: reward R: signed (2r − 1: 0/1 rewards as TOPR's ±1; other rewards are an error) | raw (r).",
          choices=core_adv.TOPR_REWARDS),
 )
 
@@ -33,7 +34,10 @@ def compute_topr_advantage(token_level_rewards, response_mask, index=None, confi
     """A_i = R_i − c: R_i = 2r_i − 1 (``algorithm.offpolicy.topr_reward=signed``) or r_i (``raw``), c =
     ``algorithm.offpolicy.topr_baseline``."""
     section, scores, _ = prepare("topr", token_level_rewards, index, config, OFFPOLICY_KNOBS)
-    advantage = core_adv.topr_advantage(scores, section.topr_baseline, section.topr_reward)
+    try:
+        advantage = core_adv.topr_advantage(scores, section.topr_baseline, section.topr_reward)
+    except ValueError as error:
+        raise ValueError(f"adv_estimator=topr, algorithm.offpolicy.topr_reward={section.topr_reward}: {error}") from None
     return broadcast("topr", advantage, response_mask, token_level_rewards, index)
 
 
