@@ -31,6 +31,7 @@ SPEC = {
     ),
     "topr": dict(adv="topr", loss="topr", topr_c=0.0, topr_reward="signed", agg="token-mean", anchor="behaviour"),
     "topr_group_mean": dict(adv="grpo", norm=False, loss="topr", agg="token-mean", anchor="behaviour"),
+    "oapl": dict(adv="oapl", beta1=1.0, loss="oapl", beta2=1e-3, agg="seq-mean-token-sum", anchor="behaviour"),
     "pairwise_opmd": dict(adv="pairwise_opmd", loss="pairwise_opmd", tau_kl=0.1, agg="seq-mean-token-sum", kl=True),
     "reinforce": dict(adv="grpo", norm=False, loss="rec", clip="none", weight="none", reg="none", agg="token-mean"),
     "rec_ring_is": dict(REC, clip="ring", weight="importance_sampling", eps=(0.2, 0.2), ring=(0.6, 2.0)),

@@ -243,6 +243,8 @@ ESTIMATOR_CASES = {
     # pairwise_opmd: 2Kτ(sa − s·ā)/(1+τ)² = s·A(a; τ), τ fixed (the KL term is already inside the reward)
     "pairwise_opmd": ("pairwise_opmd", {"tau": 1.0}, ()),
     "topr raw": ("topr", {"topr_reward": "raw", "topr_baseline": 0.5}, ("topr_baseline",)),
+    # oapl: r − β1·log mean exp(r/β1) = s·A(r0; β1/s) at β1 scaled with the rewards
+    "oapl": ("oapl", {"oapl_beta1": 0.5}, ("oapl_beta1",)),
 }
 
 

@@ -134,6 +134,8 @@ def _expected_integer_advantages():
         ("pairwise_opmd",): [4.5, -1.5, -1.5, -1.5],
         # topr, raw reward, c = 0: A = r (no group statistic; 'signed' takes 0/1 rewards only)
         ("topr",): [3.0, 0.0, 0.0, 0.0],
+        # oapl, β1 = 1: V̂* = ln((e³ + 3)/4) = b (the logavgexp baseline, the sample itself included), A = r − b
+        ("oapl",): [3 - b, -b, -b, -b],
     }
 
 
@@ -153,6 +155,8 @@ def _core_call(key, scores, ids):
         return core_adv.pairwise_opmd_advantage(scores, ids, tau=1.0)
     if name == "topr":
         return core_adv.topr_advantage(scores, 0.0, "raw")
+    if name == "oapl":
+        return core_adv.oapl_advantage(scores, ids, beta1=1.0)
     raise AssertionError(name)
 
 

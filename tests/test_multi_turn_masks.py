@@ -162,13 +162,13 @@ def test_every_loss_ignores_the_tool_tokens(mode, kwargs, agg):
 
 @pytest.mark.parametrize("name", registration.ADV_ESTIMATORS)
 def test_every_estimator_puts_its_advantage_on_the_models_tokens(name):
-    """A group of 4 trajectories, rewards [1, 0, 0.5, 0] on their last model token; two masks gapped. The
+    """A group of 4 trajectories, rewards [1, 0, 1, 0] on their last model token; two masks gapped. The
     advantage is 0 on the tool's tokens and, on the model's, the same as the ungapped group's."""
     config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": {}})
     validate_parts(algorithm=config, actor=actor(name) if name in registration.POLICY_LOSSES else None)  # pairs
     mask = torch.tensor([[1, 1, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
     last = torch.tensor([4, 4, 2, 4])
-    rewards = torch.zeros(4, 5).scatter(1, last.unsqueeze(-1), torch.tensor([[1.0], [0.0], [0.5], [0.0]]))
+    rewards = torch.zeros(4, 5).scatter(1, last.unsqueeze(-1), torch.tensor([[1.0], [0.0], [1.0], [0.0]]))
     index = np.zeros(4, dtype=np.int64)
     fn = get_adv_estimator_fn(name)
     advantages, _ = fn(token_level_rewards=rewards, response_mask=mask, index=index, config=config)

@@ -102,6 +102,8 @@ def _check_against_spec(cfg, spec):
         "pool": loss.m2po_token_pool,
         "topr_c": off.topr_baseline,
         "topr_reward": off.topr_reward,
+        "beta1": off.oapl_beta1,
+        "beta2": loss.oapl_beta2,
     }
     for key, value in spec.items():
         if key in checks:

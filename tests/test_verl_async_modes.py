@@ -25,7 +25,7 @@ MODES = ("colocate_async", "separate_async")
 BEHAVIOUR_ANCHOR = {
     "grpo", "opmd_kimi", "pmd_mean", "pmd_partition", "rec_gspo_is", "rec_gspo_nois", "rec_oneside_is",
     "rec_oneside_nois", "rec_oneside_nois_wide", "rec_ring_nois", "rec_twoside_is", "rec_twoside_nois",
-    "m2po", "topr", "topr_group_mean", "rec_ring_is", "rec_oneside_is_wide",
+    "m2po", "topr", "topr_group_mean", "rec_ring_is", "rec_oneside_is_wide", "oapl",
 }
 ON_POLICY = {"agro_onpolicy"}
 ACCEPTED = {"agro", "asymre", "grpo_proximal", "opmd", "red_drop", "red_weight", "reinforce", "pairwise_opmd"}

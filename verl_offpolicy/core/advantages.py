@@ -97,11 +97,30 @@ def opmd_advantage(scores: Tensor, group_ids: Tensor, baseline: str = "mean", ta
     if baseline == "mean":
         offset = segment_sum(centred, groups) / groups.count
     elif baseline == "logavgexp":
-        sum_exp = segment_sum(_exp(centred / tau), groups)
-        offset = tau * (torch.log(sum_exp) - torch.log(groups.count))
+        offset = log_mean_exp(centred, groups, tau)
     else:
         raise ValueError(f"opmd baseline must be 'mean' or 'logavgexp', got {baseline!r}")
     return centred - gather(_singleton_or(offset, -top, groups), groups)
+
+
+def log_mean_exp(centred: Tensor, groups: Groups, temperature: float) -> Tensor:
+    """q_g = T·(log Σ_{j ∈ g} exp(c_j/T) − log K_g) for c = r − M_g (≤ 0, 0 at the maximum): the group's
+    T·log((1/K)·Σ_j exp(r_j/T)) minus M_g, with every exponent ≤ 0 and the sum ≥ 1 ([B] → [G])."""
+    sum_exp = segment_sum(_exp(centred / temperature), groups)
+    return temperature * (torch.log(sum_exp) - torch.log(groups.count))
+
+
+def oapl_advantage(scores: Tensor, group_ids: Tensor, beta1: float) -> Tensor:
+    """``oapl``: A_i = r_i − V̂*(x), V̂*(x) = β1·log((1/K)·Σ_j exp(r_j/β1)), β1 > 0 (all K samples of the prompt).
+
+    V̂* estimates the optimal value of the KL-regularised objective against the policy that sampled the group
+    (OAPL, Ritter et al., arXiv 2602.19362; the authors' code: ``values = β1·log(mean(exp(r/β1)))`` over the
+    prompt's responses). A singleton has V̂* = r, so A = 0. β1 → 0 gives V̂* → max_j r_j; β1 → ∞ gives r̄.
+    """
+    scores = float_scores(scores)
+    groups = make_groups(group_ids, scores.dtype)
+    _, centred = centre_on_max(scores, groups)
+    return centred - gather(log_mean_exp(centred, groups, beta1), groups)
 
 
 def pmd_partition_advantage(scores: Tensor, group_ids: Tensor, tau: float, clamp: float | None = None) -> Tensor:

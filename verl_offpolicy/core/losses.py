@@ -128,6 +128,23 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
     return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
 
 
+def oapl_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, beta2: float) -> Tensor:
+    """``oapl``: L_i = (β2·Δ_i − A_i)², spread as L_i/|y_i| over the response's tokens; β2 > 0.
+
+    OAPL (Ritter et al., arXiv 2602.19362) regresses the policy's scaled sequence log-ratio on the optimal
+    advantage: Δ_i = Σ_t m·(log π_t − log π_old,t) against the lagged policy that generated y_i (the ratio
+    anchor), A_i = r_i − V̂*(x_i) the masked mean of ``advantages`` (the ``oapl`` estimator's). Its minimiser
+    is β2·log(π/π_old) = A*, the closed form π ∝ π_old·exp(r/β2) when V̂* is the β2-value. The token sum
+    of the returned matrix over a response is L_i, so ``seq-mean-token-sum`` gives the mean of L_i over
+    sequences (the authors' ``loss.mean()``). ∂L_i/∂log π_t = 2β2·(β2·Δ_i − A_i) on each response token.
+    Δ_i is not clamped (as in :func:`pmd_loss`).
+    """
+    delta, length = sequence_delta(log_prob, old_log_prob, mask)
+    seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
+    seq_loss = (beta2 * delta - seq_advantage) ** 2
+    return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
+
+
 def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: float) -> Tensor:
     """``k2_seq``: c·Δ_i²/|y_i| per response, Δ_i = Σ_t m·(log π_t − log π_old,t), spread as c·Δ_i²/|y_i|² per token.
 

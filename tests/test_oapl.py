@@ -1,0 +1,97 @@
+"""OAPL (arXiv 2602.19362) through verl's registries: its value estimate, its loss and its pairing rule.
+
+Expected values are derived by hand from the paper's equations as the authors' code computes them
+(github.com/danieldritter/OAPL, verl/trainer/oapl/: V̂* = β1·log mean_j exp(r_j/β1) over the prompt's
+responses; loss = mean over sequences of (β2·Σ_t log(π_t/π_lag,t) − (r − V̂*))²).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl_offpolicy.glue.knobs import OffPolicyConfigError
+from verl_offpolicy.glue.validation import validate_parts
+from verl_offpolicy.tabular import actor
+
+from tests.loss_helpers import call
+
+F64 = torch.float64
+
+
+def oapl_advantage(rewards, uids, beta1):
+    config = OmegaConf.create({"adv_estimator": "oapl", "offpolicy": {"oapl_beta1": beta1}})
+    scores = torch.tensor(rewards, dtype=F64).unsqueeze(-1)
+    index = np.array(uids, dtype=object)
+    advantages, returns = get_adv_estimator_fn("oapl")(
+        token_level_rewards=scores, response_mask=torch.ones_like(scores), index=index, config=config
+    )
+    torch.testing.assert_close(returns, advantages)
+    return advantages[:, 0]
+
+
+@pytest.mark.parametrize("beta1", [1.0, 0.5])
+def test_value_estimate_is_the_groups_log_mean_exp(beta1):
+    # group a: r = [1, 0, 0, 1]: V̂* = β1·ln((2e^{1/β1} + 2)/4) = β1·ln((e^{1/β1} + 1)/2); A = r − V̂*
+    #   β1 = 1: V̂* = ln((e + 1)/2) = 0.62011; β1 = 0.5: V̂* = 0.5·ln((e² + 1)/2) = 0.71689
+    # group b: one response, r = 0.3: V̂* = 0.3, A = 0 (the formula with K = 1)
+    # group c: r = [0.2, 0.2]: V̂* = 0.2, A = [0, 0]
+    v = beta1 * math.log((math.exp(1 / beta1) + 1) / 2)
+    got = oapl_advantage([1, 0, 0.3, 0, 0.2, 1, 0.2], ["a", "a", "b", "a", "c", "a", "c"], beta1)
+    torch.testing.assert_close(got, torch.tensor([1 - v, -v, 0.0, -v, 0.0, 1 - v, 0.0], dtype=F64))
+    assert v == pytest.approx({1.0: 0.620115, 0.5: 0.716890}[beta1], abs=1e-6)
+
+
+def test_value_estimate_lies_between_the_mean_and_the_max():
+    # β1 → ∞: V̂* → r̄ = 0.5; β1 → 0: V̂* → max r = 1 (the authors' β1 = 1 lies between)
+    rewards, uids = [1.0, 0.0], ["a", "a"]
+    assert float(oapl_advantage(rewards, uids, 1e4)[0]) == pytest.approx(0.5, abs=1e-4)
+    assert float(oapl_advantage(rewards, uids, 1e-3)[0]) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_loss_value_and_gradient_by_hand():
+    # β2 = 0.1.
+    # seq 0: |y| = 2, log π − log π_lag = [0.5, −1.0] → Δ = −0.5, A = 0.8: residual 0.1·(−0.5) − 0.8 = −0.85, L = 0.7225
+    # seq 1: |y| = 3, each token +0.5 → Δ = 1.5, A = −0.2: residual 0.15 + 0.2 = 0.35, L = 0.1225
+    # loss = (0.7225 + 0.1225)/2 = 0.4225 whatever loss_agg_mode says (a mean over sequences)
+    # ∂loss/∂log π_t = 2β2·residual_i/N: seq 0: 0.2·(−0.85)/2 = −0.085; seq 1: 0.2·0.35/2 = 0.035; padding 0
+    old = torch.tensor([[-1.5, -1.0, 0.0], [-1.0, -1.0, -1.0]], dtype=F64)
+    log_prob = torch.tensor([[-1.0, -2.0, 9.0], [-0.5, -0.5, -0.5]], dtype=F64)
+    adv = torch.tensor([[0.8, 0.8, 0.0], [-0.2, -0.2, -0.2]], dtype=F64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        loss, grad, _ = call(actor("oapl", oapl_beta2=0.1), old, log_prob, adv, mask, agg)
+        torch.testing.assert_close(loss, torch.tensor(0.4225, dtype=F64))
+        torch.testing.assert_close(grad, torch.tensor([[-0.085, -0.085, 0.0], [0.035, 0.035, 0.035]], dtype=F64))
+
+
+def test_fresh_batch_gradient_is_reinforce_with_the_value_baseline():
+    # Δ = 0 (π_θ = π_lag: one update on a fresh batch): ∂loss/∂log π_t = −2β2·A_i/N, REINFORCE scaled by 2β2
+    log_prob = torch.tensor([[-0.3, -0.7], [-1.1, -0.2]], dtype=F64)
+    adv = torch.tensor([[0.4, 0.4], [-0.6, -0.6]], dtype=F64)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    loss, grad, _ = call(actor("oapl"), log_prob, log_prob, adv, mask)  # β2 = 1e-3, the authors'
+    torch.testing.assert_close(loss, torch.tensor((0.4**2 + 0.6**2) / 2, dtype=F64))
+    torch.testing.assert_close(grad, torch.tensor([[-4e-4, -4e-4], [6e-4, 6e-4]], dtype=F64))
+
+
+@pytest.mark.parametrize("adv_estimator, loss_mode", [("oapl", "vanilla"), ("grpo", "oapl")])
+def test_estimator_and_loss_go_together(adv_estimator, loss_mode):
+    algorithm = OmegaConf.create({"adv_estimator": adv_estimator, "offpolicy": {}})
+    with pytest.raises(OffPolicyConfigError, match=r"algorithm\.adv_estimator=.* and actor_rollout_ref\.actor\.policy_loss\.loss_mode=.*OAPL needs both"):
+        validate_parts(algorithm=algorithm, actor=actor(loss_mode))
+    validate_parts(algorithm=OmegaConf.create({"adv_estimator": "oapl", "offpolicy": {}}), actor=actor("oapl"))
+
+
+@pytest.mark.parametrize("key, section", [("oapl_beta1", "offpolicy"), ("oapl_beta2", "loss")])
+def test_betas_must_be_positive(key, section):
+    # the loss's β2 is checked when verl builds the actor config (our OffPolicyLossConfig), β1 by the startup rules
+    algorithm = OmegaConf.create({"adv_estimator": "oapl", "offpolicy": {key: 0.0} if section == "offpolicy" else {}})
+    with pytest.raises(ValueError, match=rf"{key} must be > 0, got 0\.0"):
+        validate_parts(algorithm=algorithm, actor=actor("oapl", **({key: 0.0} if section == "loss" else {})))
