@@ -10,7 +10,8 @@ A run is ``<preset>`` or ``<preset>:<override>[,<override>...]`` (Hydra override
 ``agro`` runs with the demo's β = 0.01 for this task (``verl_offpolicy.demo.models``, the tiny model's ``task_overrides``);
 ``agro:algorithm.offpolicy.beta=0.1`` shows the preset's β.
 
-Writes benchmarks/results/demo_presets.md and one reward-curve PNG per preset next to it.
+Writes benchmarks/results/demo_presets.md (``--output`` names another file) and one reward-curve PNG per run
+next to it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="demo_presets.md", help="the table's file name in benchmarks/results/")
     args = parser.parse_args(argv)
 
     RESULTS.mkdir(exist_ok=True)
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
             )
             print(f"[demo-presets] {rows[-1]}", flush=True)
     write_table(
-        "demo_presets.md",
+        args.output,
         "CPU demo: reward at the start and the end, per preset",
         command_line("demo_presets.py", argv),
         f"Stock `main_ppo` + `offpolicy_trainer`, tiny Llama, repeat task, 8 prompts x 16 samples, {args.steps} steps, "

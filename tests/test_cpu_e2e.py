@@ -80,12 +80,23 @@ PRESET_RUNS = {
     "asymre-stock-config-token_tis": ("asymre", "ppo_trainer", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),
     # algorithm=agro on ours, with sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
     "agro-primary-config-seq_mis": ("agro", "offpolicy_trainer", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),
+    # the behaviour-anchored rec_oneside_nois at (4, 1) with sequence IS in IcePop's band and geometric rejection:
+    # on stale batches verl's correction compares π_behaviour with π_rollout (glue/scheduler/correction.py)
+    "rec_oneside_nois-s4d1-seq_icepop_geo_rs": ("rec_oneside_nois", "offpolicy_trainer", [
+        f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0", f"{RC}.rollout_rs=seq_mean_k1",
+        f"{RC}.rollout_rs_threshold=0.9_1.1", "algorithm.offpolicy.sync_interval=4", "algorithm.offpolicy.sync_offset=1",
+    ]),
 }
 # The asymre case runs in the extended tier: the default run keeps the claim it shares with agro (verl's rollout
 # correction weights multiplied into our loss: one code path for every loss, glue/losses.py::_aggregate) and a
 # preset of ours on verl's stock config (rec_oneside_nois, tests/test_verl_async_modes.py); asymre's shifted
 # advantage is checked against hand-derived values in the fast tier (tests/test_algorithms_estimators.py).
-EXTENDED_PRESET_RUNS = ["asymre-stock-config-token_tis"]
+EXTENDED_PRESET_RUNS = ["asymre-stock-config-token_tis", "rec_oneside_nois-s4d1-seq_icepop_geo_rs"]
+# Steps of a case other than STEPS: (4, 1) trains versions [0, 0, 0, 0, 0, 4], staleness [0, 1, 2, 3, 4, 1]
+CASE_STEPS = {"rec_oneside_nois-s4d1-seq_icepop_geo_rs": 6}
+# verl's rollout_corr/* on a stale batch under the behaviour anchor (the engines' mismatch) against
+# offpolicy/anchor_corr/* (π_proximal vs π_behaviour, the staleness): how much smaller the first must be
+STALE_KL_FACTOR = 10.0
 
 
 @queued_at_start(scope="module")
@@ -98,7 +109,8 @@ def _start_preset_runs(demo_runs, cases):
     runs = {}
     for case in cases:
         preset, config_name, correction = PRESET_RUNS[case]
-        runs[case] = demo_runs.start(preset, STEPS, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
+        steps = CASE_STEPS.get(case, STEPS)
+        runs[case] = demo_runs.start(preset, steps, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
     return lambda case: runs[case].result()
 
 
@@ -112,6 +124,27 @@ def preset_runs(demo_runs):
 def extended_preset_runs(demo_runs):
     """The result of the run of a case of :data:`EXTENDED_PRESET_RUNS` (queued only in a session that selects one)."""
     return _start_preset_runs(demo_runs, EXTENDED_PRESET_RUNS)
+
+
+def _check_behaviour_corrections(result):
+    """(4, 1), behaviour anchor, sequence IS (IcePop [0.5, 2]) and geometric rejection ([0.9, 1.1]).
+
+    On every stale step verl's rollout_corr/* describe π_behaviour against π_rollout, the two engines at the same
+    weights: the KL is tiny, every weight ≈ 1 and nothing is rejected, while the same step's anchor_corr KL
+    (π_proximal against π_behaviour: the staleness) is at least STALE_KL_FACTOR times larger. Computed on the
+    proximal policy (verl's decoupled pair, the negative control of tests/test_rollout_correction_anchor.py), the
+    correction would carry that staleness.
+    """
+    stale = [m for m in result.metrics if m["training/off_policy/trajectory_staleness/mean"] > 0]
+    assert len(stale) >= 5, [m["training/off_policy/trajectory_staleness/mean"] for m in result.metrics]
+    for m in stale:
+        engines = abs(m["rollout_corr/kl"])
+        staleness = abs(m["offpolicy/anchor_corr/kl"])
+        assert engines < 1e-3 and staleness > STALE_KL_FACTOR * engines, (m["step"], engines, staleness)
+        assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05), m["rollout_corr/rollout_is_mean"]
+        assert m["rollout_corr/rollout_rs_masked_fraction"] == 0.0, m["rollout_corr/rollout_rs_masked_fraction"]
+    # the schedule held: step t trains version 4·max(0, ⌊(t − 2)/4⌋)
+    assert [m["offpolicy/version"] for m in result.metrics] == [4 * max(0, (m["step"] - 2) // 4) for m in result.metrics]
 
 
 @pytest.mark.timeout(LEARN_TIMEOUT + 300)
@@ -161,6 +194,10 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer_
 def _check_preset_run(case, result):
     """The claim of the two tests above on the run of ``case``."""
     preset = PRESET_RUNS[case][0]
+    if case in CASE_STEPS:  # a stale run: verl's rollout_probs_diff compares the proximal policy, check_completed's 1e-3 is for fresh
+        assert [m["step"] for m in result.metrics] == list(range(1, CASE_STEPS[case] + 1))
+        _check_behaviour_corrections(result)
+        return
     check_completed(result)
     for m in result.metrics:
         # our trainer (offpolicy/*) and our rec loss (its metrics, which verl's vanilla loss does not log)

@@ -210,9 +210,23 @@ def check(args: argparse.Namespace) -> int:
         f"loss_mode={actor.policy_loss.loss_mode} loss_agg_mode={actor.loss_agg_mode} "
         f"strategy={actor.strategy} trainer_mode={cfg.trainer.v1.trainer_mode} "
         f"sync_interval={off.get('sync_interval', 1)} sync_offset={off.get('sync_offset', 0)} "
-        f"ratio_anchor={off.get('ratio_anchor', 'proximal')}"
+        f"ratio_anchor={off.get('ratio_anchor', 'proximal')}{_correction_note(cfg, off)}"
     )
     return 0
+
+
+def _correction_note(cfg, off) -> str:
+    """`` rollout_correction=<the two policies compared>`` when verl computes a decoupled correction, else ''."""
+    from omegaconf import OmegaConf
+
+    from verl_offpolicy.core.schedule import Schedule
+    from verl_offpolicy.glue.scheduler.correction import describe
+
+    rc = OmegaConf.select(cfg, "algorithm.rollout_correction") or {}
+    if rc.get("bypass_mode", False) or (rc.get("rollout_is") is None and rc.get("rollout_rs") is None):
+        return ""
+    stale = Schedule(off.get("sync_interval", 1), off.get("sync_offset", 0)).is_stale
+    return f" rollout_correction={describe(off.get('ratio_anchor', 'proximal'), stale)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,13 +25,14 @@ def check_rollout_correction(view: ConfigView) -> None:
     """Which of verl's ``algorithm.rollout_correction`` settings combine with our anchors, losses and estimators.
 
     verl 0.9.1's v1 trainer computes the IS weights (TIS, IcePop/MIS: ``rollout_is``) and rejection masks
-    (``rollout_rs``, e.g. Geo-RS) only in decoupled mode (bypass_mode=false), from π_old/π_rollout with π_old
-    the proximal log-prob, and only when the batch has the rollout log-probs; our losses multiply their
-    per-token loss by the weights. In bypass mode it only puts the rollout log-probs in old_log_prob (the
-    legacy trainer also swaps the loss for its own ``bypass_mode`` loss). Rejected, naming both keys: a
-    setting verl would silently skip, a correction applied twice (the IS weight π_prox/π_rollout already
-    covers the gap that a rollout anchor, or a behaviour anchor on stale batches, puts in the loss's
-    ratio), and any reweighting of pairwise_opmd (its exact group gradient has no per-sample weight).
+    (``rollout_rs``, e.g. Geo-RS) only in decoupled mode (bypass_mode=false), and only when the batch has the
+    rollout log-probs; our losses multiply their per-token loss by the weights. The pair they compare depends
+    on the anchor (:mod:`.correction`: π_behaviour/π_rollout on a stale batch under ``behaviour``, else
+    π_proximal/π_rollout). In bypass mode verl only puts the rollout log-probs in old_log_prob (the legacy
+    trainer also swaps the loss for its own ``bypass_mode`` loss). Rejected, naming both keys: a setting verl
+    would silently skip, an IS weight against π_rollout on a loss whose ratio is already against π_rollout
+    (``ratio_anchor=rollout``: corrected twice), and any reweighting of pairwise_opmd (its exact group gradient
+    has no per-sample weight).
     """
     offpolicy, loss = view.offpolicy, view.loss
     rollout_is = view.select(f"{ROLLOUT_CORRECTION}.rollout_is")
@@ -71,14 +72,13 @@ def check_rollout_correction(view: ConfigView) -> None:
         )
     if bypass or rollout_is is None:
         return
-    stale = offpolicy.schedule.is_stale
-    if offpolicy.ratio_anchor == "rollout" or (offpolicy.ratio_anchor == "behaviour" and stale):
-        where = "the rollout log-probs" if offpolicy.ratio_anchor == "rollout" else "the behaviour log-probs of stale batches"
+    if offpolicy.ratio_anchor == "rollout":
         raise OffPolicyConfigError(
             f"{ROLLOUT_CORRECTION}.rollout_is={rollout_is} weights by π_proximal/π_rollout, and "
-            f"algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor} measures the loss's ratio against {where}: the "
-            "gap between the two policies would be corrected twice. Set algorithm.offpolicy.ratio_anchor=proximal "
-            f"(verl's decoupled three-policy form) or {ROLLOUT_CORRECTION}.rollout_is=null"
+            "algorithm.offpolicy.ratio_anchor=rollout already measures the loss's ratio against the rollout log-probs: "
+            "the gap to π_rollout would be corrected twice. Set algorithm.offpolicy.ratio_anchor=behaviour (the weight "
+            "is then π_behaviour/π_rollout, the engines' mismatch) or proximal (verl's decoupled three-policy form), "
+            f"or {ROLLOUT_CORRECTION}.rollout_is=null"
         )
 
 

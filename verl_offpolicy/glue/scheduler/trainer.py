@@ -50,6 +50,7 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
+from verl_offpolicy.glue.scheduler.correction import compared_with_anchor
 from verl_offpolicy.glue.scheduler.filtering import (
     FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
 )
@@ -400,7 +401,12 @@ class OffPolicyTrainer(PPOTrainer):
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # The advantage (and AGRO's KL-in-reward) uses the proximal old_log_probs; the loss gets the anchor.
-        batch = super()._compute_advantage(batch, metrics)
+        # verl's rollout correction compares the anchor with the rollout on a stale behaviour batch (.correction).
+        if self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour and self._corrects():
+            with compared_with_anchor(self._behaviour_padded(batch)):
+                batch = super()._compute_advantage(batch, metrics)
+        else:
+            batch = super()._compute_advantage(batch, metrics)
         anchor = self.offpolicy.ratio_anchor
         if anchor == "proximal":
             return batch
@@ -423,6 +429,25 @@ class OffPolicyTrainer(PPOTrainer):
         data["old_log_probs"] = anchored
         store.write(keys, data.select("old_log_probs"), batch.partition_id)
         return batch
+
+
+    def _corrects(self) -> bool:
+        """verl's v1 trainer computes a rollout correction (decoupled mode, a correction configured)."""
+        config = self.config.algorithm.get("rollout_correction", None)
+        return config is not None and not config.get("bypass_mode", False) and (
+            config.get("rollout_is", None) is not None or config.get("rollout_rs", None) is not None
+        )
+
+    def _behaviour_padded(self, batch: KVBatchMeta) -> torch.Tensor:
+        """The behaviour log-probs of ``batch`` in verl's padded [B, T] layout (its ``_compute_advantage`` reads
+        the same keys in the same order); a padding row keeps its proximal log-probs (its mask is empty)."""
+        data = store.read(batch.keys, ["old_log_probs", "response_mask"], batch.partition_id).to_padded_tensor()
+        anchored = data["old_log_probs"].clone()
+        rows = [i for i, t in enumerate(batch.tags) if not t.get("is_padding", False)]
+        behaviour = store.read([batch.keys[i] for i in rows], [BEHAVIOUR_FIELD, "response_mask"], batch.partition_id)
+        behaviour = behaviour.to_padded_tensor()[BEHAVIOUR_FIELD]
+        anchored[rows, : behaviour.shape[-1]] = behaviour.to(anchored.dtype)
+        return anchored
 
 
 def _masked_mean_gap(proximal, anchored, response_mask) -> float:

@@ -1,0 +1,84 @@
+"""verl's rollout correction under the behaviour anchor: verl's own function, on π_behaviour/π_rollout.
+
+``compared_with_anchor`` makes the v1 trainer's ``compute_rollout_correction_and_add_to_batch`` compare the
+anchor's log-probs with the rollout's (the engines' mismatch) instead of the proximal ones (which, on a stale
+batch, also hold the staleness the loss's ratio already covers). Expected weights and masks by hand from verl's
+definitions: sequence IS w_i = exp(Σ_t log π_anchor,t − log π_rollout,t), zeroed outside the IcePop band
+[0.5, 2]; geometric rejection (``seq_mean_k1``) keeps a response when mean_t(log π_rollout,t − log π_anchor,t)
+lies in [log 0.9, log 1.1].
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl import DataProto
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.v1 import trainer_base
+from verl_offpolicy.glue.scheduler.correction import compared_policies, compared_with_anchor, describe
+
+CONFIG = OmegaConf.create(
+    {"rollout_is": "sequence", "rollout_is_threshold": "0.5_2.0", "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.9_1.1"}
+)
+
+
+def _batch():
+    # rows: |y| = 2, 3, 1 (T = 3). The rollout's log-probs r; the anchor's a = r + d with
+    #   d = [0.02, 0.04 | 0.5, 0.5, 0.5 | −0.8]; the proximal ones r + 0.3 (versions later: further from r)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)
+    rollout = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -1.5, -0.7], [-2.0, 0.0, 0.0]])
+    gap = torch.tensor([[0.02, 0.04, 0.0], [0.5, 0.5, 0.5], [-0.8, 0.0, 0.0]])
+    proximal = (rollout + 0.3) * mask
+    batch = DataProto.from_dict(tensors={"old_log_probs": proximal, "rollout_log_probs": rollout, "response_mask": mask})
+    return batch, rollout + gap, proximal
+
+
+def test_the_trainer_call_compares_the_anchor_with_the_rollout():
+    batch, anchor, proximal = _batch()
+    with compared_with_anchor(anchor):
+        # the name the v1 trainer's _compute_advantage calls
+        out, metrics = trainer_base.compute_rollout_correction_and_add_to_batch(batch, CONFIG)
+    # w = e^{0.06} = 1.0618 on row 0 (in [0.5, 2]); e^{1.5} = 4.48 and e^{−0.8} = 0.449 are outside: 0
+    w0 = math.exp(0.06)
+    expected_w = torch.tensor([[w0, w0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(out.batch["rollout_is_weights"], expected_w)
+    # geometric rejection: mean(−d) = −0.03 (kept), −0.5 and +0.8 (outside [−0.1054, 0.0953]: rejected)
+    torch.testing.assert_close(out.batch["response_mask"], torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    # verl's statistics describe the same pair: kl = masked mean of log π_rollout − log π_anchor = −0.76/6
+    assert metrics["rollout_corr/kl"] == pytest.approx(-0.76 / 6, abs=1e-6)
+    # the advantage and the loss see the proximal log-probs again, and verl's function is back
+    assert out.batch["old_log_probs"] is proximal
+    assert trainer_base.compute_rollout_correction_and_add_to_batch is compute_rollout_correction_and_add_to_batch
+
+
+def test_without_the_anchor_verl_compares_the_proximal_policy():
+    # the negative control: verl's own call on the same batch weighs π_proximal/π_rollout, e^{0.3} per token:
+    # w = e^{0.6} = 1.822, e^{0.9} = 2.46 (outside [0.5, 2]: 0), e^{0.3} = 1.350; mean(−0.3) < log 0.9 rejects all
+    batch, _, _ = _batch()
+    out, metrics = trainer_base.compute_rollout_correction_and_add_to_batch(batch, CONFIG)
+    w0, w2 = math.exp(0.6), math.exp(0.3)
+    torch.testing.assert_close(out.batch["rollout_is_weights"], torch.tensor([[w0, w0, 0.0], [0.0, 0.0, 0.0], [w2, 0.0, 0.0]]))
+    assert float(out.batch["response_mask"].sum()) == 0.0
+    assert metrics["rollout_corr/kl"] == pytest.approx(-0.3, abs=1e-6)
+
+
+def test_verls_function_is_restored_when_the_correction_fails():
+    batch, anchor, proximal = _batch()
+    with pytest.raises(ValueError, match="rollout_rs_threshold"):
+        with compared_with_anchor(anchor):
+            trainer_base.compute_rollout_correction_and_add_to_batch(batch, OmegaConf.create({"rollout_rs": "seq_mean_k1"}))
+    assert batch.batch["old_log_probs"] is proximal
+    assert trainer_base.compute_rollout_correction_and_add_to_batch is compute_rollout_correction_and_add_to_batch
+
+
+def test_which_pair_each_anchor_compares():
+    assert compared_policies("behaviour", stale=True) == "π_behaviour/π_rollout"
+    assert compared_policies("behaviour", stale=False) == "π_proximal/π_rollout"  # a fresh batch: behaviour = proximal
+    assert compared_policies("proximal", stale=True) == "π_proximal/π_rollout"
+    assert compared_policies("rollout", stale=True) == "π_proximal/π_rollout"
+    assert describe("behaviour", True) == "π_behaviour/π_rollout on stale steps, π_proximal/π_rollout on fresh ones"
+    assert describe("behaviour", False) == "π_proximal/π_rollout"
