@@ -186,13 +186,16 @@ def check_rollout(cfg: DictConfig, need: Findings) -> None:
 
 def check_lora(cfg: DictConfig, need: Findings) -> None:
     """LoRA (``actor_rollout_ref.model.lora_rank > 0``) reaches the CPU path's rollouts as merged weights only:
-    the ``hf`` server loads full weights, not adapters (verl's vLLM adapter path is not verified here)."""
+    the ``hf`` server loads full weights, not adapters, and verl 0.9.1's vLLM adapter path fails inside vLLM 0.30
+    (``verl/utils/vllm/utils.py`` calls ``WeightsMapper.get_unstacked_mapper``, which that vLLM lacks; the engine
+    dies at the first weight sync and the run hangs)."""
     rank = _select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
     merge = _select(cfg, "actor_rollout_ref.model.lora.merge", False)
     if isinstance(rank, int) and rank > 0:
         need("actor_rollout_ref.model.lora.merge", bool(merge), merge,
-             f"with actor_rollout_ref.model.lora_rank={rank} the rollout must receive merged weights (it cannot load "
-             "adapters here); set actor_rollout_ref.model.lora.merge=true")
+             f"with actor_rollout_ref.model.lora_rank={rank} the rollout must receive merged weights (the hf rollout "
+             "loads no adapter; verl's vLLM adapter path fails in vLLM 0.30's CPU build); set "
+             "actor_rollout_ref.model.lora.merge=true")
 
 
 def check_device(cfg: DictConfig, need: Findings) -> None:
