@@ -32,6 +32,7 @@ Each mode's docstring is its table of verl hooks and what they do to the rollout
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -402,10 +403,8 @@ class OffPolicyTrainer(PPOTrainer):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # The advantage (and AGRO's KL-in-reward) uses the proximal old_log_probs; the loss gets the anchor.
         # verl's rollout correction compares the anchor with the rollout on a stale behaviour batch (.correction).
-        if self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour and self._corrects():
-            with compared_with_anchor(self._behaviour_padded(batch)):
-                batch = super()._compute_advantage(batch, metrics)
-        else:
+        corrected = self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour and self._corrects()
+        with compared_with_anchor(self._behaviour_padded(batch)) if corrected else contextlib.nullcontext():
             batch = super()._compute_advantage(batch, metrics)
         anchor = self.offpolicy.ratio_anchor
         if anchor == "proximal":
@@ -429,7 +428,6 @@ class OffPolicyTrainer(PPOTrainer):
         data["old_log_probs"] = anchored
         store.write(keys, data.select("old_log_probs"), batch.partition_id)
         return batch
-
 
     def _corrects(self) -> bool:
         """verl's v1 trainer computes a rollout correction (decoupled mode, a correction configured)."""
