@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,3 +272,35 @@ def test_two_presets_train_through_main_ppo_on_verls_megatron_engine(preset, tmp
     assert abs(metrics[2]["offpolicy/anchor_log_ratio/mean"]) > 1e-3
     assert metrics[2]["actor/ratio_max"] > 1.0
     assert metrics[1]["actor/ratio_max"] == pytest.approx(1.0)  # fresh batch, same weights
+
+
+TWO_RANK_STEPS = 6
+TWO_RANK_VERSIONS = [0, 0, 0, 0, 0, 4]  # (4, 1), steps 1..6 (docs/scheduler.md)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended  # one Megatron main_ppo run with two ranks (~3-5 min): outside the default run's budget
+@pytest.mark.timeout(E2E_TIMEOUT + 300)
+def test_two_megatron_ranks_train_the_scheduled_versions_at_4_1(tmp_path):
+    """``verl-offpolicy demo --engine megatron trainer.n_gpus_per_node=2``: two data-parallel Megatron ranks (two
+    training worker processes, gloo) through the scheduler at (4, 1). Versions and the versions the rollout tagged
+    equal the schedule; on the fresh step the rollout got the ranks' current weights (bf16 actor vs fp32 rollout)."""
+    import re
+
+    from verl_offpolicy.demo.command import CPU_ENGINES
+    from verl_offpolicy.demo.run import run_demo
+
+    result = run_demo(
+        preset="opmd", steps=TWO_RANK_STEPS, seed=0, output_dir=str(tmp_path / "two_ranks"), timeout=E2E_TIMEOUT,
+        config_name=CPU_ENGINES["megatron"][0],
+        overrides=["trainer.test_freq=-1", "trainer.n_gpus_per_node=2", "algorithm.offpolicy.sync_interval=4",
+                   "algorithm.offpolicy.sync_offset=1"],
+    )
+    assert [m["step"] for m in result.metrics] == list(range(1, TWO_RANK_STEPS + 1))
+    assert [int(m["offpolicy/version"]) for m in result.metrics] == TWO_RANK_VERSIONS
+    assert [int(m["offpolicy/observed_version/max"]) for m in result.metrics] == TWO_RANK_VERSIONS
+    assert result.metrics[0]["training/rollout_probs_diff_max"] < 0.05  # measured 0.0034
+    assert all(m["actor/grad_norm"] > 0 and math.isfinite(m["actor/pg_loss"]) for m in result.metrics)
+    workers = set(re.findall(r"\(WorkerDict pid=(\d+)", Path(result.log_path).read_text()))
+    assert len(workers) == 2, workers  # two training ranks, each its own process
