@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SMALL_DEMO, checkpoint_of, demo_run_command, dumped_batches, resume_overrides, run_resumed, schedule,
+    PRIMARY_CONFIG, SMALL_DEMO, checkpoint_of, demo_run_command, dumped_batches, ranks, resume_overrides, run_resumed,
+    schedule,
 )
 from tests.scenario_schedule import SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY
 from verl_offpolicy.demo.errors import DemoError
@@ -273,3 +274,31 @@ def test_overlapped_mode_on_vllm_trains_the_colocated_modes_samples(vllm_mode_ru
 @pytest.mark.parametrize("mode", list(MODES))
 def test_vllm_runs_listen_on_loopback_only_and_leave_no_shared_memory(vllm_mode_runs, mode):
     check_loopback_and_no_shared_memory(vllm_mode_runs((4, 0))[mode])
+
+
+# Two training ranks pushing to two vLLM replicas (each its own vLLMHttpServer and CheckpointEngineWorker) in the
+# overlapped mode at (2, 1): versions [0, 0, 0, 2] (docs/scheduler.md), every batch tagged by vLLM with its version.
+REPLICA_STEPS = 4
+REPLICA_VERSIONS = [0, 0, 0, 2]
+
+
+@pytest.mark.extended  # one run of four vLLM-side processes and two training ranks (~4-6 min on 2 cores)
+@pytest.mark.timeout(TIMEOUT + 300)
+def test_two_training_ranks_push_to_two_vllm_replicas_in_the_overlapped_mode(tmp_path):
+    import re
+
+    result = run_watched(
+        preset="opmd", steps=REPLICA_STEPS, output_dir=tmp_path, config_name=PRIMARY_CONFIG,
+        overrides=[*MODES["overlapped"], *SMALL_DEMO, *schedule(2, 1), *ranks(2, micro_batch=8),
+                   "actor_rollout_ref.rollout.n_gpus_per_node=2"],
+    )
+    metrics = result.metrics
+    assert [m["step"] for m in metrics] == list(range(1, REPLICA_STEPS + 1))
+    assert [int(m["offpolicy/version"]) for m in metrics] == REPLICA_VERSIONS
+    assert [(int(m["offpolicy/observed_version/min"]), int(m["offpolicy/observed_version/max"])) for m in metrics] == [
+        (v, v) for v in REPLICA_VERSIONS
+    ]
+    assert metrics[0]["training/rollout_probs_diff_max"] < PROB_GAP_BOUND  # the fresh step: measured 1.2e-7
+    log = Path(result.log_path).read_text(errors="replace")
+    for process in ("vLLMHttpServer", "CheckpointEngineWorker", "WorkerDict"):
+        assert len(set(re.findall(rf"\({process} pid=(\d+)", log))) == 2, process  # two of each, each its own process
