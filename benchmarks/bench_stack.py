@@ -62,7 +62,7 @@ RESULT_FILE = {"tiny-rollout": "stack.md", "dp": "stack.md", "smollm2-rollout": 
 
 
 # verl's metric of the training worker's peak memory (engine_workers.py); the CPU platform reports peak RSS
-PEAK_MEMORY = "perf/max_memory_allocated_gb"
+PEAK_MEMORY = "actor/perf/max_memory_allocated_gb"
 
 
 def _run(model: str, overrides: list[str], steps: int, out: Path) -> dict:
