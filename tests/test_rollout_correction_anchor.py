@@ -82,3 +82,24 @@ def test_which_pair_each_anchor_compares():
     assert compared_policies("rollout", stale=True) == "π_proximal/π_rollout"
     assert describe("behaviour", True) == "π_behaviour/π_rollout on stale steps, π_proximal/π_rollout on fresh ones"
     assert describe("behaviour", False) == "π_proximal/π_rollout"
+
+
+@pytest.mark.parametrize(
+    "anchor, expected",
+    [("behaviour", " rollout_correction=π_behaviour/π_rollout on stale steps, π_proximal/π_rollout on fresh ones"),
+     ("proximal", " rollout_correction=π_proximal/π_rollout")],
+)
+def test_check_names_the_pair_the_correction_compares(anchor, expected):
+    # what `verl-offpolicy check` appends to its "ok:" line, on a composed command line at (4, 1)
+    from tests.hydra_utils import VALID_SIZES
+    from verl_offpolicy.cli import _correction_note
+    from verl_offpolicy.glue.compose import compose_main_ppo
+
+    rc = "algorithm.rollout_correction"
+    overrides = ["algorithm=rec_oneside_nois", f"algorithm.offpolicy.ratio_anchor={anchor}", "algorithm.offpolicy.sync_interval=4",
+                 "algorithm.offpolicy.sync_offset=1", "actor_rollout_ref.rollout.calculate_log_probs=true",
+                 f"{rc}.rollout_is=sequence", f"{rc}.rollout_is_threshold=0.5_2.0", *VALID_SIZES]
+    cfg = compose_main_ppo("offpolicy_trainer", overrides)
+    assert _correction_note(cfg, cfg.algorithm.offpolicy) == expected
+    cfg = compose_main_ppo("offpolicy_trainer", [o for o in overrides if not o.startswith(rc)])
+    assert _correction_note(cfg, cfg.algorithm.offpolicy) == ""  # no correction configured: nothing to name
