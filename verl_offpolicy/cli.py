@@ -220,10 +220,9 @@ def _correction_note(cfg, off) -> str:
     from omegaconf import OmegaConf
 
     from verl_offpolicy.core.schedule import Schedule
-    from verl_offpolicy.glue.scheduler.correction import describe
+    from verl_offpolicy.glue.scheduler.correction import decoupled_correction, describe
 
-    rc = OmegaConf.select(cfg, "algorithm.rollout_correction") or {}
-    if rc.get("bypass_mode", False) or (rc.get("rollout_is") is None and rc.get("rollout_rs") is None):
+    if not decoupled_correction(OmegaConf.select(cfg, "algorithm.rollout_correction")):
         return ""
     stale = Schedule(off.get("sync_interval", 1), off.get("sync_offset", 0)).is_stale
     return f" rollout_correction={describe(off.get('ratio_anchor', 'proximal'), stale)}"

@@ -108,6 +108,16 @@ def sequence_delta(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> tupl
     return difference.sum(-1), mask.sum(-1).to(log_prob.dtype).clamp_min(1)
 
 
+def sequence_mean(values: Tensor, mask: Tensor, length: Tensor) -> Tensor:
+    """Σ_t m·v_t / |y_i| per response (A_i from a broadcast per-sequence advantage)."""
+    return torch.where(mask, values, 0.0).sum(-1) / length
+
+
+def spread_over_tokens(seq_loss: Tensor, mask: Tensor, length: Tensor) -> Tensor:
+    """L_i/|y_i| on each of the response's tokens (0 on padding): the token sum over a response is L_i."""
+    return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
+
+
 def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
     """``pmd``: L_i = ½·τ·(A_i/τ − Δ_i)²/|y_i|, spread as L_i/|y_i| over the response's tokens.
 
@@ -123,9 +133,8 @@ def pmd_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: T
     raises (:func:`sequence_delta`).
     """
     delta, length = sequence_delta(log_prob, old_log_prob, mask)
-    seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
-    seq_loss = 0.5 * tau * (seq_advantage / tau - delta) ** 2 / length
-    return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
+    seq_loss = 0.5 * tau * (sequence_mean(advantages, mask, length) / tau - delta) ** 2 / length
+    return spread_over_tokens(seq_loss, mask, length)
 
 
 def oapl_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, beta2: float) -> Tensor:
@@ -140,9 +149,8 @@ def oapl_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: 
     Δ_i is not clamped (as in :func:`pmd_loss`).
     """
     delta, length = sequence_delta(log_prob, old_log_prob, mask)
-    seq_advantage = torch.where(mask, advantages, 0.0).sum(-1) / length
-    seq_loss = (beta2 * delta - seq_advantage) ** 2
-    return torch.where(mask, (seq_loss / length).unsqueeze(-1), 0.0)
+    seq_loss = (beta2 * delta - sequence_mean(advantages, mask, length)) ** 2
+    return spread_over_tokens(seq_loss, mask, length)
 
 
 def sequence_k2(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor, coef: float) -> Tensor:

@@ -23,6 +23,14 @@ from typing import Iterator
 from torch import Tensor
 
 
+def decoupled_correction(rollout_correction) -> bool:
+    """verl's v1 trainer computes a correction from ``algorithm.rollout_correction`` (a mapping or None): decoupled
+    mode (``bypass_mode`` false) with ``rollout_is`` or ``rollout_rs`` set."""
+    if not rollout_correction or rollout_correction.get("bypass_mode", False):
+        return False
+    return rollout_correction.get("rollout_is") is not None or rollout_correction.get("rollout_rs") is not None
+
+
 def compared_policies(ratio_anchor: str, stale: bool) -> str:
     """The pair verl's ``rollout_is``/``rollout_rs`` compare under ``ratio_anchor`` (``stale``: the batch is trained
     at staleness > 0)."""

@@ -51,7 +51,7 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
-from verl_offpolicy.glue.scheduler.correction import compared_with_anchor
+from verl_offpolicy.glue.scheduler.correction import compared_with_anchor, decoupled_correction
 from verl_offpolicy.glue.scheduler.filtering import (
     FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
 )
@@ -403,7 +403,10 @@ class OffPolicyTrainer(PPOTrainer):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # The advantage (and AGRO's KL-in-reward) uses the proximal old_log_probs; the loss gets the anchor.
         # verl's rollout correction compares the anchor with the rollout on a stale behaviour batch (.correction).
-        corrected = self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour and self._corrects()
+        corrected = (
+            self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour
+            and decoupled_correction(self.config.algorithm.get("rollout_correction", None))
+        )
         with compared_with_anchor(self._behaviour_padded(batch)) if corrected else contextlib.nullcontext():
             batch = super()._compute_advantage(batch, metrics)
         anchor = self.offpolicy.ratio_anchor
@@ -428,13 +431,6 @@ class OffPolicyTrainer(PPOTrainer):
         data["old_log_probs"] = anchored
         store.write(keys, data.select("old_log_probs"), batch.partition_id)
         return batch
-
-    def _corrects(self) -> bool:
-        """verl's v1 trainer computes a rollout correction (decoupled mode, a correction configured)."""
-        config = self.config.algorithm.get("rollout_correction", None)
-        return config is not None and not config.get("bypass_mode", False) and (
-            config.get("rollout_is", None) is not None or config.get("rollout_rs", None) is not None
-        )
 
     def _behaviour_padded(self, batch: KVBatchMeta) -> torch.Tensor:
         """The behaviour log-probs of ``batch`` in verl's padded [B, T] layout (its ``_compute_advantage`` reads
