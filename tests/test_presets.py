@@ -419,16 +419,72 @@ def test_every_preset_runs_on_verls_own_trainers_at_one_zero(preset, trainer):
     validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *trainer, *VALID_SIZES]))
 
 
-@pytest.mark.parametrize("sampling, named", [
-    ("actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.rollout.temperature=0.7"),
-    ("actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_p=0.9"),
-    ("actor_rollout_ref.rollout.top_k=50", "actor_rollout_ref.rollout.top_k=50"),
+ROLLOUT_ANCHOR = ["algorithm=rec_oneside_nois", "algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"]
+MODE = "actor_rollout_ref.rollout.logprobs_mode"
+
+
+def _rollout_anchor(*overrides):
+    return compose_main_ppo("offpolicy_trainer", [*ROLLOUT_ANCHOR, *overrides, *VALID_SIZES])
+
+
+@pytest.mark.parametrize("mode", ["raw_logits", "processed_logits"])
+def test_the_rollout_anchor_refuses_the_logit_modes(mode):
+    """vLLM returns logits, not log-probs, in the *_logits modes: the loss's π_old would be a logit."""
+    with pytest.raises(ValueError, match=rf"ratio_anchor=rollout read the rollout's values as log π_rollout, but {MODE}={mode} makes vLLM return the logits.*, not log-probs: set {MODE}=processed_logprobs"):
+        validate_offpolicy_config(_rollout_anchor(f"{MODE}={mode}"))
+
+
+@pytest.mark.parametrize("reader", [[f"{RC}.rollout_is=token"], [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.9_1.1"]])
+def test_verls_rollout_correction_refuses_the_logit_modes(reader):
+    # behaviour anchor: the logits would enter verl's weights or rejection masks as log π_rollout
+    overrides = ["algorithm=rec_oneside_nois", *LOGPROBS, *reader, *VALID_SIZES]
+    with pytest.raises(ValueError, match=rf"{re.escape(reader[0])} read the rollout's values as log π_rollout, but {MODE}=raw_logits"):
+        validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [*overrides, f"{MODE}=raw_logits"]))
+    # nothing reads the rollout's values: any mode passes
+    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", ["algorithm=rec_oneside_nois", *VALID_SIZES, f"{MODE}=raw_logits"]))
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs", "null"])
+def test_the_rollout_anchor_takes_either_log_prob_mode_at_temperature_one(mode):
+    validate_offpolicy_config(_rollout_anchor(f"{MODE}={mode}"))
+
+
+def test_the_rollout_anchor_takes_a_temperature_under_processed_logprobs():
+    """processed_logprobs are log_softmax(logits/T), what the trainer computes: T = 0.6 is no bias."""
+    cfg = _rollout_anchor("actor_rollout_ref.rollout.temperature=0.6")
+    assert cfg.actor_rollout_ref.rollout.logprobs_mode == "processed_logprobs"  # verl's default
+    validate_offpolicy_config(cfg)
+
+
+@pytest.mark.parametrize("mode, shown", [("raw_logprobs", "raw_logprobs"), ("null", "null (vLLM's default, raw_logprobs)")])
+def test_the_rollout_anchor_refuses_a_temperature_under_raw_logprobs(mode, shown):
+    """raw_logprobs are at temperature 1, the trainer's at T (huggingface/trl#4159)."""
+    with pytest.raises(ValueError, match=rf"temperature=0.6 with {re.escape(f'{MODE}={shown}')} returns log-probs at temperature 1, while the trainer computes log_softmax\(logits/0.6\).*trl#4159\). Set {MODE}=processed_logprobs"):
+        validate_offpolicy_config(_rollout_anchor("actor_rollout_ref.rollout.temperature=0.6", f"{MODE}={mode}"))
+
+
+@pytest.mark.parametrize("mode, reported", [
+    ("processed_logprobs", "renormalised over the kept tokens: log π(y) − log S"),
+    ("raw_logprobs", "those of the untruncated distribution"),
 ])
-def test_the_rollout_anchor_refuses_a_reshaped_sampling_distribution(sampling, named):
-    """Log-probs of a tempered or truncated distribution are not π's: the rollout anchor would bias every ratio."""
-    overrides = ["algorithm=rec_oneside_nois", "algorithm.offpolicy.ratio_anchor=rollout",
-                 "actor_rollout_ref.rollout.calculate_log_probs=true", sampling, *VALID_SIZES]
-    with pytest.raises(ValueError, match=rf"ratio_anchor=rollout takes the rollout's log-probs as π_old, but {re.escape(named)} makes"):
-        validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", overrides))
+@pytest.mark.parametrize("sampling", ["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_k=50"])
+def test_the_rollout_anchor_refuses_a_truncated_sampling_distribution(sampling, mode, reported):
+    """Truncated, the log-probs are those of the kept set (or of the untruncated π): every ratio biased (huggingface/trl#6789)."""
+    overrides = [sampling, f"{MODE}={mode}"]
+    with pytest.raises(ValueError, match=rf"ratio_anchor=rollout takes the rollout's log-probs as π_old, but {re.escape(sampling)} makes the rollout sample from a truncated distribution, and with {MODE}={mode} its log-probs are {re.escape(reported)}.*trl#6789"):
+        validate_offpolicy_config(_rollout_anchor(*overrides))
     # the anchors the trainer computes itself are not affected
-    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [o for o in overrides if "ratio_anchor" not in o]))
+    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [o for o in ROLLOUT_ANCHOR if "ratio_anchor" not in o] + overrides + VALID_SIZES))
+
+
+def test_a_correction_on_truncated_sampling_is_warned_about(caplog):
+    """Under the behaviour anchor verl's weights compare π_behaviour with π_rollout: truncation adds log S to every
+    log-weight, which a warning names (verl allows it); without truncation nothing is said."""
+    base = ["algorithm=rec_oneside_nois", *LOGPROBS, f"{RC}.rollout_is=token", *VALID_SIZES]
+    with caplog.at_level("WARNING", logger="verl_offpolicy"):
+        validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", base))
+    assert "sampling gap" not in caplog.text
+    with caplog.at_level("WARNING", logger="verl_offpolicy"):
+        validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [*base, "actor_rollout_ref.rollout.top_p=0.95"]))
+    assert (f"{RC}.rollout_is=token compare the rollout's log-probs with the trainer's, and "
+            "actor_rollout_ref.rollout.top_p=0.95 (log-probs renormalised over the kept set) add a sampling gap") in caplog.text

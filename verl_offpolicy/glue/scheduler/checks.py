@@ -9,6 +9,8 @@ validation stays cheap.
 
 from __future__ import annotations
 
+import logging
+
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
@@ -19,6 +21,7 @@ from verl_offpolicy.glue.registration import POLICY_LOSSES
 # verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): see check_verl_async_modes.
 VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+logger = logging.getLogger("verl_offpolicy")
 
 
 def check_rollout_correction(view: ConfigView) -> None:
@@ -261,28 +264,106 @@ def check_scheduler_features(view: ConfigView) -> None:
         )
 
 
+LOGPROBS_MODE = "actor_rollout_ref.rollout.logprobs_mode"
+# What verl's vLLM rollout returns as a token's log-prob under each actor_rollout_ref.rollout.logprobs_mode (vLLM
+# 0.30: Sampler.forward and TopKTopPSampler; verl passes the key to the engine, and null leaves vLLM's default,
+# raw_logprobs). verl's trainer computes log_softmax(logits / T) over the whole vocabulary, T = rollout.temperature.
+LOGPROBS_MODES = {
+    "processed_logprobs": "log_softmax of the logits after temperature and top-p/top-k (verl's default)",
+    "raw_logprobs": "log_softmax of the logits before temperature and top-p/top-k, i.e. at temperature 1",
+    "processed_logits": "the logits after temperature and top-p/top-k, not log-probs",
+    "raw_logits": "the logits, not log-probs",
+}
+LOGIT_MODES = ("processed_logits", "raw_logits")
+VLLM_DEFAULT_LOGPROBS_MODE = "raw_logprobs"
+
+
+def rollout_log_prob_readers(view: ConfigView) -> tuple[list[str], list[str]]:
+    """The settings that read the rollout's log-probs as log π_rollout: (as the loss's π_old, as verl's rollout
+    correction's π_rollout). π_old: ``ratio_anchor=rollout`` or verl's ``bypass_mode`` (which writes them into
+    old_log_prob); the correction: ``rollout_is`` / ``rollout_rs``."""
+    as_old = []
+    if view.offpolicy.ratio_anchor == "rollout":
+        as_old.append("algorithm.offpolicy.ratio_anchor=rollout")
+    if view.bypass:
+        as_old.append(f"{ROLLOUT_CORRECTION}.bypass_mode=true")
+    in_correction = [
+        f"{ROLLOUT_CORRECTION}.{key}={value}"
+        for key in ("rollout_is", "rollout_rs")
+        if (value := view.select(f"{ROLLOUT_CORRECTION}.{key}")) is not None
+    ]
+    return as_old, in_correction
+
+
 def check_rollout_anchor_sampling(view: ConfigView) -> None:
-    """The ``rollout`` anchor uses the inference engine's log-probs as π_old. A rollout that samples at a temperature
-    other than 1, with top-p < 1 or top-k > 0 returns the log-probs of that reshaped distribution, not of π: every
-    ratio would be biased, silently (TRL#6880). Rejected, naming the keys (the anchors the trainer computes are not)."""
-    if view.offpolicy.ratio_anchor != "rollout":
+    """What the rollout's log-probs are, by ``actor_rollout_ref.rollout.logprobs_mode``, where training reads them.
+
+    verl's trainer computes log_softmax(logits/T) over the whole vocabulary (T = ``rollout.temperature``). vLLM 0.30
+    returns, per ``logprobs_mode`` (:data:`LOGPROBS_MODES`): ``processed_logprobs`` (verl's default) the log-probs of
+    the distribution it samples, after temperature and top-p/top-k, so the trainer's value when nothing is truncated,
+    at any T; ``raw_logprobs`` (also what null gives) log_softmax(logits) at temperature 1, whatever T; the
+    ``*_logits`` modes logits, not log-probs. Rejected, naming the keys:
+
+    - a ``*_logits`` mode wherever the rollout's values are read as log-probs: the loss's π_old under
+      ``ratio_anchor=rollout`` (or ``bypass_mode``), or verl's ``rollout_is``/``rollout_rs``;
+    - with π_old = the rollout's: T ≠ 1 under ``raw_logprobs`` (log-probs at T = 1 against the trainer's at T;
+      huggingface/trl#4159), and top_p < 1 or top_k > 0 under any mode. Truncated, the processed log-probs are
+      renormalised over the kept set, log π_T(y) − log S with S the kept probability mass, so every ratio carries
+      the factor S (huggingface/trl#6789); the raw ones are not the distribution the token was drawn from.
+
+    With ``rollout_is``/``rollout_rs`` under another anchor the same two gaps enter the correction's weights and
+    masks next to the engines' mismatch: a startup warning names them (verl allows it; the run is not refused).
+    """
+    as_old, in_correction = rollout_log_prob_readers(view)
+    if not as_old and not in_correction:
         return
     rollout = "actor_rollout_ref.rollout"
+    mode = view.select(LOGPROBS_MODE, VLLM_DEFAULT_LOGPROBS_MODE)
+    shown = f"{LOGPROBS_MODE}=" + (f"null (vLLM's default, {VLLM_DEFAULT_LOGPROBS_MODE})" if mode is None else str(mode))
+    mode = VLLM_DEFAULT_LOGPROBS_MODE if mode is None else mode
+    readers = " and ".join(as_old + in_correction)
+    if mode not in LOGPROBS_MODES:
+        raise OffPolicyConfigError(
+            f"{readers} read the rollout's log-probs, but {LOGPROBS_MODE}={mode!r} is not a mode vLLM knows; allowed "
+            f"values: {', '.join(LOGPROBS_MODES)} (null: vLLM's {VLLM_DEFAULT_LOGPROBS_MODE}); set processed_logprobs"
+        )
+    if mode in LOGIT_MODES:
+        raise OffPolicyConfigError(
+            f"{readers} read the rollout's values as log π_rollout, but {shown} makes vLLM return "
+            f"{LOGPROBS_MODES[mode]}: set {LOGPROBS_MODE}=processed_logprobs (verl's default: the log-probs of the "
+            "distribution the rollout samples) or raw_logprobs"
+        )
     temperature = view.select(f"{rollout}.temperature", 1.0)
     top_p = view.select(f"{rollout}.top_p", 1.0)
     top_k = view.select(f"{rollout}.top_k", -1)
-    reshaped = []
-    if temperature != 1:
-        reshaped.append(f"{rollout}.temperature={temperature}")
-    if top_p is not None and top_p < 1:
-        reshaped.append(f"{rollout}.top_p={top_p}")
-    if top_k is not None and top_k > 0:
-        reshaped.append(f"{rollout}.top_k={top_k}")
-    if reshaped:
+    untempered = mode == "raw_logprobs" and temperature != 1
+    truncated = [f"{rollout}.{key}={value}" for key, value, cut in (("top_p", top_p, top_p is not None and top_p < 1),
+                                                                  ("top_k", top_k, top_k is not None and top_k > 0)) if cut]
+    if as_old and untempered:
         raise OffPolicyConfigError(
-            f"algorithm.offpolicy.ratio_anchor=rollout takes the rollout's log-probs as π_old, but {', '.join(reshaped)} "
-            "makes the rollout sample (and score) a reshaped distribution, not the policy's: set temperature=1.0, "
-            "top_p=1.0 and top_k=-1, or ratio_anchor=behaviour (the training engine at the generating weights) or proximal"
+            f"{as_old[0]} takes the rollout's log-probs as π_old, but {rollout}.temperature={temperature} with {shown} "
+            f"returns log-probs at temperature 1, while the trainer computes log_softmax(logits/{temperature}): every "
+            f"ratio would be biased, silently (huggingface/trl#4159). Set {LOGPROBS_MODE}=processed_logprobs (the "
+            "log-probs at the sampling temperature), or temperature=1.0, or ratio_anchor=behaviour (the training engine "
+            "at the generating weights) or proximal"
+        )
+    if as_old and truncated:
+        reported = ("renormalised over the kept tokens: log π(y) − log S, S the kept probability mass"
+                    if mode == "processed_logprobs" else "those of the untruncated distribution, not of the one sampled")
+        raise OffPolicyConfigError(
+            f"{as_old[0]} takes the rollout's log-probs as π_old, but {', '.join(truncated)} makes the rollout sample "
+            f"from a truncated distribution, and with {shown} its log-probs are {reported}, while the trainer's are "
+            "over the whole vocabulary: every ratio would be biased, silently (huggingface/trl#6789). Set top_p=1.0 and "
+            "top_k=-1, or ratio_anchor=behaviour (the training engine at the generating weights) or proximal"
+        )
+    gaps = ([f"{rollout}.temperature={temperature} with {shown} (log-probs at temperature 1)"] if untempered else [])
+    gaps += [f"{key} (log-probs renormalised over the kept set)" for key in truncated]
+    if in_correction and gaps:
+        logger.warning(
+            "verl-offpolicy: %s compare the rollout's log-probs with the trainer's, and %s add a sampling gap to the "
+            "engines' mismatch there (every weight and rejection test carries it); set %s=processed_logprobs, "
+            "top_p=1.0 and top_k=-1 for weights of the mismatch alone",
+            " and ".join(in_correction), " and ".join(gaps), LOGPROBS_MODE,
         )
 
 
