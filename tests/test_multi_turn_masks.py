@@ -164,8 +164,10 @@ def test_every_loss_ignores_the_tool_tokens(mode, kwargs, agg):
 def test_every_estimator_puts_its_advantage_on_the_models_tokens(name):
     """A group of 4 trajectories, rewards [1, 0, 1, 0] on their last model token; two masks gapped. The
     advantage is 0 on the tool's tokens and, on the model's, the same as the ungapped group's."""
-    config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": {}})
-    validate_parts(algorithm=config, actor=actor(name) if name in registration.POLICY_LOSSES else None)  # pairs
+    # oapl's own rules: its anchor holds the generating policy's log-probs, and a group has K >= 2 responses
+    offpolicy, loss_kw = ({"ratio_anchor": "behaviour"}, {"rollout_n": 4}) if name == "oapl" else ({}, {})
+    config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": offpolicy})
+    validate_parts(algorithm=config, actor=actor(name, **loss_kw) if name in registration.POLICY_LOSSES else None)  # pairs
     mask = torch.tensor([[1, 1, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
     last = torch.tensor([4, 4, 2, 4])
     rewards = torch.zeros(4, 5).scatter(1, last.unsqueeze(-1), torch.tensor([[1.0], [0.0], [1.0], [0.0]]))

@@ -5,7 +5,9 @@ the estimator gives A_i = r_i − V̂*(x), V̂* = β1·log mean_j exp(r_j/β1) o
 (``algorithm.offpolicy.oapl_beta1``); the loss regresses β2·log(π(y_i)/π_old(y_i)) on it,
 L_i = (β2·Δ_i − A_i)² (``policy_loss.oapl_beta2``), mean over sequences, with π_old the ratio anchor (the
 lagged policy that generated the batch under ``ratio_anchor=behaviour``). The two go together
-(:func:`check_oapl_pair`): the loss's target is in reward units only with this estimator.
+(:func:`check_oapl_pair`): the loss's target is in reward units only with this estimator. Startup also refuses
+one response per group (:func:`check_oapl_group`: every advantage 0) and the ``proximal`` anchor
+(:func:`check_oapl_anchor`: Δ must be against the policy that generated the group).
 """
 
 from __future__ import annotations
@@ -57,7 +59,40 @@ def check_oapl_pair(view) -> None:
         )
 
 
-ESTIMATOR_RULES = (check_oapl_pair,)
+def check_oapl_group(view) -> None:
+    """V̂* is estimated from the prompt's group: with one response per prompt V̂* = r, so every advantage is 0."""
+    if view.adv_estimator != OAPL:
+        return
+    n = view.select("actor_rollout_ref.rollout.n")
+    if isinstance(n, int) and not isinstance(n, bool) and n < 2:
+        raise OffPolicyConfigError(
+            f"algorithm.adv_estimator={OAPL} estimates V̂* from the prompt's group, but actor_rollout_ref.rollout.n={n} "
+            "gives one response per group: V̂* = r, every advantage is 0 and the run learns nothing; set "
+            "actor_rollout_ref.rollout.n >= 2"
+        )
+
+
+# The anchors that hold the log-probs of the policy that generated the batch (π_lag).
+OAPL_ANCHORS = ("behaviour", "rollout")
+
+
+def check_oapl_anchor(view) -> None:
+    """OAPL's Δ = Σ_t log(π_θ/π_lag) is against the policy that generated the group, the ``behaviour`` (or
+    ``rollout``) anchor; ``proximal`` is recomputed at the current weights at every step, so under staleness the
+    regression would pull towards the current weights, not π_lag (and Δ = 0 at each step's first update)."""
+    if view.adv_estimator != OAPL:
+        return
+    anchor = view.offpolicy.ratio_anchor
+    if anchor not in OAPL_ANCHORS:
+        raise OffPolicyConfigError(
+            f"algorithm.adv_estimator={OAPL} regresses β2·log(π/π_lag) against the policy that generated the group "
+            f"(π_lag), but algorithm.offpolicy.ratio_anchor={anchor} recomputes π_old at the current weights: set "
+            f"algorithm.offpolicy.ratio_anchor to one of {', '.join(OAPL_ANCHORS)} (behaviour: the preset's, the "
+            "training engine at the generating weights)"
+        )
+
+
+ESTIMATOR_RULES = (check_oapl_pair, check_oapl_group, check_oapl_anchor)
 
 
 @register_adv_est("oapl")
