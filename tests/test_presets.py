@@ -370,6 +370,25 @@ def test_m2po_preset_takes_four_optimizer_updates_per_batch(train_batch_size, mi
     validate_offpolicy_config(cfg)
 
 
+@pytest.mark.parametrize("overrides, warned", [
+    ([], "at (s, d) = (1, 0) under algorithm.offpolicy.ratio_anchor=behaviour"),
+    ([*schedule_of(4, 0), "algorithm.offpolicy.ratio_anchor=proximal"], "at algorithm.offpolicy.ratio_anchor=proximal"),
+    ([*schedule_of(4, 0)], None),  # stale batches: ratios against the generating weights differ from 1
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=4"], None),  # 16 prompts / 4: the later updates' ratios move
+])
+def test_m2po_with_one_update_on_fresh_ratios_is_warned_to_be_plain_ppo(caplog, overrides, warned):
+    """One update per batch on ratios recomputed at the update's own weights: every ratio is 1, nothing is masked."""
+    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=m2po", *VALID_SIZES, *overrides])  # 16 prompts, mini-batch 16
+    with caplog.at_level("WARNING", logger="verl_offpolicy"):
+        validate_offpolicy_config(cfg)
+    if warned is None:
+        assert "loss_mode=m2po with one optimizer update" not in caplog.text
+    else:
+        assert ("actor_rollout_ref.actor.policy_loss.loss_mode=m2po with one optimizer update per batch "
+                f"(actor_rollout_ref.actor.ppo_mini_batch_size=16 = data.train_batch_size, ppo_epochs=1) {warned}: every "
+                "ratio is 1 at the update, so M2PO masks nothing and is plain PPO") in caplog.text
+
+
 def test_pairwise_opmd_rejects_several_updates_per_batch():
     # its group coefficients are exact at the first optimizer update of a batch only
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pairwise_opmd", *VALID_SIZES, "data.train_batch_size=32"])

@@ -23,14 +23,16 @@ The authors' public code (github.com/Infini-AI-Lab/M2PO, ``verl/trainer/ppo/core
 whole mini-batch, and its masked, importance-weighted loss without clipping; the pool and the
 one-at-a-time removal are Algorithm 1's. The default budget is 0.04, the authors' scripts' ``M2_budget``.
 
-This module is M2PO's whole part (docs/algo/m2po.md): the loss adapter, the pre-pass and the rule that
-the engine runs it (:func:`check_m2po_strategy`).
+This module is M2PO's whole part (docs/algo/m2po.md): the loss adapter, the pre-pass, the rule that
+the engine runs it (:func:`check_m2po_strategy`) and the warning that with one update per batch at (1, 0) it
+is plain PPO (:func:`warn_m2po_single_update`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from typing import Any, Callable, Iterator
 
 import torch
@@ -40,7 +42,10 @@ from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
+from verl_offpolicy.glue.algorithms.kl_reward import one_update_per_batch_fixes
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
+
+logger = logging.getLogger("verl_offpolicy")
 
 LOSS_MODE = "m2po"
 LOSS_KNOBS = (
@@ -183,7 +188,32 @@ def check_m2po_strategy(view) -> None:
         )
 
 
-LOSS_RULES = (check_m2po_strategy,)
+def warn_m2po_single_update(view) -> None:
+    """With one optimizer update per batch on ratios the trainer recomputes at the update's own weights (the
+    ``proximal`` anchor, or ``behaviour`` at (s, d) = (1, 0)), every ratio is 1: the pool is empty, nothing is
+    masked and the loss is PPO's first update, −A·log π (a startup warning naming ``ppo_mini_batch_size``)."""
+    if view.loss is None or view.loss.loss_mode != LOSS_MODE or view.select("data.train_batch_size") is None:
+        return  # (config parts built in code have no batch to count updates in)
+    if one_update_per_batch_fixes(view):
+        return
+    offpolicy = view.offpolicy
+    if offpolicy.ratio_anchor == "proximal":
+        where = "algorithm.offpolicy.ratio_anchor=proximal"
+    elif offpolicy.ratio_anchor == "behaviour" and not offpolicy.schedule.is_stale:
+        where = "(s, d) = (1, 0) under algorithm.offpolicy.ratio_anchor=behaviour"
+    else:
+        return
+    actor = "actor_rollout_ref.actor"
+    logger.warning(
+        "verl-offpolicy: %s.loss_mode=m2po with one optimizer update per batch (%s.ppo_mini_batch_size=%s = "
+        "data.train_batch_size, ppo_epochs=1) at %s: every ratio is 1 at the update, so M2PO masks nothing and is "
+        "plain PPO (−A·log π); set %s.ppo_mini_batch_size below data.train_batch_size (the m2po preset's: >= 4 "
+        "updates per batch) or a stale schedule for its trust region to act",
+        LOSS_PREFIX, actor, view.select(f"{actor}.ppo_mini_batch_size"), where, actor,
+    )
+
+
+LOSS_RULES = (check_m2po_strategy, warn_m2po_single_update)
 
 
 def _whole_mini_batch(log_prob: Tensor, config: Any) -> bool:
