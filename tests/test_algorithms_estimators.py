@@ -7,6 +7,7 @@ the implementation.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -138,6 +139,48 @@ def test_topr_signed_reward_refuses_rewards_outside_zero_one(rewards, found):
         run("topr", rewards, ["a", "a", "b", "b"])
     # the same rewards with topr_reward=raw are R = r (c = 0)
     torch.testing.assert_close(run("topr", rewards, ["a", "a", "b", "b"], topr_reward="raw"), torch.tensor(rewards, dtype=F64))
+
+
+PLUS_MINUS_ONE = "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 1.0 if solution_str == ground_truth else -1.0\n"
+
+
+def _topr_config(tmp_path, reward, *overrides):
+    """The topr preset on a one-row repeat task (symbol "a", 4 response tokens): ``reward`` names the reward function."""
+    from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+    from verl_offpolicy.demo.repeat_task import make_row, write_splits
+
+    files = write_splits(tmp_path, [make_row("a", 0, "train", 4)], [make_row("a", 0, "test", 4)])
+    if reward == "plus_minus_one":
+        (tmp_path / "reward.py").write_text(PLUS_MINUS_ONE)
+        function = [f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.custom_reward_function.name=score"]
+    else:  # the repeat task's fractional compute_score or its 0/1 compute_score_binary
+        function = ["reward.custom_reward_function.path=pkg://verl_offpolicy.cpu.task", f"reward.custom_reward_function.name={reward}"]
+    return compose_main_ppo("offpolicy_trainer", ["algorithm=topr", *VALID_SIZES, f"data.train_files={files['train_files']}",
+                                                  *function, *overrides])
+
+
+@pytest.mark.parametrize("reward, found", [
+    # ±1: the ground truth "a" scores 1 (an all-correct batch passes the per-batch check), "" scores −1
+    ("plus_minus_one", "gives -1 for an empty response on the first training row"),
+    # the repeat task: "a" repeats the symbol in 1 of the 4 response tokens: 1/4; "" scores 0
+    ("compute_score", "gives 0.25 for its ground truth on the first training row"),
+])
+def test_topr_signed_reward_is_refused_at_startup_when_the_reward_function_leaves_zero_one(tmp_path, reward, found):
+    from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+    with pytest.raises(ValueError, match=r"algorithm\.offpolicy\.topr_reward=signed maps 0/1 rewards to TOPR's ±1 .* "
+                       + re.escape(found) + r": set algorithm\.offpolicy\.topr_reward=raw"):
+        validate_offpolicy_config(_topr_config(tmp_path, reward))
+    validate_offpolicy_config(_topr_config(tmp_path, reward, "algorithm.offpolicy.topr_reward=raw"))
+
+
+def test_topr_signed_reward_takes_a_zero_one_reward_function(tmp_path):
+    from verl_offpolicy.cpu.task import compute_score_binary
+    from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+    # by hand: the first word "a" is the symbol: 1; an empty response: 0
+    assert (compute_score_binary("x", "a", "a"), compute_score_binary("x", "", "a")) == (1.0, 0.0)
+    validate_offpolicy_config(_topr_config(tmp_path, "compute_score_binary"))
 
 
 def test_topr_all_wrong_group_is_pushed_down_with_the_tapered_weight():

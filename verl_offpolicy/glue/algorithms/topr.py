@@ -2,7 +2,9 @@
 
 The ``topr`` estimator is the paper's: the raw reward (0/1 rewards as ±1) minus one scalar baseline c
 (``algorithm.offpolicy.topr_baseline``, default 0). The ``topr_group_mean`` preset, ours, pairs the loss with
-verl's group-mean ``grpo`` advantage instead. No rule beyond the typed config.
+verl's group-mean ``grpo`` advantage instead. ``topr_reward=signed`` refuses rewards outside {0, 1} in every
+batch; at startup, where the reward function can be called before the run, :func:`check_topr_reward_range`
+refuses it already (a ±1 reward passes a batch in which every answer is right).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, broadcast, check_dtype, our_loss_config, prepare
-from verl_offpolicy.glue.knobs import Knob, finite
+from verl_offpolicy.glue.knobs import Knob, OffPolicyConfigError, finite
+from verl_offpolicy.glue.reward_probe import GROUND_TRUTH, first_row_answers, reward_of
 
 OFFPOLICY_KNOBS = (
     Knob("topr_baseline", 0.0, "topr: scalar baseline c of A = R − c (TOPR's default 0; no group statistic).",
@@ -26,6 +29,40 @@ OFFPOLICY_KNOBS = (
          "topr: reward R: signed (2r − 1: 0/1 rewards as TOPR's ±1; other rewards are an error) | raw (r).",
          choices=core_adv.TOPR_REWARDS),
 )
+
+
+# The responses the startup check scores on the first training row: a correct one and a wrong one.
+PROBES = ((GROUND_TRUTH, "its ground truth"), ("", "an empty response"))
+
+
+def check_topr_reward_range(view) -> None:
+    """``topr_reward=signed`` maps 0/1 rewards to ±1: the reward function's rewards of the first training row's
+    ground truth and of an empty response must be 0 or 1, where they can be known before the run (verl's
+    rule-based reward managers, a training file; :func:`verl_offpolicy.glue.reward_probe.first_row_answers`).
+    A reward function that fails on the probe is left to the per-batch check."""
+    if view.adv_estimator != "topr" or view.offpolicy.topr_reward != "signed":
+        return
+    try:
+        answers = first_row_answers(view.cfg, [solution for solution, _ in PROBES])
+    except Exception:  # noqa: BLE001 - the run's own per-batch check still applies
+        return
+    if isinstance(answers, str):
+        return
+    found = [(reward_of(answer), what) for answer, (_, what) in zip(answers, PROBES)]
+    outside = [f"{reward:g} for {what}" for reward, what in found if reward not in (0.0, 1.0)]
+    if outside:
+        path = view.select("reward.custom_reward_function.path")
+        name = view.select("reward.custom_reward_function.name")
+        function = f"{path}:{name}" if path else "verl's default_compute_score"
+        raise OffPolicyConfigError(
+            f"algorithm.offpolicy.topr_reward=signed maps 0/1 rewards to TOPR's ±1 (R = 2r − 1), but the reward "
+            f"function ({function}) gives {' and '.join(outside)} on the first training row: set "
+            "algorithm.offpolicy.topr_reward=raw (R = r: rewards already on TOPR's scale, e.g. ±1, or partial credit) "
+            "or use a 0/1 reward"
+        )
+
+
+ESTIMATOR_RULES = (check_topr_reward_range,)
 
 
 @register_adv_est("topr")

@@ -23,7 +23,6 @@ are :func:`~verl_offpolicy.glue.scheduler.checks.check_filter_groups`.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -216,41 +215,17 @@ class VersionFill:
         )
 
 
-# verl's registered reward managers whose reward_extra_info is the reward function's dict (or {"acc": score}
-# for a number): experimental/reward_loop/reward_manager/{naive,dapo,gdpo,remote}.py.
-DICT_OR_ACC_MANAGERS = ("naive", "dapo", "gdpo", "remote")
-
-
 def returned_metric_names(config) -> set[str] | str:
     """The names ``algorithm.filter_groups.metric`` can take for this config: ``reward`` and the
     ``reward_extra_info`` keys verl's reward manager builds from the reward function's answer on the first
     training row (scored against its own ground truth), as the reward workers will. A string says why that
     cannot be known before the run (another reward manager, a reward model, no training file yet)."""
-    import asyncio
-    import inspect
+    from verl_offpolicy.glue.reward_probe import first_row_answers
 
-    import pandas as pd
-    from verl.trainer.ppo.reward import get_custom_reward_fn
-
-    manager = OmegaConf.select(config, "reward.reward_manager", default=None) or {}
-    if manager.get("source", "register") != "register" or manager.get("name", "naive") not in DICT_OR_ACC_MANAGERS:
-        return f"reward.reward_manager {manager.get('source')}:{manager.get('name')} builds its own reward_extra_info"
-    if OmegaConf.select(config, "reward.reward_model.enable", default=False):
-        return "a reward model scores the samples"
-    files = OmegaConf.select(config, "data.train_files", default=None)
-    first = files if isinstance(files, str) else (list(files)[0] if files else None)
-    if not first or not os.path.isfile(os.path.expanduser(first)):
-        return f"no training file at data.train_files={first!r} yet"
-    row = pd.read_parquet(os.path.expanduser(first)).iloc[0]
-    truth = (row.get("reward_model") or {}).get("ground_truth", "")
-    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
-    function = get_custom_reward_fn(config)
-    if function is None:
-        from verl.utils.reward_score import default_compute_score as function
-    result = function(data_source=row.get("data_source"), solution_str=str(truth), ground_truth=truth, extra_info=extra)
-    if inspect.isawaitable(result):
-        result = asyncio.run(result)
-    keys = set(result) if isinstance(result, dict) else {"acc"}
+    answers = first_row_answers(config)
+    if isinstance(answers, str):
+        return answers
+    keys = set(answers[0]) if isinstance(answers[0], dict) else {"acc"}
     return {"reward", *keys}
 
 
