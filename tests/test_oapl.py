@@ -73,6 +73,22 @@ def test_loss_value_and_gradient_by_hand():
         torch.testing.assert_close(grad, torch.tensor([[-0.085, -0.085, 0.0], [0.035, 0.035, 0.035]], dtype=F64))
 
 
+def test_a_token_level_correction_weight_enters_as_its_mean_over_the_response():
+    # the example above (L_0 = 0.7225 over 2 tokens, L_1 = 0.1225 over 3) with verl's token-level weights
+    # w_0 = [0.5, 1.5 | pad 7] (mean 1.0) and w_1 = [1, 2, 3] (mean 2): loss = (1.0·0.7225 + 2·0.1225)/2 = 0.48375;
+    # a sequence-level weight (each token of a response the same) is the weight itself
+    old = torch.tensor([[-1.5, -1.0, 0.0], [-1.0, -1.0, -1.0]], dtype=F64)
+    log_prob = torch.tensor([[-1.0, -2.0, 9.0], [-0.5, -0.5, -0.5]], dtype=F64)
+    adv = torch.tensor([[0.8, 0.8, 0.0], [-0.2, -0.2, -0.2]], dtype=F64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    token = torch.tensor([[0.5, 1.5, 7.0], [1.0, 2.0, 3.0]], dtype=F64)
+    loss, _, _ = call(actor("oapl", oapl_beta2=0.1), old, log_prob, adv, mask, "seq-mean-token-sum", weights=token)
+    torch.testing.assert_close(loss, torch.tensor(0.48375, dtype=F64))
+    sequence = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]], dtype=F64)
+    loss, _, _ = call(actor("oapl", oapl_beta2=0.1), old, log_prob, adv, mask, "seq-mean-token-sum", weights=sequence)
+    torch.testing.assert_close(loss, torch.tensor(0.48375, dtype=F64))
+
+
 def test_fresh_batch_gradient_is_reinforce_with_the_value_baseline():
     # Δ = 0 (π_θ = π_lag: one update on a fresh batch): ∂loss/∂log π_t = −2β2·A_i/N, REINFORCE scaled by 2β2
     log_prob = torch.tensor([[-0.3, -0.7], [-1.1, -0.2]], dtype=F64)
