@@ -15,16 +15,21 @@ def _key(**kw):
     return SamplingKey(**base)
 
 
-def test_sample_next_logprob_is_temperature_scaled_and_filters_only_sampling():
+def test_sample_next_logprob_is_temperature_scaled_and_renormalised_over_the_kept_set():
+    """What vLLM reports under processed_logprobs (verl's default): log_softmax(logits/T) over the top-k set,
+    i.e. log p_T(y) − log S with S the kept mass p_T(top 3); without truncation, log_softmax(logits/T)."""
     torch.manual_seed(0)
     logits = torch.randn(64, 10)
     gen = torch.Generator().manual_seed(0)
     for temperature in (0.5, 1.0, 2.0):
         tokens, log_probs = sample_next(logits, _key(temperature=temperature, top_k=3), gen)
-        expected = torch.log_softmax(logits / temperature, dim=-1).gather(1, tokens[:, None]).squeeze(1)
-        torch.testing.assert_close(log_probs, expected)
+        full = torch.log_softmax(logits / temperature, dim=-1)
+        kept_mass = full.exp().topk(3, dim=-1).values.sum(dim=-1)
+        torch.testing.assert_close(log_probs, full.gather(1, tokens[:, None]).squeeze(1) - kept_mass.log())
         top3 = logits.topk(3, dim=-1).indices
         assert bool((top3 == tokens[:, None]).any(dim=1).all())
+        tokens, log_probs = sample_next(logits, _key(temperature=temperature), gen)
+        torch.testing.assert_close(log_probs, full.gather(1, tokens[:, None]).squeeze(1))
 
 
 def test_sample_next_greedy_top_p_and_repetition_penalty():
@@ -40,6 +45,10 @@ def test_sample_next_greedy_top_p_and_repetition_penalty():
         t, _ = sample_next(logits, _key(top_p=p1 + 1e-3), gen)
         seen.add(t.item())
     assert seen == {1, 3}
+    # reported over the kept pair: token 1: 3 − log(e³ + e^2.9) = −0.64440, token 3: 2.9 − log(e³ + e^2.9) = −0.74440
+    for _ in range(20):
+        t, lp = sample_next(logits, _key(top_p=p1 + 1e-3), gen)
+        assert lp.item() == pytest.approx({1: -0.644397, 3: -0.744397}[t.item()], abs=1e-5)
     # A strong repetition penalty on token 1 makes greedy pick token 3.
     tokens, _ = sample_next(logits, _key(temperature=0, repetition_penalty=10.0), gen, torch.tensor([[1]]))
     assert tokens.tolist() == [3]

@@ -1,8 +1,11 @@
 """Sampling of the ``hf`` rollout: the next-token rule and the per-request seed (torch only).
 
-- :func:`sample_next`: one token per row under ``log_softmax(logits / T)`` (top-k/top-p truncate
-  the sampling distribution, not the reported log-prob, as in vLLM's default ``processed_logprobs``;
-  ``T == 0`` is greedy with log-probs under T = 1), one uniform per row from that row's generator.
+- :func:`sample_next`: one token per row from ``softmax(logits / T)`` truncated to the top-k/top-p set,
+  reporting what vLLM 0.30 reports under verl's default ``logprobs_mode=processed_logprobs``: the
+  log-prob of the distribution sampled, renormalised over the kept set (without truncation,
+  ``log_softmax(logits / T)``, the trainer's value); ``T == 0`` is greedy with log-probs under T = 1, as
+  vLLM's. One uniform per row from that row's generator. The ``hf`` rollout reports these log-probs
+  whatever ``logprobs_mode`` says (it has no raw mode).
 - :func:`request_seed`: the seed of one request's generator, from the request's own seed and the
   weights version (or, without one, the run's seed, the replica and the prompt), so a sample does not
   depend on the other requests batched with it, on their arrival order, nor (seeded) on the replica.
@@ -38,8 +41,10 @@ def sample_next(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of each row of ``logits`` [B, V]; return (tokens [B], log-probs [B]).
 
-    The log-prob is that of the chosen token under ``log_softmax(logits / T)`` (``T = 1`` when greedy),
-    computed in float32, after the repetition penalty if one is set. Sampling inverts the CDF at one
+    The log-prob is that of the chosen token under the distribution sampled: ``log_softmax`` of
+    ``logits / T`` with the tokens outside the top-k/top-p set at −inf, i.e. renormalised over the kept set
+    (log p_T(y) − log S, S the kept mass), as vLLM's ``processed_logprobs``; ``T = 1`` and no truncation
+    when greedy. Computed in float32, after the repetition penalty if one is set. Sampling inverts the CDF at one
     uniform per row drawn from that row's generator (``generators``: one per row, or one shared), so
     a request's tokens do not depend on the other requests batched with it.
     """
@@ -54,7 +59,6 @@ def sample_next(
         log_probs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens, log_probs
     scaled = logits / key.temperature
-    log_probs_all = torch.log_softmax(scaled, dim=-1)
     filtered = scaled
     vocab = scaled.shape[-1]
     if 0 < key.top_k < vocab:
@@ -74,7 +78,7 @@ def sample_next(
     cdf = probs.cumsum(dim=-1)
     # First token whose CDF reaches u·total: never a zero-probability token, always < V.
     tokens = (cdf < (uniform * cdf[:, -1]).unsqueeze(1)).sum(dim=-1).clamp(max=probs.shape[-1] - 1)
-    return tokens, log_probs_all.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, torch.log_softmax(filtered, dim=-1).gather(1, tokens[:, None]).squeeze(1)
 
 
 def request_seed(
