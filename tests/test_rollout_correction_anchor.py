@@ -19,7 +19,9 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import trainer_base
-from verl_offpolicy.glue.scheduler.correction import compared_policies, compared_with_anchor, describe
+from verl_offpolicy.glue.scheduler.correction import (
+    ZeroEffectiveSampleSize, compared_policies, compared_with_anchor, describe, verl_correction_named,
+)
 
 CONFIG = OmegaConf.create(
     {"rollout_is": "sequence", "rollout_is_threshold": "0.5_2.0", "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.9_1.1"}
@@ -103,3 +105,27 @@ def test_check_names_the_pair_the_correction_compares(anchor, expected):
     assert _correction_note(cfg, cfg.algorithm.offpolicy) == expected
     cfg = compose_main_ppo("offpolicy_trainer", [o for o in overrides if not o.startswith(rc)])
     assert _correction_note(cfg, cfg.algorithm.offpolicy) == ""  # no correction configured: nothing to name
+
+
+def _all_outside_band():
+    # every ratio is 1 (proximal = rollout = anchor), outside the IcePop band [1.5, 3]: every weight zeroed
+    log_probs = torch.full((2, 2), -1.0)
+    batch = DataProto.from_dict(
+        tensors={"old_log_probs": log_probs.clone(), "rollout_log_probs": log_probs.clone(), "response_mask": torch.ones(2, 2)}
+    )
+    return batch, log_probs.clone(), OmegaConf.create({"rollout_is": "token", "rollout_is_threshold": "1.5_3.0"})
+
+
+def test_a_band_that_zeroes_every_weight_stops_with_one_line_naming_it():
+    batch, _, config = _all_outside_band()
+    with pytest.raises(ZeroDivisionError):  # verl's own call: its effective sample size divides by zero
+        trainer_base.compute_rollout_correction_and_add_to_batch(batch, config)
+    batch, anchor, config = _all_outside_band()
+    for named in (verl_correction_named(), compared_with_anchor(anchor)):
+        with pytest.raises(ZeroEffectiveSampleSize) as caught:
+            with named:
+                trainer_base.compute_rollout_correction_and_add_to_batch(batch, config)
+        message = str(caught.value)
+        assert "\n" not in message and caught.value.__suppress_context__
+        assert "algorithm.rollout_correction.rollout_is_threshold=1.5_3.0 zeroed every IS weight" in message
+        assert trainer_base.compute_rollout_correction_and_add_to_batch is compute_rollout_correction_and_add_to_batch

@@ -13,6 +13,7 @@ import logging
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
+from verl_offpolicy.glue.scheduler.correction import check_rollout_correction_values
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
 from verl_offpolicy.glue.algorithms.opmd import PAIRWISE_OPMD
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER as SCHEDULER_TRAINER
@@ -141,6 +142,19 @@ def check_verl_async_modes(view: ConfigView) -> None:
             "algorithm.offpolicy.on_policy=true (on-policy AGRO) needs fresh samples at every update; use preset agro "
             "(off-policy form) or trainer.v1.trainer_mode=offpolicy"
         )
+
+
+def check_legacy_trainer_colocated(view: ConfigView) -> None:
+    """verl's legacy trainer (``trainer.use_v1=false``: ``main_ppo_v0``'s ``RayPPOTrainer``) runs colocated only: its
+    constructor asserts ``actor_rollout_ref.hybrid_engine`` ("Currently, only support hybrid engine"), after Ray
+    started. The overlapped mode (``hybrid_engine=false``) is the V1 trainer's."""
+    if view.select("trainer.use_v1", False) or view.select("actor_rollout_ref.hybrid_engine", True):
+        return
+    raise OffPolicyConfigError(
+        "trainer.use_v1=false runs verl's legacy RayPPOTrainer, which supports only the colocated (hybrid) engine, but "
+        "actor_rollout_ref.hybrid_engine=false: set actor_rollout_ref.hybrid_engine=true, or trainer.use_v1=true "
+        f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} for the overlapped mode (the rollout on a pool of its own)"
+    )
 
 
 def _uses_scheduler(view: ConfigView) -> bool:
@@ -431,9 +445,9 @@ def check_staleness_threshold(view: ConfigView) -> None:
 
 
 # verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
-ROLLOUT_CORRECTION_RULES = (check_rollout_correction, check_rollout_anchor_sampling)
+ROLLOUT_CORRECTION_RULES = (check_rollout_correction_values, check_rollout_correction, check_rollout_anchor_sampling)
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
-    check_trainer_mode, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
+    check_trainer_mode, check_legacy_trainer_colocated, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
     check_filter_groups, check_staleness_threshold, check_environment,
 )

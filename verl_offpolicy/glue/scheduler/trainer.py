@@ -51,7 +51,7 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
-from verl_offpolicy.glue.scheduler.correction import compared_with_anchor, decoupled_correction
+from verl_offpolicy.glue.scheduler.correction import compared_with_anchor, decoupled_correction, verl_correction_named
 from verl_offpolicy.glue.scheduler.filtering import (
     FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
 )
@@ -403,11 +403,14 @@ class OffPolicyTrainer(PPOTrainer):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         # The advantage (and AGRO's KL-in-reward) uses the proximal old_log_probs; the loss gets the anchor.
         # verl's rollout correction compares the anchor with the rollout on a stale behaviour batch (.correction).
-        corrected = (
-            self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour
-            and decoupled_correction(self.config.algorithm.get("rollout_correction", None))
-        )
-        with compared_with_anchor(self._behaviour_padded(batch)) if corrected else contextlib.nullcontext():
+        # A batch whose every IS weight the IcePop band zeroed stops with one line naming the band (.correction).
+        correction = decoupled_correction(self.config.algorithm.get("rollout_correction", None))
+        corrected = correction and self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour
+        if corrected:
+            verl_correction = compared_with_anchor(self._behaviour_padded(batch))
+        else:
+            verl_correction = verl_correction_named() if correction else contextlib.nullcontext()
+        with verl_correction:
             batch = super()._compute_advantage(batch, metrics)
         anchor = self.offpolicy.ratio_anchor
         if anchor == "proximal":
