@@ -73,3 +73,44 @@ def test_the_legacy_trainer_refuses_the_overlapped_mode():
     _refused(["trainer.use_v1=false", "actor_rollout_ref.hybrid_engine=false"],
              "trainer.use_v1=false", "actor_rollout_ref.hybrid_engine=false", "set actor_rollout_ref.hybrid_engine=true")
     compose_and_check("offpolicy_trainer", [*BASE, "trainer.use_v1=false"])  # colocated: runs on the legacy trainer
+
+
+# ------------------------------------------------------------------------ upper bounds, sampling values
+
+MATH_VERIFY = ["reward.custom_reward_function.path=pkg://verl_offpolicy.rewards.math_verify_reward"]
+TIMEOUT_KEY = "reward.custom_reward_function.reward_kwargs.timeout_seconds"
+
+
+def test_timeouts_above_what_the_platforms_timers_hold_are_refused(monkeypatch):
+    """1e10 s passed startup, then every wait on it raised OverflowError; threading.TIMEOUT_MAX is the bound."""
+    import threading
+
+    limit = f"{threading.TIMEOUT_MAX:.0f}"
+    _refused([*MATH_VERIFY, f"+{TIMEOUT_KEY}=1e10"], f"{TIMEOUT_KEY} must be", "got 10000000000.0", f"at most {limit}")
+    compose_and_check("offpolicy_trainer", [*BASE, *MATH_VERIFY, f"+{TIMEOUT_KEY}=1e9"])
+    monkeypatch.setenv("VERL_OFFPOLICY_GENERATION_TIMEOUT", "1e10")
+    _refused([], "VERL_OFFPOLICY_GENERATION_TIMEOUT must be a number of seconds > 0, got '1e10'", f"at most {limit}")
+    monkeypatch.setenv("VERL_OFFPOLICY_GENERATION_TIMEOUT", "1e9")
+    compose_and_check("offpolicy_trainer", BASE)
+
+
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p=1.5 is not valid; allowed: a number in (0, 1]"),
+        ("actor_rollout_ref.rollout.top_p=0", "actor_rollout_ref.rollout.top_p=0 is not valid"),
+        ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature=0 is not valid; allowed: a number > 0"),
+        ("actor_rollout_ref.rollout.temperature=-0.5", "actor_rollout_ref.rollout.temperature=-0.5 is not valid"),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p=2", "actor_rollout_ref.rollout.val_kwargs.top_p=2 is not valid"),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature=-1", "actor_rollout_ref.rollout.val_kwargs.temperature=-1 is not valid"),
+    ],
+)
+def test_sampling_values_the_engines_refuse_are_refused_at_startup(override, fragment):
+    _refused([override], fragment)
+
+
+def test_greedy_validation_and_a_reshaped_rollout_pass():
+    compose_and_check("offpolicy_trainer", [
+        *BASE, "actor_rollout_ref.rollout.val_kwargs.temperature=0", "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.rollout.top_p=0.9",
+    ])

@@ -139,3 +139,29 @@ def test_the_proximal_anchor_is_refused():
     assert _oapl().algorithm.offpolicy.ratio_anchor == "behaviour"
     validate_offpolicy_config(_oapl())
     validate_offpolicy_config(_oapl("algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"))
+
+
+# ------------------------------------------------------------------ the value estimate's numerics at large β1
+
+
+def test_value_estimate_tends_to_the_mean_for_large_beta1():
+    """r = [1, 0]: V̂* = β1·log((e^{1/β1} + 1)/2) = 1/2 + 1/(8β1) + O(β1⁻³) (the odd cumulants of a two-point
+    distribution with p = 1/2 vanish), so A = [1/2 − 1/(8β1), −1/2 − 1/(8β1)]; never the opposite limit."""
+    from verl_offpolicy.core.advantages import oapl_advantage as core_oapl
+
+    ids = torch.tensor([0, 0])
+    for beta1 in (1e6, 1e16, 1e300):
+        got = core_oapl(torch.tensor([1.0, 0.0], dtype=F64), ids, beta1)
+        shift = 1 / (8 * beta1)
+        torch.testing.assert_close(got, torch.tensor([0.5 - shift, -0.5 - shift], dtype=F64), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("beta1", [1e9, 1e300])
+def test_float32_scores_at_large_beta1_give_r_minus_the_mean(beta1):
+    """r = [1, 0, 0, 0] in float32: V̂* → r̄ = 1/4 (the correction 3/(32β1) is below float32's rounding), so
+    A = [3/4, −1/4, −1/4, −1/4] in float32; not r − max = [0, −1, −1, −1], not NaN."""
+    from verl_offpolicy.core.advantages import oapl_advantage as core_oapl
+
+    got = core_oapl(torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]), beta1)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.tensor([0.75, -0.25, -0.25, -0.25]), rtol=0, atol=1e-7)

@@ -103,11 +103,31 @@ def opmd_advantage(scores: Tensor, group_ids: Tensor, baseline: str = "mean", ta
     return centred - gather(_singleton_or(offset, -top, groups), groups)
 
 
+# Below this |c|/T the expansion mean(c) + var(c)/(2T) is log-mean-exp to float64 rounding (its next term is
+# below |c|·2⁻⁵²/6), and it cannot underflow.
+_EXPANSION_BELOW = 2.0**-26
+
+
 def log_mean_exp(centred: Tensor, groups: Groups, temperature: float) -> Tensor:
-    """q_g = T·(log Σ_{j ∈ g} exp(c_j/T) − log K_g) for c = r − M_g (≤ 0, 0 at the maximum): the group's
-    T·log((1/K)·Σ_j exp(r_j/T)) minus M_g, with every exponent ≤ 0 and the sum ≥ 1 ([B] → [G])."""
-    sum_exp = segment_sum(_exp(centred / temperature), groups)
-    return temperature * (torch.log(sum_exp) - torch.log(groups.count))
+    """q_g = T·log((1/K_g)·Σ_{j ∈ g} exp(c_j/T)) for c = r − M_g (≤ 0, 0 at the maximum): the group's
+    T·log((1/K)·Σ_j exp(r_j/T)) minus M_g ([B] → [G], in ``centred``'s dtype).
+
+    Computed as T·log1p((1/K)·Σ_j expm1(c_j/T)): every term expm1(c_j/T) lies in [−1, 0], so the sum does not
+    cancel, and for T ≫ |c| each term is c_j/T to its own rounding, so q tends to the group mean of c as T grows
+    (T·(log Σ exp − log K) subtracts two numbers near log K and, once |c|/T is below their rounding, returns 0 or
+    the opposite limit). Where every |c_j|/T < 2⁻²⁶, q is the expansion mean(c) + var(c)/(2T) itself (exact to
+    rounding there, and free of the underflow of c/T). The arithmetic is float64 whatever ``centred``'s dtype: a
+    float32 T cannot hold 1e300, and its rounding would make q = 0 (A = r − max) from T ≈ 1e8 on.
+    """
+    c = centred.to(torch.float64)
+    groups64 = Groups(groups.ids, groups.count.to(torch.float64))
+    scaled = c / temperature
+    mean = segment_sum(c, groups64) / groups64.count
+    spread = segment_sum((c - gather(mean, groups64)) ** 2, groups64) / groups64.count
+    expansion = mean + spread / (2.0 * temperature)
+    log_mean = torch.log1p(segment_sum(torch.expm1(scaled.clamp(min=_EXP_FLOOR)), groups64) / groups64.count)
+    small = segment_max(scaled.abs(), groups64) < _EXPANSION_BELOW
+    return torch.where(small, expansion, temperature * log_mean).to(centred.dtype)
 
 
 def oapl_advantage(scores: Tensor, group_ids: Tensor, beta1: float) -> Tensor:

@@ -45,11 +45,16 @@ MODULE_PATH = "pkg://verl_offpolicy.rewards.math_verify_reward"
 
 
 def check_timeout_seconds(value) -> None:
-    """``timeout_seconds`` must be a finite number > 0 (NaN failed inside verl's reward loop; 0 scored every answer 0)."""
+    """``timeout_seconds`` must be a finite number > 0 (NaN failed inside verl's reward loop; 0 scored every answer 0)
+    and at most ``threading.TIMEOUT_MAX``, the longest wait the platform's timers hold (the scorer's ``select``
+    raised OverflowError on every answer above it)."""
     import math
 
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{TIMEOUT_KEY} must be a finite number of seconds > 0 (default {TIMEOUT_SECONDS:g}), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 < value <= threading.TIMEOUT_MAX:
+        raise ValueError(
+            f"{TIMEOUT_KEY} must be a finite number of seconds > 0 (default {TIMEOUT_SECONDS:g}), got {value!r}; at most "
+            f"{threading.TIMEOUT_MAX:.0f} (the longest wait this platform's timers hold)"
+        )
 
 
 def check_reward_kwargs(view) -> None:

@@ -309,6 +309,27 @@ def rollout_log_prob_readers(view: ConfigView) -> tuple[list[str], list[str]]:
     return as_old, in_correction
 
 
+def check_sampling_values(view: ConfigView) -> None:
+    """verl's sampling keys of the training rollout (and of validation) are values the inference engines take:
+    temperature > 0 (0 samples greedily: every response of a group is the same, so a group-relative advantage is 0;
+    validation may sample greedily), top_p in (0, 1] (vLLM refuses anything else at its first request)."""
+    import math
+
+    for prefix, greedy_ok in (("actor_rollout_ref.rollout", False), ("actor_rollout_ref.rollout.val_kwargs", True)):
+        temperature = view.select(f"{prefix}.temperature", 1.0)
+        top_p = view.select(f"{prefix}.top_p", 1.0)
+        number = lambda v: not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)  # noqa: E731
+        if not number(temperature) or temperature < 0 or (temperature == 0 and not greedy_ok):
+            allowed = "a number >= 0 (0: greedy)" if greedy_ok else (
+                "a number > 0 (1.0 samples the policy itself; 0 would make every response of a group the same, so "
+                "every group-relative advantage is 0)")
+            raise OffPolicyConfigError(f"{prefix}.temperature={temperature!r} is not valid; allowed: {allowed}")
+        if not number(top_p) or not 0 < top_p <= 1:
+            raise OffPolicyConfigError(
+                f"{prefix}.top_p={top_p!r} is not valid; allowed: a number in (0, 1] (1.0: no nucleus truncation)"
+            )
+
+
 def check_rollout_anchor_sampling(view: ConfigView) -> None:
     """What the rollout's log-probs are, by ``actor_rollout_ref.rollout.logprobs_mode``, where training reads them.
 
@@ -445,7 +466,9 @@ def check_staleness_threshold(view: ConfigView) -> None:
 
 
 # verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
-ROLLOUT_CORRECTION_RULES = (check_rollout_correction_values, check_rollout_correction, check_rollout_anchor_sampling)
+ROLLOUT_CORRECTION_RULES = (
+    check_rollout_correction_values, check_rollout_correction, check_sampling_values, check_rollout_anchor_sampling,
+)
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
     check_trainer_mode, check_legacy_trainer_colocated, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,

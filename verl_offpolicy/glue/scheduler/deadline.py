@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -18,6 +19,8 @@ GENERATION_TIMEOUT_ENV = "VERL_OFFPOLICY_GENERATION_TIMEOUT"
 LIMIT_S = 3600.0  # before anything is measured, and the most a measured bound grows to
 FACTOR = 10.0
 FLOOR_S = 300.0  # generations vary (longer responses as training goes on); never less than this
+# The longest wait this platform's timers hold (a longer one raises OverflowError in every wait on it).
+MAX_TIMEOUT_S = threading.TIMEOUT_MAX
 
 
 @dataclass
@@ -32,7 +35,8 @@ class GenerationDeadline:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "GenerationDeadline":
-        """The deadline of this process: fixed at ``VERL_OFFPOLICY_GENERATION_TIMEOUT`` seconds if set (> 0)."""
+        """The deadline of this process: fixed at ``VERL_OFFPOLICY_GENERATION_TIMEOUT`` seconds if set (> 0, at most
+        :data:`MAX_TIMEOUT_S`, the longest wait the platform's timers hold)."""
         raw = env.get(GENERATION_TIMEOUT_ENV)
         if raw is None or raw.strip() == "":
             return cls()
@@ -40,8 +44,11 @@ class GenerationDeadline:
             seconds = float(raw)
         except ValueError:
             seconds = float("nan")
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ValueError(f"{GENERATION_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}")
+        if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+            raise ValueError(
+                f"{GENERATION_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}; at most {MAX_TIMEOUT_S:.0f} "
+                "(the longest wait this platform's timers hold)"
+            )
         return cls(limit_s=seconds, fixed=True)
 
     def observe(self, seconds: float) -> None:
