@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from verl_offpolicy.glue.scheduler.metrics import anchor_corr_metrics
+from verl_offpolicy.glue.scheduler.metrics import anchor_corr_metrics, engine_mismatch_metrics, engine_mismatch_pair
 from verl_offpolicy.tabular import actor
 
 from tests.loss_helpers import FRACTIONS, call, nested
@@ -112,6 +112,70 @@ def test_anchor_corr_is_finite_for_a_finite_anchor_far_from_the_proximal_policy(
 
 def test_anchor_corr_of_a_batch_without_response_tokens_is_empty():
     assert anchor_corr_metrics(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3)) == {}
+
+
+# ---------------------------------------------------------------- the engines' mismatch, by hand
+
+
+def test_engine_mismatch_is_the_same_statistics_of_the_trainer_against_the_rollout():
+    """π_trainer (at the generating weights) in the proximal's place, π_rollout in the anchor's: the batch above
+    read as trainer 1/8, 1/4 | 1/8, 1/2 and rollout 1/8 everywhere gives the hand-derived values of HAND."""
+    trainer, rollout, mask = _stale_batch()
+    stats = engine_mismatch_metrics(trainer, rollout, mask)
+    assert set(stats) == {"offpolicy/engine_mismatch/" + key for key in HAND}
+    for key, value in HAND.items():
+        assert stats["offpolicy/engine_mismatch/" + key] == pytest.approx(value, rel=1e-6), key
+    assert engine_mismatch_metrics(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3)) == {}
+
+
+@pytest.mark.parametrize("staleness, behaviour_stored, rollout_log_probs, bypass, pair", [
+    (0, False, True, False, "proximal"),  # fresh: the proximal weights generated the batch
+    (3, True, True, False, "behaviour"),  # stale under the behaviour anchor: its stored log-probs
+    (3, False, True, False, None),  # stale under proximal/rollout: no trainer log-probs at the generating weights
+    (0, False, False, False, None),  # calculate_log_probs=false: no rollout log-probs
+    (0, False, True, True, None),  # bypass: old_log_probs are the rollout's own
+])
+def test_engine_mismatch_compares_the_trainer_at_the_generating_weights(staleness, behaviour_stored, rollout_log_probs, bypass, pair):
+    assert engine_mismatch_pair(staleness, behaviour_stored, rollout_log_probs, bypass) == pair
+
+
+@pytest.mark.parametrize("staleness, behaviour_stored, field", [(0, False, "old_log_probs"), (2, True, "behaviour_log_probs")])
+def test_the_trainer_logs_the_mismatch_from_the_stored_log_probs(monkeypatch, staleness, behaviour_stored, field):
+    """The trainer's hook reads the generating weights' log-probs (proximal on a fresh step, behaviour on a stale one)
+    and the rollout's for the batch's real rows, from TransferQueue, and logs the hand-derived values of HAND."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl_offpolicy.glue.scheduler import trainer as trainer_module
+
+    anchor = nested([torch.full((2,), math.log(0.125)), torch.tensor([math.log(0.125), math.log(0.125), -math.inf])])
+    generating = nested([torch.tensor([math.log(0.125), math.log(0.25)]), torch.tensor([math.log(0.125), math.log(0.5), math.nan])])
+    mask = nested([torch.tensor([1, 1]), torch.tensor([1, 1, 0])])
+    stored = {field: generating, "rollout_log_probs": anchor, "response_mask": mask}
+    reads = []
+
+    def read(keys, fields, partition):
+        reads.append((list(keys), list(fields), partition))
+        return TensorDict({f: stored[f] for f in fields}, batch_size=len(keys))
+
+    monkeypatch.setattr(trainer_module.store, "read", read)
+    fake = SimpleNamespace(
+        config=OmegaConf.create({"algorithm": {"rollout_correction": None}, "actor_rollout_ref": {"rollout": {"calculate_log_probs": True}}}),
+        schedule=SimpleNamespace(staleness=lambda step: staleness), global_steps=5,
+        replay_buffer=SimpleNamespace(current=SimpleNamespace(behaviour=behaviour_stored)),
+    )
+    batch = SimpleNamespace(keys=["a", "b", "pad"], tags=[{}, {}, {"is_padding": True}], partition_id="train")
+    metrics = {}
+    trainer_module.OffPolicyTrainer._log_engine_mismatch(fake, batch, metrics)
+    assert reads == [(["a", "b"], [field, "rollout_log_probs", "response_mask"], "train")]
+    assert metrics["offpolicy/engine_mismatch/kl"] == pytest.approx(HAND["kl"], rel=1e-6)
+    assert metrics["offpolicy/engine_mismatch/chi2_seq"] == pytest.approx(HAND["chi2_seq"], rel=1e-6)
+    # without the rollout's log-probs nothing is read or logged
+    fake.config.actor_rollout_ref.rollout.calculate_log_probs = False
+    reads.clear(), metrics.clear()
+    trainer_module.OffPolicyTrainer._log_engine_mismatch(fake, batch, metrics)
+    assert reads == [] and metrics == {}
 
 
 # ---------------------------------------------------------------- each loss's fraction, by hand

@@ -11,7 +11,10 @@ and logs under ``offpolicy/`` only what verl has no name for.
 Off-policy health (:func:`anchor_corr_metrics`): on a stale batch the trainer logs verl's own ``rollout_corr/*``
 statistics, computed by verl's functions between the ratio anchor and the proximal policy, under
 ``offpolicy/anchor_corr/`` with verl's suffixes (verl computes them only between the rollout and the proximal
-log-probs, and only with ``algorithm.rollout_correction`` set).
+log-probs, and only with ``algorithm.rollout_correction`` set): the staleness gap. The other gap, the inference
+and training engines' mismatch at the weights that generated the batch, is logged with the same statistics under
+``offpolicy/engine_mismatch/`` on every step where both log-probs exist (:func:`engine_mismatch_metrics`,
+:func:`engine_mismatch_pair`), with or without a rollout correction.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ ANCHOR_CORR_WEIGHTS = (
     "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min", "rollout_is_seq_max_deviation",
 )
 ANCHOR_CORR_STATS = ANCHOR_CORR_DIVERGENCE + ANCHOR_CORR_WEIGHTS
+# The same statistics between the training engine's log-probs at the weights that generated the batch (verl's π_old
+# place) and the inference engine's (π_rollout): ENGINE_MISMATCH_PREFIX + each of ANCHOR_CORR_STATS.
+ENGINE_MISMATCH_PREFIX = "offpolicy/engine_mismatch/"
 # No truncation: the weights are verl's SAFETY_BOUND-clamped ratios (ρ ≤ e²⁰, as in our losses), so the ESS is the raw ratio's.
 UNTRUNCATED = math.exp(SAFETY_BOUND)
 
@@ -134,6 +140,35 @@ def anchor_corr_metrics(proximal: Tensor, anchor: Tensor, response_mask: Tensor)
     ±SAFETY_BOUND (20, verl's cap of ρ), as in :func:`capped_exponentials`: verl's ``k3_kl``, perplexities and
     ``ppl_ratio`` exponentiate raw log-quantities and are inf for a finite anchor far from the proximal policy.
     """
+    return _rollout_corr_statistics(proximal, anchor, response_mask, ANCHOR_CORR_PREFIX)
+
+
+def engine_mismatch_pair(staleness: int, behaviour_stored: bool, rollout_log_probs: bool, bypass: bool) -> str | None:
+    """Which of the trainer's log-probs were computed at the weights that generated the batch, for
+    :func:`engine_mismatch_metrics`: ``"proximal"`` on a fresh batch (staleness 0: the proximal weights generated
+    it), ``"behaviour"`` on a stale batch whose behaviour log-probs were stored (the ``behaviour`` anchor), else
+    None: no rollout log-probs (``actor_rollout_ref.rollout.calculate_log_probs=false``), verl's bypass mode (its
+    old_log_probs are the rollout's own; the trainer computes none), or a stale batch under the ``proximal`` or
+    ``rollout`` anchor (no trainer log-probs at the generating weights: that would be an extra forward pass)."""
+    if not rollout_log_probs or bypass:
+        return None
+    if staleness == 0:
+        return "proximal"
+    return "behaviour" if behaviour_stored else None
+
+
+def engine_mismatch_metrics(trainer: Tensor, rollout: Tensor, response_mask: Tensor) -> dict[str, float]:
+    """The engines' mismatch: verl's ``rollout_corr/*`` statistics with π_old := the training engine's log-probs at
+    the weights that generated the batch (:func:`engine_mismatch_pair`) and π_rollout := the inference engine's,
+    under :data:`ENGINE_MISMATCH_PREFIX`; per token ρ_t = π_trainer/π_rollout, every formula as in
+    :func:`anchor_corr_metrics` with π_trainer in π_proximal's place and π_rollout in π_anchor's. The pair verl's
+    own ``rollout_corr/*`` compares under the ``behaviour`` anchor, here without a rollout correction too."""
+    return _rollout_corr_statistics(trainer, rollout, response_mask, ENGINE_MISMATCH_PREFIX)
+
+
+def _rollout_corr_statistics(old: Tensor, rollout: Tensor, response_mask: Tensor, prefix: str) -> dict[str, float]:
+    """verl's statistics with ``old`` in its π_old place and ``rollout`` in its π_rollout place, under ``prefix``."""
+    proximal, anchor = old, rollout
     mask = response_mask.bool()
     if not bool(mask.any()):
         return {}
@@ -143,7 +178,7 @@ def anchor_corr_metrics(proximal: Tensor, anchor: Tensor, response_mask: Tensor)
     )
     stats.update((key, weights[key]) for key in ANCHOR_CORR_WEIGHTS)
     stats.update(capped_exponentials(proximal, anchor, mask))
-    return {ANCHOR_CORR_PREFIX + key: float(stats[key]) for key in ANCHOR_CORR_STATS}
+    return {prefix + key: float(stats[key]) for key in ANCHOR_CORR_STATS}
 
 
 def capped_exponentials(proximal: Tensor, anchor: Tensor, mask: Tensor) -> dict[str, float]:

@@ -11,7 +11,9 @@ schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
   uses them as ``old_log_prob``. ``rollout`` uses the inference engine's log-probs, ``proximal``
   keeps verl's recomputation. KL-in-reward (AGRO's regularised reward) always uses the proximal
   log-prob: the swap happens after the advantage is computed. On a stale batch the anchor and the proximal
-  log-probs the swap holds also give verl's off-policy statistics (``offpolicy/anchor_corr/*``, no extra pass);
+  log-probs the swap holds also give verl's off-policy statistics (``offpolicy/anchor_corr/*``, no extra pass),
+  and on every step where the rollout's log-probs and the trainer's at the generating weights both exist the
+  engines' mismatch between them (``offpolicy/engine_mismatch/*``);
 - ``algorithm.filter_groups.enable=true`` (DAPO dynamic sampling, :mod:`.filtering`): before the rollout leaves a
   version, its batches are filtered and topped up with prompts generated at that same version (:meth:`OffPolicyTrainer._settle`).
 
@@ -56,7 +58,8 @@ from verl_offpolicy.glue.scheduler.filtering import (
     FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
 )
 from verl_offpolicy.glue.scheduler.metrics import (
-    ANCHOR_LOG_RATIO, OBSERVED_VERSION_MAX, OBSERVED_VERSION_MIN, anchor_corr_metrics, filter_metrics, queue_metrics,
+    ANCHOR_LOG_RATIO, OBSERVED_VERSION_MAX, OBSERVED_VERSION_MIN, anchor_corr_metrics, engine_mismatch_metrics,
+    engine_mismatch_pair, filter_metrics, queue_metrics,
 )
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
 from verl_offpolicy.glue.validation import validate_offpolicy_config
@@ -410,6 +413,7 @@ class OffPolicyTrainer(PPOTrainer):
             verl_correction = compared_with_anchor(self._behaviour_padded(batch))
         else:
             verl_correction = verl_correction_named() if correction else contextlib.nullcontext()
+        self._log_engine_mismatch(batch, metrics)  # before verl's rejection (rollout_rs) narrows response_mask
         with verl_correction:
             batch = super()._compute_advantage(batch, metrics)
         anchor = self.offpolicy.ratio_anchor
@@ -434,6 +438,26 @@ class OffPolicyTrainer(PPOTrainer):
         data["old_log_probs"] = anchored
         store.write(keys, data.select("old_log_probs"), batch.partition_id)
         return batch
+
+    def _log_engine_mismatch(self, batch: KVBatchMeta, metrics: dict) -> None:
+        """``offpolicy/engine_mismatch/*``: the rollout's log-probs against the trainer's at the weights that
+        generated the batch (:func:`~.metrics.engine_mismatch_pair`), on every step where both exist, with or
+        without a rollout correction; read before the anchor replaces ``old_log_probs`` and before verl's rejection
+        masks responses. verl's own ``training/rollout_probs_diff_*`` compare the rollout with the proximal
+        log-probs, which on a stale batch hold the staleness too."""
+        correction = self.config.algorithm.get("rollout_correction", None) or {}
+        pair = engine_mismatch_pair(
+            self.schedule.staleness(self.global_steps),
+            self.replay_buffer.current.behaviour,
+            bool(self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False)),
+            bool(correction.get("bypass_mode", False)),
+        )
+        if pair is None:
+            return
+        field = "old_log_probs" if pair == "proximal" else BEHAVIOUR_FIELD
+        keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
+        data = store.read(keys, [field, "rollout_log_probs", "response_mask"], batch.partition_id).to_padded_tensor()
+        metrics.update(engine_mismatch_metrics(data[field], data["rollout_log_probs"], data["response_mask"]))
 
     def _behaviour_padded(self, batch: KVBatchMeta) -> torch.Tensor:
         """The behaviour log-probs of ``batch`` in verl's padded [B, T] layout (its ``_compute_advantage`` reads
