@@ -54,6 +54,36 @@ def test_sample_next_greedy_top_p_and_repetition_penalty():
     assert tokens.tolist() == [3]
 
 
+def test_sample_next_reports_what_vllm_reports_for_each_logprobs_mode():
+    """vLLM 0.30's Sampler: raw_* before the penalty, temperature and truncation; processed_* after them."""
+    import math
+
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9]])
+    key = _key(temperature=2.0, top_k=2)  # kept: tokens 1 and 3, processed logits 1.5 and 1.45
+    z_raw = math.log(1 + math.exp(3) + math.exp(1) + math.exp(2.9))
+    z_kept = math.log(math.exp(1.5) + math.exp(1.45))
+    expected = {
+        "processed_logprobs": {1: 1.5 - z_kept, 3: 1.45 - z_kept},
+        "processed_logits": {1: 1.5, 3: 1.45},
+        "raw_logprobs": {1: 3 - z_raw, 3: 2.9 - z_raw},
+        "raw_logits": {1: 3.0, 3: 2.9},
+        None: {1: 3 - z_raw, 3: 2.9 - z_raw},  # null: vLLM's default, raw_logprobs
+    }
+    for mode, values in expected.items():
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(10):
+            t, value = sample_next(logits, key, gen, logprobs_mode=mode)
+            assert value.item() == pytest.approx(values[t.item()], abs=1e-5), (mode, t.item())
+    # greedy with a penalty of 10 on token 1: logits [0, 0.3, 1, 2.9] pick token 3; raw modes ignore the penalty
+    greedy, seen = _key(temperature=0, repetition_penalty=10.0), torch.tensor([[1]])
+    z_penalised = math.log(1 + math.exp(0.3) + math.exp(1) + math.exp(2.9))
+    for mode, value in (("processed_logprobs", 2.9 - z_penalised), ("raw_logprobs", 2.9 - z_raw), ("processed_logits", 2.9)):
+        t, got = sample_next(logits, greedy, torch.Generator(), seen, logprobs_mode=mode)
+        assert t.tolist() == [3] and got.item() == pytest.approx(value, abs=1e-5), mode
+    with pytest.raises(ValueError, match="logprobs_mode='logprobs'; allowed values: processed_logprobs, raw_logprobs"):
+        sample_next(logits, key, torch.Generator(), logprobs_mode="logprobs")
+
+
 @pytest.mark.slow
 def test_server_generation_semantics_against_transformers(tmp_path):
     report = isolated("tests.scenario_rollout:rollout_server_semantics", timeout=TIMEOUT, workdir=str(tmp_path))

@@ -356,7 +356,7 @@ class HFRolloutServer:
         active = [True] * batch
         max_steps = max(r.max_tokens for r in requests)
         for _ in range(max_steps):
-            tokens, log_probs = sample_next(logits, key, generators, seen)
+            tokens, log_probs = sample_next(logits, key, generators, seen, self.config.logprobs_mode)
             token_list, log_prob_list = tokens.tolist(), log_probs.tolist()
             self.stats["tokens"] += sum(active)
             for i, request in enumerate(requests):

@@ -1,11 +1,11 @@
 """Sampling of the ``hf`` rollout: the next-token rule and the per-request seed (torch only).
 
 - :func:`sample_next`: one token per row from ``softmax(logits / T)`` truncated to the top-k/top-p set,
-  reporting what vLLM 0.30 reports under verl's default ``logprobs_mode=processed_logprobs``: the
-  log-prob of the distribution sampled, renormalised over the kept set (without truncation,
-  ``log_softmax(logits / T)``, the trainer's value); ``T == 0`` is greedy with log-probs under T = 1, as
-  vLLM's. One uniform per row from that row's generator. The ``hf`` rollout reports these log-probs
-  whatever ``logprobs_mode`` says (it has no raw mode).
+  reporting what vLLM 0.30 reports for ``actor_rollout_ref.rollout.logprobs_mode``: under verl's default
+  ``processed_logprobs`` the log-prob of the distribution sampled, renormalised over the kept set (without
+  truncation, ``log_softmax(logits / T)``, the trainer's value); ``raw_logprobs`` at temperature 1 before the
+  penalty and the truncation; the ``*_logits`` modes the logits themselves (:data:`LOGPROBS_MODES`). ``T == 0``
+  is greedy, its processed values at T = 1, as vLLM's. One uniform per row from that row's generator.
 - :func:`request_seed`: the seed of one request's generator, from the request's own seed and the
   weights version (or, without one, the run's seed, the replica and the prompt), so a sample does not
   depend on the other requests batched with it, on their arrival order, nor (seeded) on the replica.
@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
+
+
+# vLLM 0.30's logprobs_mode values (vllm/config/model.py: LogprobsMode); null is vLLM's default, raw_logprobs.
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits")
+VLLM_DEFAULT_LOGPROBS_MODE = "raw_logprobs"
 
 
 @dataclass(frozen=True)
@@ -38,17 +43,23 @@ def sample_next(
     key: SamplingKey,
     generators: torch.Generator | Sequence[torch.Generator],
     seen_tokens: Optional[torch.Tensor] = None,
+    logprobs_mode: Optional[str] = "processed_logprobs",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of each row of ``logits`` [B, V]; return (tokens [B], log-probs [B]).
 
-    The log-prob is that of the chosen token under the distribution sampled: ``log_softmax`` of
+    The value reported for the chosen token is vLLM's for ``logprobs_mode`` (None: vLLM's default,
+    ``raw_logprobs``): ``processed_logprobs``, the log-prob under the distribution sampled, ``log_softmax`` of
     ``logits / T`` with the tokens outside the top-k/top-p set at −inf, i.e. renormalised over the kept set
-    (log p_T(y) − log S, S the kept mass), as vLLM's ``processed_logprobs``; ``T = 1`` and no truncation
-    when greedy. Computed in float32, after the repetition penalty if one is set. Sampling inverts the CDF at one
-    uniform per row drawn from that row's generator (``generators``: one per row, or one shared), so
-    a request's tokens do not depend on the other requests batched with it.
+    (log p_T(y) − log S, S the kept mass); ``processed_logits``, those logits; ``raw_logprobs`` /
+    ``raw_logits``, ``log_softmax(logits)`` / ``logits`` before the repetition penalty, the temperature and the
+    truncation. Greedy (``T <= 0``): the processed values are those of the penalised logits at T = 1. Computed in
+    float32. Sampling inverts the CDF at one uniform per row drawn from that row's generator (``generators``: one
+    per row, or one shared), so a request's tokens do not depend on the other requests batched with it.
     """
-    logits = logits.float()
+    mode = VLLM_DEFAULT_LOGPROBS_MODE if logprobs_mode is None else logprobs_mode
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"actor_rollout_ref.rollout.logprobs_mode={logprobs_mode!r}; allowed values: {', '.join(LOGPROBS_MODES)}")
+    logits = raw = logits.float()
     if key.repetition_penalty != 1.0 and seen_tokens is not None:
         # Hugging Face/vLLM convention: divide positive, multiply negative logits of seen tokens.
         picked = logits.gather(1, seen_tokens)
@@ -56,8 +67,7 @@ def sample_next(
         logits = logits.scatter(1, seen_tokens, picked)
     if key.temperature <= 0:
         tokens = logits.argmax(dim=-1)
-        log_probs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
-        return tokens, log_probs
+        return tokens, _reported(mode, raw, logits, tokens)
     scaled = logits / key.temperature
     filtered = scaled
     vocab = scaled.shape[-1]
@@ -78,7 +88,16 @@ def sample_next(
     cdf = probs.cumsum(dim=-1)
     # First token whose CDF reaches u·total: never a zero-probability token, always < V.
     tokens = (cdf < (uniform * cdf[:, -1]).unsqueeze(1)).sum(dim=-1).clamp(max=probs.shape[-1] - 1)
-    return tokens, torch.log_softmax(filtered, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    return tokens, _reported(mode, raw, filtered, tokens)
+
+
+def _reported(mode: str, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The chosen tokens' values under ``mode``: of the raw logits or of the processed ones (after the penalty,
+    the temperature and the truncation), as log-probs or as logits."""
+    values = raw if mode.startswith("raw_") else processed
+    if mode.endswith("_logprobs"):
+        values = torch.log_softmax(values, dim=-1)
+    return values.gather(1, tokens[:, None]).squeeze(1)
 
 
 def request_seed(
