@@ -114,3 +114,59 @@ def test_greedy_validation_and_a_reshaped_rollout_pass():
         *BASE, "actor_rollout_ref.rollout.val_kwargs.temperature=0", "actor_rollout_ref.rollout.temperature=0.7",
         "actor_rollout_ref.rollout.top_p=0.9",
     ])
+
+
+# ------------------------------------------------------------------------ verl's multi-turn rollout
+
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
+AGENT = "actor_rollout_ref.rollout.agent"
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    """The tiny model's word-level tokenizers: the tool task's (it holds the words format's call token) and the
+    repeat task's (it does not)."""
+    from verl_offpolicy.demo.tiny import build_tokenizer
+
+    root = tmp_path_factory.mktemp("tokenizers")
+    build_tokenizer(root / "tool", task="tool")
+    build_tokenizer(root / "repeat", task="repeat")
+    return {task: f"actor_rollout_ref.model.tokenizer_path={root / task}" for task in ("tool", "repeat")}
+
+
+def _tool_task(*extra: str) -> list[str]:
+    from verl_offpolicy.demo.tool_task import TOOL_CONFIG
+
+    return [f"{MULTI_TURN}.enable=true", f"{MULTI_TURN}.tool_config_path={TOOL_CONFIG}",
+            f"{AGENT}.default_agent_loop=seeded_tool_agent", *extra]
+
+
+def test_an_unregistered_agent_loop_is_refused_unless_its_config_declares_it(tmp_path):
+    _refused([f"{AGENT}.default_agent_loop=bogus"], f"{AGENT}.default_agent_loop='bogus' is not an agent loop",
+             "tool_agent", "single_turn_agent", f"{AGENT}.agent_loop_config_path")
+    declared = tmp_path / "loops.yaml"
+    declared.write_text("- name: bogus\n  _target_: verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop\n")
+    compose_and_check("offpolicy_trainer", [*BASE, f"{AGENT}.default_agent_loop=bogus", f"{AGENT}.agent_loop_config_path={declared}"])
+
+
+def test_the_words_format_needs_its_call_token_in_the_tokenizer(tokenizers):
+    compose_and_check("offpolicy_trainer", [*BASE, *_tool_task(f"{MULTI_TURN}.format=words", tokenizers["tool"])])
+    _refused(_tool_task(f"{MULTI_TURN}.format=words", tokenizers["repeat"]),
+             f"{MULTI_TURN}.format=words needs the token '<|call|>'")
+
+
+def test_a_format_whose_markers_the_tokenizer_cannot_spell_is_refused(tokenizers):
+    # hermes marks calls with <tool_call> ... </tool_call>: a word-level vocabulary encodes each to <unk>
+    _refused(_tool_task(f"{MULTI_TURN}.format=hermes", tokenizers["tool"]),
+             f"{MULTI_TURN}.format=hermes marks a call with '</tool_call>'", "cannot spell", "['<unk>']")
+
+
+def test_a_tool_agent_loop_without_tools_is_refused():
+    _refused(_tool_task(f"{MULTI_TURN}.tool_config_path=null"),
+             f"{MULTI_TURN}.tool_config_path and {MULTI_TURN}.function_tool_path are null", "no tool to call")
+
+
+@pytest.mark.parametrize("key,value", [("max_assistant_turns", 0), ("max_assistant_turns", -1), ("max_user_turns", 0)])
+def test_turn_limits_below_one_are_refused(key, value):
+    # verl's tool agent loop reads 0 as "no limit" and stops every trajectory after one turn at a negative bound
+    _refused(_tool_task(f"{MULTI_TURN}.{key}={value}"), f"{MULTI_TURN}.{key}={value} is not valid", "null for no limit")
