@@ -170,3 +170,54 @@ def test_a_tool_agent_loop_without_tools_is_refused():
 def test_turn_limits_below_one_are_refused(key, value):
     # verl's tool agent loop reads 0 as "no limit" and stops every trajectory after one turn at a negative bound
     _refused(_tool_task(f"{MULTI_TURN}.{key}={value}"), f"{MULTI_TURN}.{key}={value} is not valid", "null for no limit")
+
+
+# ------------------------------------------------------------------------ LoRA (the CPU path's guard)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from verl_offpolicy.demo.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture()
+def cpu_lora(tiny_model):
+    """``+cpu=demo`` on the tiny model with merged LoRA; a passing CPU guard puts this process on the CPU platform
+    (os.environ), undone afterwards."""
+    import os
+
+    environ = dict(os.environ)
+    yield ["algorithm=opmd", "+cpu=demo", f"actor_rollout_ref.model.path={tiny_model['model_path']}",
+           f"actor_rollout_ref.model.tokenizer_path={tiny_model['tokenizer_path']}", "actor_rollout_ref.model.lora.merge=true"]
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+MODEL = "actor_rollout_ref.model"
+
+
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        # verl enables LoRA at rank > 0: a negative rank trains every parameter, silently
+        ([f"{MODEL}.lora_rank=-4"], f"{MODEL}.lora_rank=-4: must be an integer"),
+        ([f"{MODEL}.lora_rank=8.0"], f"{MODEL}.lora_rank=8.0: must be an integer"),
+        # the adapter's update is scaled by alpha / rank
+        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=0"], f"{MODEL}.lora_alpha=0: the adapter's update is scaled"),
+        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=-16"], f"{MODEL}.lora_alpha=-16: the adapter's update is scaled"),
+        ([f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[query,value]"],
+         f"{MODEL}.target_modules=['query', 'value']: names no module of the model"),
+        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_adapter_path=/nonexistent/adapter"],
+         f"{MODEL}.lora_adapter_path='/nonexistent/adapter': must be a local folder holding a saved peft adapter"),
+        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora.merge=yes"], f"{MODEL}.lora.merge='yes': must be true or false"),
+    ],
+)
+def test_lora_values_are_refused_naming_the_key(cpu_lora, overrides, fragment):
+    _refused(overrides, fragment, base=cpu_lora)
+
+
+def test_lora_values_that_train_pass(cpu_lora):
+    # the tiny Llama's attention projections are q_proj ... o_proj (peft matches a name's last part)
+    compose_and_check("offpolicy_trainer", [*cpu_lora, f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[q_proj,v_proj]"])

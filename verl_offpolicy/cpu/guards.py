@@ -198,6 +198,76 @@ def check_lora(cfg: DictConfig, need: Findings) -> None:
              "actor_rollout_ref.model.lora.merge=true")
 
 
+MODEL = "actor_rollout_ref.model"
+
+
+def check_lora_values(cfg: DictConfig, need: Findings) -> None:
+    """LoRA's values, each of which verl takes without a word: ``lora_rank`` an integer >= 0 (verl enables LoRA
+    at ``> 0``, so a negative rank silently trains every parameter, and a float rank slipped past the merge rule);
+    with LoRA on, ``lora_alpha`` a number > 0 (the adapter is scaled by alpha / rank: 0 trains nothing), a
+    ``lora_adapter_path`` that is a local adapter folder, ``target_modules`` naming at least one module of the
+    model (matched by peft's own rule), and ``lora.merge`` a boolean."""
+    import math
+
+    rank = _select(cfg, f"{MODEL}.lora_rank", 0)
+    rank_ok = rank is None or (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0)
+    need(f"{MODEL}.lora_rank", rank_ok, rank,
+         "must be an integer: 0 (no LoRA) or the adapter's rank > 0 (verl reads any other value as no LoRA or "
+         "passes it to peft unchecked; a negative rank trains every parameter)")
+    merge = _select(cfg, f"{MODEL}.lora.merge", False)
+    need(f"{MODEL}.lora.merge", isinstance(merge, bool), merge, "must be true or false")
+    if not rank_ok or not rank:
+        return
+    alpha = _select(cfg, f"{MODEL}.lora_alpha", 16)
+    alpha_ok = isinstance(alpha, int | float) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0
+    need(f"{MODEL}.lora_alpha", alpha_ok, alpha,
+         f"the adapter's update is scaled by lora_alpha / lora_rank, so it must be a number > 0 (0 trains nothing); "
+         f"e.g. {MODEL}.lora_alpha=16")
+    adapter = _select(cfg, f"{MODEL}.lora_adapter_path")
+    if adapter is not None:
+        folder = os.path.expanduser(str(adapter))
+        need(f"{MODEL}.lora_adapter_path", os.path.isfile(os.path.join(folder, "adapter_config.json")), adapter,
+             "must be a local folder holding a saved peft adapter (adapter_config.json; nothing is downloaded on the "
+             "CPU path), or null to train a new adapter")
+        return  # the saved adapter's own target modules apply
+    targets = _select(cfg, f"{MODEL}.target_modules", "all-linear")
+    if OmegaConf.is_config(targets):
+        targets = OmegaConf.to_container(targets, resolve=True)
+    modules = model_module_names(_select(cfg, f"{MODEL}.path"))
+    if modules is None or targets == "all-linear":
+        return
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    try:
+        config = LoraConfig(r=rank, target_modules=targets, exclude_modules=_select(cfg, f"{MODEL}.exclude_modules"))
+        matched = any(check_target_module_exists(config, name) for name in modules)
+    except (TypeError, ValueError) as exc:
+        need(f"{MODEL}.target_modules", False, targets, f"peft does not take it ({exc})")
+        return
+    leaves = sorted({name.rsplit(".", 1)[-1] for name, linear in modules.items() if linear})
+    need(f"{MODEL}.target_modules", matched, targets,
+         f"names no module of the model at {MODEL}.path (peft would refuse it in the worker); its linear modules: "
+         f"{', '.join(leaves)}, or all-linear")
+
+
+def model_module_names(model_path) -> dict[str, bool] | None:
+    """The module names of the HF model folder ``model_path`` (built on the meta device: no weights are read), each
+    with whether it is a ``torch.nn.Linear``; None if the folder or its config cannot be read here."""
+    if not model_path or not os.path.isfile(os.path.join(os.path.expanduser(str(model_path)), "config.json")):
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(str(model_path)))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - a model this check cannot build is verl's to report
+        return None
+    return {name: isinstance(module, torch.nn.Linear) for name, module in model.named_modules() if name}
+
+
 def check_device(cfg: DictConfig, need: Findings) -> None:
     device = _select(cfg, "trainer.device")
     need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")
@@ -523,6 +593,6 @@ __all__ = [
 
 
 CPU_RULES = (
-    check_rollout, check_lora, check_device, check_engines, check_models, check_worker_env, check_ray_resources,
+    check_rollout, check_lora_values, check_lora, check_device, check_engines, check_models, check_worker_env, check_ray_resources,
     check_micro_batch_sizes, check_training_ranks,
 )
