@@ -123,12 +123,13 @@ def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
         ("actor_rollout_ref.actor.strategy=fsdp", "FSDP1 does not run on the CPU; set actor_rollout_ref.actor.strategy=fsdp2"),
         ("actor_rollout_ref.rollout.name=vllm", "set actor_rollout_ref.rollout.name=hf"),
         ("ray_kwargs.ray_init.num_cpus=2", "Ray would have 2 and wait forever"),
-        ("actor_rollout_ref.model.lora_rank=8", "lora.merge=False: with actor_rollout_ref.model.lora_rank=8 the rollout must receive merged weights"),
+        ("actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora.merge=false",
+         "lora.merge=False: with actor_rollout_ref.model.lora_rank=8 the rollout must receive merged weights"),
     ],
 )
 def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override, expected):
     """`+cpu=...` selects the CPU path: check applies the same guard (the overlay's Hydra callback) main_ppo does."""
-    assert main(["check", *CPU_OVERLAY, *cpu_model_dirs, override]) == 1
+    assert main(["check", *CPU_OVERLAY, *cpu_model_dirs, *override.split()]) == 1
     captured = capsys.readouterr()
     assert "ok:" not in captured.out
     assert "cannot run on verl's CPU path" in captured.err and expected in captured.err

@@ -125,6 +125,23 @@ def _validate(extra=()):
     validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", ["algorithm=opmd", *VALID_SIZES, *tool, *extra]))
 
 
+@pytest.fixture()
+def train_file(tmp_path):
+    """A training parquet in verl's layout; ``train_file(agent_name)`` adds verl's per-row ``agent_name`` column
+    (as verl's multi-turn preprocessing writes it)."""
+    import pandas as pd
+
+    def write(agent_name=None):
+        rows = {"prompt": [[{"role": "user", "content": "1+1"}]] * 2, "data_source": ["t"] * 2}
+        if agent_name is not None:
+            rows["agent_name"] = [agent_name] * 2
+        path = tmp_path / f"train_{agent_name}.parquet"
+        pd.DataFrame(rows).to_parquet(path)
+        return f"data.train_files={path}"
+
+    return write
+
+
 def test_the_tool_demos_settings_validate():
     _validate()
 
@@ -134,7 +151,8 @@ def test_the_tool_demos_settings_validate():
     [
         (
             "actor_rollout_ref.rollout.agent.default_agent_loop=seeded_single_turn_agent",
-            r"default_agent_loop=seeded_single_turn_agent is a single-turn agent loop: it never calls a tool\. "
+            r"default_agent_loop=seeded_single_turn_agent is a single-turn agent loop and data.train_files has no "
+            r"'agent_name' column: it never calls a tool\. "
             r"Set .* to a multi-turn one \(registered: .*seeded_tool_agent.*tool_agent",
         ),
         ("actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent", r"single_turn_agent is a single-turn agent loop"),
@@ -142,16 +160,44 @@ def test_the_tool_demos_settings_validate():
         (f"{MULTI_TURN}.tool_config_path=/nonexistent/tools.yaml", r"tool_config_path=/nonexistent/tools.yaml: the tools do not load \(FileNotFoundError"),
     ],
 )
-def test_a_multi_turn_setting_that_cannot_run_is_refused_at_startup(override, message):
+def test_a_multi_turn_setting_that_cannot_run_is_refused_at_startup(override, message, train_file):
     with pytest.raises(OffPolicyConfigError, match=message):
-        _validate([override])
+        _validate([override, train_file()])
+
+
+SINGLE_TURN_DEFAULT = "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent"
+
+
+def test_the_datas_agent_name_column_picks_the_loop(train_file):
+    """verl picks the loop per row from `agent_name` (its gsm8k multi-turn preprocessing writes tool_agent into
+    every row): verl's default single_turn_agent then never runs, and nothing is refused."""
+    _validate([SINGLE_TURN_DEFAULT, train_file("tool_agent")])
+    with pytest.raises(OffPolicyConfigError, match=r"the rows of data.train_files name single-turn agent loops in their "
+                       r"'agent_name' column \(single_turn_agent\)"):
+        _validate([SINGLE_TURN_DEFAULT, train_file("single_turn_agent")])
+    with pytest.raises(OffPolicyConfigError, match=r"single_turn_agent is a single-turn agent loop and data.train_files "
+                       r"has no 'agent_name' column"):
+        _validate([SINGLE_TURN_DEFAULT, train_file()])
+
+
+def test_training_data_not_readable_here_is_a_warning_naming_the_column(caplog):
+    """A cluster path on a login node: the column cannot be read, so a warning, not a refusal."""
+    with caplog.at_level("WARNING"):
+        _validate([SINGLE_TURN_DEFAULT, "data.train_files=/cluster/only/train.parquet"])
+    assert "whether its rows name a multi-turn loop in their 'agent_name' column" in caplog.text
 
 
 def test_a_tool_config_whose_class_does_not_import_is_refused(tmp_path):
     bad = tmp_path / "tools.yaml"
     bad.write_text(open(TOOL_CONFIG).read().replace("tool_task.LookupTool", "tool_task.NoSuchTool"))
-    with pytest.raises(OffPolicyConfigError, match=rf"tool_config_path={bad}: the tools do not load"):
+    with pytest.raises(OffPolicyConfigError, match=rf"tool_config_path={bad}: tool class NoSuchTool is not in its module "
+                       r"verl_offpolicy.demo.tool_task \(renamed or removed"):
         _validate([f"{MULTI_TURN}.tool_config_path={bad}"])
+    missing = tmp_path / "tools_missing_module.yaml"
+    missing.write_text(open(TOOL_CONFIG).read().replace("verl_offpolicy.demo.tool_task.LookupTool", "gone_package.tools.LookupTool"))
+    with pytest.raises(OffPolicyConfigError, match=r"tool class LookupTool cannot be imported: its module gone_package.tools "
+                       r"raises ModuleNotFoundError"):
+        _validate([f"{MULTI_TURN}.tool_config_path={missing}"])
 
 
 def test_single_turn_runs_are_not_checked_for_tools():

@@ -36,6 +36,10 @@ MODE_OVERRIDES = {
         "actor_rollout_ref.hybrid_engine=false",
         "actor_rollout_ref.rollout.nnodes=1",
         "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        # verl's own preconditions of separate_async (checked at startup): batch = sync step x mini-batch, a
+        # checkpoint engine other than naive.
+        "trainer.v1.separate_async.parameter_sync_step=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
     ],
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from verl_offpolicy.configs import REPRODUCES, preset_header, preset_headers, preset_names  # noqa: F401 (preset_header: tests)
@@ -141,6 +142,7 @@ def run_startup_checks(full):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+    from verl_offpolicy.glue.broken_install import module_this_machine_cannot_import
     from verl_offpolicy.glue.startup import import_validation
 
     validate_offpolicy_config = import_validation()
@@ -149,7 +151,17 @@ def run_startup_checks(full):
     with open_dict(cfg):
         del cfg["hydra"]  # what main_ppo's task receives
     validate_offpolicy_config(cfg)
-    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    try:
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    except Exception as exc:
+        module = module_this_machine_cannot_import(exc)
+        if module is None:
+            raise
+        print(
+            f"verl-offpolicy check: warning: this machine cannot import {module} ({type(exc).__name__}: {exc}), so "
+            f"verl's validate_config stopped where it imports it; the machines that run the workers need it. The other "
+            "checks ran.", file=sys.stderr,
+        )
     return cfg, omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
 
@@ -179,12 +191,39 @@ def _worker_problem(cfg, timeout: float) -> str | None:
     return None
 
 
+HYDRA_OPTIONS = (("--config-path", "-cp", "config_path"), ("--config-dir", "-cd", "config_dir"), ("--config-name", "-cn", "config_name"))
+
+
+def main_ppo_argv(args: argparse.Namespace) -> list[str]:
+    """main_ppo's argv for ``check``'s options and overrides (Hydra's own options, as main_ppo takes them)."""
+    options = [item for flag, _, dest in HYDRA_OPTIONS if getattr(args, dest) is not None for item in (flag, getattr(args, dest))]
+    return [*options, *args.overrides]
+
+
+def composition_hint(exc: Exception, overrides: list[str]) -> str:
+    """A composition error as the answer: Hydra's "use +algorithm.offpolicy..." hint for our section without a
+    preset becomes what is missing (``algorithm.offpolicy.*`` comes with a preset)."""
+    from verl_offpolicy.configs import PRESET_GROUP, preset_selector
+
+    message = str(exc)
+    section = "algorithm.offpolicy"
+    ours = [o for o in overrides if o.lstrip("+~").startswith(f"{section}.")]
+    selects = any(o.lstrip("+").split("=")[0] == PRESET_GROUP for o in overrides)
+    if ours and not selects and section in message:
+        return (
+            f"{ours[0].split('=')[0].lstrip('+~')}: the keys under {section} come with a verl-offpolicy preset; select "
+            f"one first ({preset_selector('<name>', 'ppo_trainer')} on verl's configs, {PRESET_GROUP}=<name> on ours; "
+            "`verl-offpolicy list` names them)"
+        )
+    return message
+
+
 def check(args: argparse.Namespace) -> int:
     """Compose a main_ppo command line through its Hydra search path and run every startup check:
     the config's Hydra callbacks (ours, the CPU guard), our validation and verl's ``validate_config``."""
     from omegaconf import OmegaConf
 
-    from verl_offpolicy.glue.compose import compose_main_ppo
+    from verl_offpolicy.glue.compose import compose_main_ppo_argv
     from verl_offpolicy.glue.startup import BrokenInstallError, import_validation
 
     try:
@@ -195,22 +234,27 @@ def check(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy check: {exc}", file=sys.stderr)
         return 1
     try:
-        full = compose_main_ppo(args.config_name, args.overrides, return_hydra_config=True)
+        full = compose_main_ppo_argv(main_ppo_argv(args), return_hydra_config=True)
+    except Exception as exc:  # noqa: BLE001 - the message is the answer
+        print(f"verl-offpolicy check: invalid configuration: {composition_hint(exc, args.overrides)}", file=sys.stderr)
+        return 1
+    try:
         cfg, actor = run_startup_checks(full)
     except Exception as exc:  # noqa: BLE001 - the message is the answer
         print(f"verl-offpolicy check: invalid configuration: {exc}", file=sys.stderr)
         return 1
-    problem = _worker_problem(cfg, args.timeout)
+    problem = None if args.no_worker_probe else _worker_problem(cfg, args.timeout)
     if problem:
         print(f"verl-offpolicy check: {problem}", file=sys.stderr)
         return 1
     off = OmegaConf.select(cfg, "algorithm.offpolicy") or {}
     print(
-        f"ok: {args.config_name} | adv_estimator={cfg.algorithm.adv_estimator} "
+        f"ok: {OmegaConf.select(full, 'hydra.job.config_name')} | adv_estimator={cfg.algorithm.adv_estimator} "
         f"loss_mode={actor.policy_loss.loss_mode} loss_agg_mode={actor.loss_agg_mode} "
         f"strategy={actor.strategy} trainer_mode={cfg.trainer.v1.trainer_mode} "
         f"sync_interval={off.get('sync_interval', 1)} sync_offset={off.get('sync_offset', 0)} "
         f"ratio_anchor={off.get('ratio_anchor', 'proximal')}{_correction_note(cfg, off)}"
+        f"{' (worker probe skipped: --no-worker-probe)' if args.no_worker_probe else ''}"
     )
     return 0
 
@@ -294,11 +338,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="the cluster's dir, as `start` printed it (stop)")
     p.set_defaults(func=cluster)
 
-    p = sub.add_parser("check", help="compose a main_ppo command line (no GPU) and run every startup check")
-    p.add_argument("--config-name", default="ppo_trainer", help="primary config, as for main_ppo")
+    p = sub.add_parser(
+        "check", help="compose a main_ppo command line (no GPU) and run every startup check",
+        description="Compose `python -m verl.trainer.main_ppo [options] [overrides]` exactly as main_ppo would (the "
+        "same Hydra options) and run every startup check, without a GPU.",
+    )
+    for flag, short, dest in HYDRA_OPTIONS:
+        p.add_argument(flag, short, dest=dest, default=None, help=f"as for main_ppo (Hydra's {flag})")
     p.add_argument(
         "--timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
         help=f"seconds to wait for the fresh process that checks what a worker sees (default {DEFAULT_PROBE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--no-worker-probe", action="store_true",
+        help="skip the fresh process that checks what a Ray worker of this run will load (for checking many command "
+        "lines in a row; `verl-offpolicy doctor` checks the installation once)",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for main_ppo")
     p.set_defaults(func=check)
@@ -310,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
     else:
         args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `verl-offpolicy list | head`: the reader stopped reading, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
 
 
 if __name__ == "__main__":

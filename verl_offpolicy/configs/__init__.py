@@ -42,9 +42,9 @@ PRIMARY_CONFIGS = ("offpolicy_trainer", "offpolicy_megatron_trainer")
 
 
 def preset_selector(preset: str, config_name: str) -> str:
-    """The override selecting ``preset``: ``+algorithm=<preset>`` on verl's stock configs (it adds the
-    group), ``algorithm=<preset>`` on ours (it replaces the default)."""
-    return f"+{PRESET_GROUP}={preset}" if config_name in STOCK_CONFIGS else f"{PRESET_GROUP}={preset}"
+    """The override selecting ``preset``: ``algorithm=<preset>`` on our primary configs (it replaces their
+    default), ``+algorithm=<preset>`` on any other (verl's stock configs, a recipe's own: it adds the group)."""
+    return f"{PRESET_GROUP}={preset}" if config_name in PRIMARY_CONFIGS else f"+{PRESET_GROUP}={preset}"
 
 
 def preset_names() -> list[str]:

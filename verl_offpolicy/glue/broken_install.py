@@ -30,3 +30,18 @@ def import_failure_message(module: str, exc: BaseException) -> str:
         "verl-offpolicy can run. Fix that (install the missing package, or reinstall verl-offpolicy), "
         "then run `verl-offpolicy doctor`."
     )
+
+
+def module_this_machine_cannot_import(exc: BaseException) -> str | None:
+    """The module whose import raised ``exc``, when ``exc`` comes from importing a module that is not ours (a
+    package this machine lacks or cannot load: vLLM on a login node), else None. Such an error says what this
+    machine has, not what the config is: a check that meets it names the module and checks the rest."""
+    if isinstance(exc, ImportError) and exc.name and not exc.name.startswith(PACKAGE):
+        return exc.name
+    # The innermost module body running when it raised (import frames are hidden; a module body is ``<module>``),
+    # below the caller's own frame.
+    bodies = [frame for frame, _ in list(traceback.walk_tb(exc.__traceback__))[1:] if frame.f_code.co_name == "<module>"]
+    module = bodies[-1].f_globals.get("__name__") if bodies else None
+    if module is None or module.startswith(PACKAGE):
+        return None
+    return module

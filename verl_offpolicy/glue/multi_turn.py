@@ -4,8 +4,9 @@ verl reads these keys only inside its agent-loop workers, minutes into a run: an
 or a tool config that does not load fails there, and ``multi_turn.enable=true`` with a single-turn agent
 loop runs single-turn, silently. Here, with verl's own loaders, as the workers will:
 
-- the agent loop (``agent.default_agent_loop``) must be able to call tools: one whose class is verl's
-  single-turn loop (or a subclass, as ``seeded_single_turn_agent``) never does;
+- the agent loop must be able to call tools: one whose class is verl's single-turn loop (or a subclass, as
+  ``seeded_single_turn_agent``) never does. verl picks it per row from the data's ``agent_name`` column when
+  there is one (its multi-turn preprocessing writes ``tool_agent``), else ``agent.default_agent_loop``;
 - ``multi_turn.format`` must name a parser of verl's ``ToolParser`` registry;
 - ``multi_turn.tool_config_path`` must load (verl's ``initialize_tools_from_config``: the file, its classes,
   their schemas).
@@ -31,8 +32,53 @@ def _enabled(view) -> bool:
     return bool(view.select(f"{MULTI_TURN}.enable", False))
 
 
+AGENT_NAME_COLUMN = "agent_name"  # verl's per-row choice of agent loop (AgentLoopManager), over default_agent_loop
+TRAIN_FILES = "data.train_files"
+
+
+def _single_turn(name: str) -> bool | None:
+    """Whether the registered agent loop ``name`` is verl's single-turn loop (or a subclass); None if unregistered
+    (a loop of ``agent.agent_loop_config_path``, registered in the workers: verl names it if unknown)."""
+    from hydra.utils import get_class
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+    entry = _agent_loop_registry.get(name)
+    return None if entry is None else issubclass(get_class(entry["_target_"]), SingleTurnAgentLoop)
+
+
+def _train_files(view) -> list[str]:
+    files = view.select(TRAIN_FILES)
+    if files is None:
+        return []
+    return [files] if isinstance(files, str) else [str(f) for f in files]
+
+
+def agent_names_in_data(view) -> set[str] | None:
+    """The values of verl's ``agent_name`` column in the training files (verl's multi-turn preprocessing writes
+    ``tool_agent`` into every row): an empty set if a file has no such column, None if a file cannot be read here
+    (a cluster path on a login node)."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    names: set[str] = set()
+    for path in _train_files(view):
+        if not os.path.isfile(path):
+            return None
+        try:
+            if AGENT_NAME_COLUMN not in pq.read_schema(path).names:
+                return set()
+            names.update(str(v) for v in pq.read_table(path, columns=[AGENT_NAME_COLUMN]).column(0).to_pylist())
+        except Exception:  # noqa: BLE001 - not a parquet verl reads here: the data checks name it
+            return None
+    return names
+
+
 def check_agent_loop(view) -> None:
-    """``multi_turn.enable=true`` needs an agent loop that calls tools (not verl's single-turn one)."""
+    """``multi_turn.enable=true`` needs an agent loop that calls tools (not verl's single-turn one): the rows'
+    ``agent_name`` when the training data has that column (verl picks the loop per row), else
+    ``agent.default_agent_loop``."""
     if not _enabled(view):
         return
     from hydra.utils import get_class
@@ -40,15 +86,29 @@ def check_agent_loop(view) -> None:
     from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
     name = view.select(AGENT_LOOP)
-    entry = _agent_loop_registry.get(name)
-    if entry is None:
-        return  # a loop of agent.agent_loop_config_path, registered in the workers: verl names it if unknown
-    if issubclass(get_class(entry["_target_"]), SingleTurnAgentLoop):
-        multi = sorted(n for n, e in _agent_loop_registry.items() if not issubclass(get_class(e["_target_"]), SingleTurnAgentLoop))
-        raise OffPolicyConfigError(
-            f"{MULTI_TURN}.enable=true, but {AGENT_LOOP}={name} is a single-turn agent loop: it never calls a tool. "
-            f"Set {AGENT_LOOP} to a multi-turn one (registered: {', '.join(multi)}) or {MULTI_TURN}.enable=false"
+    if not _single_turn(name):
+        return
+    in_data = agent_names_in_data(view)
+    multi = sorted(n for n, e in _agent_loop_registry.items() if not issubclass(get_class(e["_target_"]), SingleTurnAgentLoop))
+    if in_data is None:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s.enable=true with %s=%s (a single-turn loop): %s cannot be read here, so whether its rows name a "
+            "multi-turn loop in their %r column (as verl's multi-turn preprocessing writes) is not checked",
+            MULTI_TURN, AGENT_LOOP, name, TRAIN_FILES, AGENT_NAME_COLUMN,
         )
+        return
+    single = sorted(n for n in in_data if _single_turn(n))
+    if in_data and not single:
+        return  # every row names a loop that calls tools (or one registered in the workers)
+    where = (f"the rows of {TRAIN_FILES} name single-turn agent loops in their {AGENT_NAME_COLUMN!r} column ({', '.join(single)})"
+             if in_data else f"{AGENT_LOOP}={name} is a single-turn agent loop and {TRAIN_FILES} has no {AGENT_NAME_COLUMN!r} column")
+    raise OffPolicyConfigError(
+        f"{MULTI_TURN}.enable=true, but {where}: it never calls a tool. Set {AGENT_LOOP} to a multi-turn one "
+        f"(registered: {', '.join(multi)}), write it into the data's {AGENT_NAME_COLUMN!r} column, or set "
+        f"{MULTI_TURN}.enable=false"
+    )
 
 
 def check_tool_format(view) -> None:
@@ -67,6 +127,31 @@ def check_tool_format(view) -> None:
         )
 
 
+def _unimportable_tool_class(path: str) -> str | None:
+    """The first ``class_name`` of the tool config at ``path`` that does not import, named with its module and the
+    cause (verl's loader would raise a bare AttributeError or ModuleNotFoundError), else None."""
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    try:
+        tools = OmegaConf.to_container(OmegaConf.load(path)).get("tools") or []
+    except Exception:  # noqa: BLE001 - verl's loader reports a file it cannot read
+        return None
+    for tool in tools:
+        class_name = tool.get("class_name") if isinstance(tool, dict) else None
+        if not class_name or "." not in str(class_name):
+            continue
+        module_name, _, attribute = str(class_name).rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 - named
+            return f"tool class {attribute} cannot be imported: its module {module_name} raises {type(exc).__name__}: {exc}"
+        if not hasattr(module, attribute):
+            return f"tool class {attribute} is not in its module {module_name} (renamed or removed; class_name={class_name})"
+    return None
+
+
 def check_tool_config(view) -> None:
     """``multi_turn.tool_config_path`` loads with verl's loader: the file, its tool classes and schemas."""
     path = view.select(f"{MULTI_TURN}.tool_config_path")
@@ -75,9 +160,13 @@ def check_tool_config(view) -> None:
     from verl.tools.tool_registry import initialize_tools_from_config
     from verl.utils.import_utils import resolve_config_path
 
+    resolved = resolve_config_path(str(path))
+    unimportable = _unimportable_tool_class(resolved)
+    if unimportable:
+        raise OffPolicyConfigError(f"{MULTI_TURN}.tool_config_path={path}: {unimportable}")
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # BaseTool prints each tool's schema
-            tools = initialize_tools_from_config(resolve_config_path(str(path)))
+            tools = initialize_tools_from_config(resolved)
     except Exception as exc:  # noqa: BLE001 - any failure is the answer, named
         raise OffPolicyConfigError(
             f"{MULTI_TURN}.tool_config_path={path}: the tools do not load ({type(exc).__name__}: {exc})"
@@ -210,4 +299,3 @@ RULES = (
     check_agent_loop_registered, check_agent_loop, check_tool_format, check_tool_format_tokenizer, check_tool_config,
     check_tools_declared, check_turn_limits,
 )
-

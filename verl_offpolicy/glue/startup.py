@@ -6,7 +6,10 @@ worker it checks that ``algorithm=`` names a preset, not verl's own file of that
 (:func:`check_algorithm_choice`), that the Ray
 workers' environment lets ``import verl`` load verl-offpolicy (:func:`check_workers_plugin_setting`) and
 runs :func:`verl_offpolicy.glue.validation.validate_offpolicy_config`, then the checks that call the user's code
-(the DAPO filter metric against the reward function's answer).
+(the DAPO filter metric against the reward function's answer). What the command line replaces of the selected
+preset (:mod:`verl_offpolicy.glue.preset_overrides`) is checked first: a key that defines the preset's algorithm
+stops the run, every other replaced preset key is printed once as a note, and an error that names a key the
+command line replaced says so.
 
 This module imports only the standard library, Hydra and OmegaConf at import time. Hydra instantiates
 callbacks before running them, so if our validation code itself could not import (a broken install,
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -140,11 +144,16 @@ class StartupValidation(Callback):
             raise SystemExit(f"verl-offpolicy: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
+        from verl_offpolicy.glue.preset_overrides import caused_by_command_line, check_defining_keys, override_notes
+
         try:
+            check_defining_keys(config)
             validate(config)
             from verl_offpolicy.glue.scheduler.filtering import check_filter_metric
 
             check_filter_metric(config)
             check_cluster_nodes(config)
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
-            raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
+            raise SystemExit(f"verl-offpolicy: invalid configuration: {caused_by_command_line(exc, config)}") from exc
+        for note in override_notes(config):
+            print(f"verl-offpolicy: note: {note}", file=sys.stderr, flush=True)

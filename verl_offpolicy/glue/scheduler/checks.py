@@ -144,6 +144,69 @@ def check_verl_async_modes(view: ConfigView) -> None:
         )
 
 
+def check_verl_async_preconditions(view: ConfigView) -> None:
+    """verl 0.9.1's own asserts of its asynchronous trainers that are pure config, checked before Ray: what
+    ``PPOTrainerSeparateAsync.__init__`` and ``PPOTrainer.step`` (``verl/trainer/ppo/v1/``) assert after the
+    workers started."""
+    trainer_mode = view.trainer_mode
+    if not (view.select("trainer.use_v1", False) and trainer_mode in VERL_ASYNC_TRAINERS):
+        return
+    batch = view.select("data.train_batch_size")
+    sync_key = f"trainer.v1.{trainer_mode}.parameter_sync_step"
+    sync_step = view.select(sync_key, 1)
+    prefix = f"trainer.v1.trainer_mode={trainer_mode} (verl's asynchronous trainer)"
+    if not isinstance(sync_step, int) or isinstance(sync_step, bool) or sync_step < 1 or batch % sync_step:
+        raise OffPolicyConfigError(
+            f"{prefix} splits each batch into {sync_key} parts: data.train_batch_size={batch} must be divisible by "
+            f"{sync_key}={sync_step} (an integer >= 1)"
+        )
+    if trainer_mode != "separate_async":
+        return
+    mini_key = "actor_rollout_ref.actor.ppo_mini_batch_size"
+    mini = view.select(mini_key)
+    if batch != sync_step * mini:
+        raise OffPolicyConfigError(
+            f"{prefix} needs data.train_batch_size == {sync_key} x {mini_key}, got {batch} != {sync_step} x {mini}: "
+            f"set {sync_key}={batch // mini if mini and batch % mini == 0 else '<data.train_batch_size / ' + mini_key + '>'} "
+            f"or {mini_key}={batch // sync_step}"
+        )
+    rollout = "actor_rollout_ref.rollout"
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = view.select(f"{rollout}.{key}", 0)
+        if not isinstance(value, int) or value < 1:
+            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
+    backend = view.select(f"{rollout}.checkpoint_engine.backend")
+    if backend == "naive":
+        raise OffPolicyConfigError(
+            f"{prefix} pushes weights to its rollout pool through a checkpoint engine, and naive only serves a colocated "
+            f"rollout: set {rollout}.checkpoint_engine.backend to nccl/nixl/mooncake/... (cpu_mailbox on the CPU path)"
+        )
+    if view.select("reward.reward_model.enable", False) and not view.select("reward.reward_model.enable_resource_pool", False):
+        raise OffPolicyConfigError(
+            f"{prefix} cannot colocate the reward model (its rollout never pauses to free GPU memory): set "
+            "reward.reward_model.enable_resource_pool=true"
+        )
+
+
+LORA_RANK = "actor_rollout_ref.model.lora_rank"
+LORA_MERGE = "actor_rollout_ref.model.lora.merge"
+
+
+def check_lora_disaggregated(view: ConfigView) -> None:
+    """LoRA on a rollout pool of its own (``hybrid_engine=false``: our overlapped mode, verl's ``separate_async``)
+    needs ``lora.merge=true``: verl 0.9.1's checkpoint-engine weight path sends the base weights without the adapter
+    (verl#7495), so the rollout would never see the trained adapter."""
+    rank = view.select(LORA_RANK, 0) or 0
+    if view.select("actor_rollout_ref.hybrid_engine", True) or not rank or view.select(LORA_MERGE, False) is True:
+        return
+    trainer = f"trainer.v1.trainer_mode={view.trainer_mode}"
+    raise OffPolicyConfigError(
+        f"{LORA_RANK}={rank} with actor_rollout_ref.hybrid_engine=false ({trainer}, the rollout on a pool of its own) "
+        f"needs {LORA_MERGE}=true: verl 0.9.1's checkpoint-engine weight path sends the base weights without the "
+        f"adapter (verl#7495), so the rollout would never see the trained adapter; set {LORA_MERGE}=true"
+    )
+
+
 def check_legacy_trainer_colocated(view: ConfigView) -> None:
     """verl's legacy trainer (``trainer.use_v1=false``: ``main_ppo_v0``'s ``RayPPOTrainer``) runs colocated only: its
     constructor asserts ``actor_rollout_ref.hybrid_engine`` ("Currently, only support hybrid engine"), after Ray
@@ -471,6 +534,7 @@ ROLLOUT_CORRECTION_RULES = (
 )
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
-    check_trainer_mode, check_legacy_trainer_colocated, check_verl_async_modes, check_scheduler_selected, check_overlapped, check_scheduler_features,
+    check_trainer_mode, check_legacy_trainer_colocated, check_verl_async_modes, check_verl_async_preconditions, check_lora_disaggregated,
+    check_scheduler_selected, check_overlapped, check_scheduler_features,
     check_filter_groups, check_staleness_threshold, check_environment,
 )
