@@ -172,7 +172,7 @@ def test_turn_limits_below_one_are_refused(key, value):
     _refused(_tool_task(f"{MULTI_TURN}.{key}={value}"), f"{MULTI_TURN}.{key}={value} is not valid", "null for no limit")
 
 
-# ------------------------------------------------------------------------ LoRA (the CPU path's guard)
+# ------------------------------------------------------------------------ LoRA and data files (the CPU path's guard)
 
 
 @pytest.fixture(scope="module")
@@ -183,9 +183,9 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture()
-def cpu_lora(tiny_model):
-    """``+cpu=demo`` on the tiny model with merged LoRA; a passing CPU guard puts this process on the CPU platform
-    (os.environ), undone afterwards."""
+def cpu_tiny(tiny_model):
+    """``+cpu=demo`` on the tiny model (merged LoRA, once LoRA is on); a passing CPU guard puts this process on the
+    CPU platform (os.environ), undone afterwards."""
     import os
 
     environ = dict(os.environ)
@@ -214,10 +214,53 @@ MODEL = "actor_rollout_ref.model"
         ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora.merge=yes"], f"{MODEL}.lora.merge='yes': must be true or false"),
     ],
 )
-def test_lora_values_are_refused_naming_the_key(cpu_lora, overrides, fragment):
-    _refused(overrides, fragment, base=cpu_lora)
+def test_lora_values_are_refused_naming_the_key(cpu_tiny, overrides, fragment):
+    _refused(overrides, fragment, base=cpu_tiny)
 
 
-def test_lora_values_that_train_pass(cpu_lora):
+def test_lora_values_that_train_pass(cpu_tiny):
     # the tiny Llama's attention projections are q_proj ... o_proj (peft matches a name's last part)
-    compose_and_check("offpolicy_trainer", [*cpu_lora, f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[q_proj,v_proj]"])
+    compose_and_check("offpolicy_trainer", [*cpu_tiny, f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[q_proj,v_proj]"])
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory):
+    """The repeat task's files, and broken copies: empty, without the prompt column, a prompt that is not UTF-8
+    (row 2, a string column holding the byte 0xff) and one whose prompt messages hold bytes (row 0)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verl_offpolicy.demo.repeat_task import build_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    files = build_dataset(root / "good")
+    good = pd.read_parquet(files["train_files"])
+    good.iloc[:0].to_parquet(root / "empty.parquet")
+    good.drop(columns=["prompt"]).to_parquet(root / "no_prompt.parquet")
+    table = pq.read_table(files["train_files"])
+    texts = [b"repeat a", b"repeat b", b"\xffrepeat", *[b"repeat c"] * (table.num_rows - 3)]
+    latin = pa.array(texts, type=pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(table.set_column(table.column_names.index("prompt"), "prompt", latin), root / "not_utf8.parquet")
+    messages = pa.array([[{"role": "user", "content": b"repeat \xe9"}]] * table.num_rows)
+    pq.write_table(table.set_column(table.column_names.index("prompt"), "prompt", messages), root / "bytes.parquet")
+    return {"root": root, **files}
+
+
+@pytest.mark.parametrize(
+    "name,fragment",
+    [
+        ("empty.parquet", "empty.parquet is empty (0 rows)"),
+        ("no_prompt.parquet", "no_prompt.parquet has no column 'prompt' (its columns: data_source, ability, reward_model"),
+        ("not_utf8.parquet", "not_utf8.parquet, row 2, column 'prompt': the prompt is text that is not UTF-8"),
+        ("bytes.parquet", "bytes.parquet, row 0, column 'prompt': the prompt is bytes that are not UTF-8"),
+    ],
+)
+def test_a_training_file_verl_cannot_use_is_named_with_its_row_and_column(cpu_tiny, data_files, name, fragment):
+    _refused([f"data.train_files={data_files['root'] / name}", f"data.val_files={data_files['val_files']}"],
+             f"data.train_files: {data_files['root']}/{fragment}", base=cpu_tiny)
+
+
+def test_the_demos_data_files_pass(cpu_tiny, data_files):
+    compose_and_check("offpolicy_trainer", [*cpu_tiny, f"data.train_files={data_files['train_files']}",
+                                            f"data.val_files={data_files['val_files']}"])

@@ -312,6 +312,14 @@ def check_models(cfg: DictConfig, need: Findings) -> None:
                  "verl_offpolicy.demo.tiny.build_tiny(dir) or use verl_offpolicy.demo.run.run_demo")
 
 
+def check_data_files(cfg: DictConfig, need: Findings) -> None:
+    """The training and validation files on this machine: readable, not empty, the columns the task needs, text
+    prompts (:func:`verl_offpolicy.glue.data_files.data_file_problems`, naming the file, row and column)."""
+    from verl_offpolicy.glue.data_files import data_file_problems
+
+    need.extend(data_file_problems(cfg))
+
+
 def check_worker_env(cfg: DictConfig, need: Findings) -> None:
     """The variables every Ray worker needs (``CPU_ENV``), all of them strings."""
     for env_key, value in CPU_ENV.items():
@@ -593,6 +601,7 @@ __all__ = [
 
 
 CPU_RULES = (
-    check_rollout, check_lora_values, check_lora, check_device, check_engines, check_models, check_worker_env, check_ray_resources,
+    check_rollout, check_lora_values, check_lora, check_device, check_engines, check_models, check_data_files,
+    check_worker_env, check_ray_resources,
     check_micro_batch_sizes, check_training_ranks,
 )
