@@ -94,6 +94,23 @@ def test_timeouts_above_what_the_platforms_timers_hold_are_refused(monkeypatch):
     compose_and_check("offpolicy_trainer", BASE)
 
 
+def test_command_line_timeouts_above_the_platforms_timers_are_refused_before_anything_runs(capsys, tmp_path):
+    """demo, check and doctor passed 1e10 s on to a wait that raised OverflowError."""
+    import threading
+
+    from verl_offpolicy.cli import main
+    from verl_offpolicy.doctor import ProbeError, fresh_process_state
+
+    limit = f"at most {threading.TIMEOUT_MAX:.0f}"
+    out = tmp_path / "demo"
+    assert main(["demo", "--timeout", "1e10", "--output-dir", str(out)]) == 2
+    assert f"--timeout must be a number of seconds > 0 and {limit}" in capsys.readouterr().err and not out.exists()
+    assert main(["check", "--timeout", "1e10", "--config-name", "offpolicy_trainer", *BASE]) == 1
+    assert f"--timeout must be a number of seconds > 0 and {limit}" in capsys.readouterr().err
+    with pytest.raises(ProbeError, match=f"{limit}.*got 1e\\+10"):  # doctor's probes: before a process starts
+        fresh_process_state({}, 1e10)
+
+
 @pytest.mark.parametrize(
     "override,fragment",
     [

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
 import sys
+import threading
 from importlib import metadata
 
 from verl_offpolicy.configs import preset_names
@@ -27,6 +29,16 @@ class ProbeError(RuntimeError):
     """A fresh process (or Ray worker) could not report what it sees; the message is the finding."""
 
 
+def check_probe_timeout(timeout: float) -> None:
+    """``--timeout``: seconds > 0, at most ``threading.TIMEOUT_MAX`` (the longest wait this platform's timers hold;
+    above it the wait for the probe raised OverflowError)."""
+    if not (math.isfinite(timeout) and 0 < timeout <= threading.TIMEOUT_MAX):
+        raise ProbeError(
+            f"--timeout must be a number of seconds > 0 and at most {threading.TIMEOUT_MAX:.0f} (the longest wait "
+            f"this platform's timers hold), got {timeout:g}"
+        )
+
+
 def _probe_failure(output: str, rc: int | None) -> str:
     """The last error line of a probe's output (its exception), else its exit status."""
     errors = [line.strip() for line in output.splitlines() if ("Error" in line or "Exception" in line) and ":" in line]
@@ -37,6 +49,7 @@ def fresh_process_state(env: dict[str, str], timeout: float) -> dict:
     """What a process started with ``env`` sees after ``import verl`` alone (``glue/diagnose.py``)."""
     from verl_offpolicy.glue.diagnose import parse_report
 
+    check_probe_timeout(timeout)
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "verl_offpolicy.glue.diagnose"],
@@ -71,6 +84,7 @@ def _diagnose_in_child(args: list[str], env: dict[str, str], timeout: float, ray
     from verl_offpolicy.demo.process import kill_process_tree, spawn
     from verl_offpolicy.glue.diagnose import parse_report
 
+    check_probe_timeout(timeout)
     proc = spawn([sys.executable, "-m", "verl_offpolicy.glue.diagnose", *args], env, None)
     try:
         output, _ = proc.communicate(timeout=timeout)

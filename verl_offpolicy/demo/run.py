@@ -27,11 +27,13 @@ Usage::
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,7 @@ from typing import Callable, Iterable, Mapping, Optional, TextIO
 from verl_offpolicy.cpu.registration import FSDP_RUN_SKIPS, SKIP_ENGINES_ENV
 from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_inputs, cpu_engine, demo_command
 from verl_offpolicy.demo.environment import cpu_env, run_files_env
-from verl_offpolicy.demo.errors import DemoError, DemoInterrupted
+from verl_offpolicy.demo.errors import DemoError, DemoInputError, DemoInterrupted
 from verl_offpolicy.demo.launch import failure_message, run_subprocess, tail
 from verl_offpolicy.demo.model_size import model_size
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
@@ -147,12 +149,17 @@ def run_demo(
 
     Raises:
         DemoInputError: before anything starts, if ``output_dir`` cannot be created or written, or
-            another live run holds it.
+            another live run holds it, or ``timeout`` is not in (0, ``threading.TIMEOUT_MAX``].
         DemoInterrupted: on SIGINT (Ctrl-C) or SIGTERM in the main thread, after the run's processes
             and Ray temp dir are gone.
         DemoError: the run failed or timed out.
     """
     get_model(model)  # an unknown model fails before anything is created
+    if not (math.isfinite(timeout) and 0 < timeout <= threading.TIMEOUT_MAX):  # the run's wait holds at most that
+        raise DemoInputError(
+            f"--timeout must be a number of seconds > 0 and at most {threading.TIMEOUT_MAX:.0f} (the longest wait this "
+            f"platform's timers hold), got {timeout:g}"
+        )
     # What killed runs (SIGKILL: nothing of theirs could clean up) left: their Ray temp dirs, owner dead.
     remove_dead_owners_dirs(RAY_DIR_PREFIX)
     run = DemoRun(
