@@ -437,20 +437,22 @@ def test_cluster_stop_refuses_what_cluster_start_did_not_make_and_touches_nothin
 
 @pytest.mark.slow  # starts Python processes (the cluster's and another run's stand-ins)
 def test_cluster_stop_ends_only_the_processes_of_its_own_dir(tmp_path, capsys):
-    """A cluster dir's own processes (naming it or a path under it) end and the dir goes; a process naming a
-    longer dir that starts with the same characters (another run) lives on."""
+    """A cluster's Ray processes (naming its Ray temp dir or a path under it) end and the dir goes; a process naming a
+    longer dir that starts with the same characters (another run) and one that merely names the cluster's dir (not a
+    process of the cluster: `tail -f D/server.log`) live on. The rest of what `stop` ends: tests/test_cluster_stop.py."""
     from verl_offpolicy.demo.cluster import MARKER_NAME, MARKER_TEXT
 
     path = tmp_path / "vo-cluster-abc"
     path.mkdir()
     (path / MARKER_NAME).write_text(MARKER_TEXT)
-    ours, ours_option, theirs = _sleeper(str(path)), _sleeper(f"--temp-dir={path}/session_1"), _sleeper(f"{path}x")
+    ours, ours_option = _sleeper(f"{path}/ray"), _sleeper(f"--temp-dir={path}/ray/session_1")
+    theirs, bystander = _sleeper(f"{path}x/ray"), _sleeper(str(path))
     try:
         assert main(["cluster", "stop", "--dir", str(path)]) == 0
         assert ours.wait(timeout=60) is not None and ours_option.wait(timeout=60) is not None
-        assert theirs.poll() is None and not path.exists()
+        assert theirs.poll() is None and bystander.poll() is None and not path.exists()
     finally:
-        for proc in (ours, ours_option, theirs):
+        for proc in (ours, ours_option, theirs, bystander):
             proc.kill()
             proc.wait(timeout=60)
 

@@ -12,15 +12,21 @@ server process (``python -m verl_offpolicy.demo.cluster serve DIR``) that holds 
 raylets and agents to every interface and rewrites 127.0.0.1 to the machine's address. With it off
 (:data:`verl_offpolicy.cpu.platform.LOOPBACK_ENV`), every process of every node listens on 127.0.0.1.
 
-Every process of the cluster names its dir (``/tmp/vo-cluster-*``, holding a ``vo-cluster`` marker file) in
-its command line: :meth:`LocalCluster.stop` acts only on such a dir of this user's and ends exactly this user's
-processes that name it as a path, never another Ray cluster of the machine (``ray stop`` would end them all)
-nor a process of a dir whose name merely starts the same. The cluster's Ray token is in that dir (mode 0600); a process that joins needs
-:meth:`LocalCluster.env`.
+The cluster's dir (``/tmp/vo-cluster-*``, holding a ``vo-cluster`` marker file) records what :meth:`LocalCluster.stop`
+ends: the server's pid and start time (``server.json``, written when it is spawned; ``cluster.json`` once every
+node is up) and the Ray session, whose temp dir is the dir's ``ray`` subdir. ``stop`` resolves the dir it is given
+to its real path, acts only on such a dir of this user's, and ends the recorded server, its descendants and this
+user's processes of that Ray session (naming its temp dir in their command line, or holding a file under it open:
+the agents Ray retitles ``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``), never another Ray cluster of the
+machine (``ray stop`` would end them all), nor the process that runs ``stop`` or one of its ancestors (``timeout``
+or a shell whose command line names the dir), nor a process that merely names the dir. The dir is removed only
+once none of the cluster's processes lives. The cluster's Ray token is in that dir (mode 0600); a process that
+joins needs :meth:`LocalCluster.env`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,11 +40,11 @@ from typing import Callable, Optional
 from verl_offpolicy.cpu.platform import LOOPBACK_ENV
 from verl_offpolicy.demo.environment import ray_token_env
 from verl_offpolicy.demo.process import (
+    dir_processes,
     end_processes,
     make_owned_temp_dir,
     ray_dir_in,
     retry_ray_start,
-    session_processes,
 )
 
 CLUSTER_DIR_PREFIX = "vo-cluster-"
@@ -47,6 +53,8 @@ STATE_NAME = "cluster.json"  # in the cluster's dir, written by the server once 
 MARKER_NAME = "vo-cluster"
 MARKER_TEXT = "a Ray cluster of `verl-offpolicy cluster start`; `verl-offpolicy cluster stop --dir <this dir>` ends it\n"
 LOG_NAME = "server.log"
+# In the cluster's dir from the server's spawn: {"pid": ..., "started": <its create time>}, what `stop` ends first.
+SERVER_NAME = "server.json"
 START_TIMEOUT_S = 600.0  # every node up (about 20 s on an idle 2-core machine, minutes under load)
 MODULE = "verl_offpolicy.demo.cluster"
 
@@ -103,7 +111,9 @@ class LocalCluster:
     """The cluster whose dir is ``path`` (``parent/vo-cluster-*``)."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+        # the real path: a relative dir given from another working directory, or a symlink to the dir, names the
+        # same processes and files as the dir `start` printed
+        self.path = Path(os.path.realpath(path))
 
     @classmethod
     def start(cls, nodes: list[NodeSpec], parent: str = "/tmp", timeout: float = START_TIMEOUT_S,
@@ -133,6 +143,7 @@ class LocalCluster:
             server = subprocess.Popen([sys.executable, "-m", MODULE, "serve", str(cluster.path)], env=env, stdout=out,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                       cwd=str(cluster.path))
+        _write_json(cluster.path / SERVER_NAME, {"pid": server.pid, "started": _create_time(server.pid)})
         deadline = time.monotonic() + timeout
         while not (cluster.path / STATE_NAME).exists():
             if server.poll() is not None or time.monotonic() > deadline:
@@ -159,8 +170,40 @@ class LocalCluster:
         """What a process joining the cluster needs in its environment: the cluster's Ray token."""
         return _token_env(self.path)
 
-    def processes(self) -> list:
-        return session_processes(str(self.path))
+    @property
+    def ray_dir(self) -> Path:
+        """The cluster's Ray temp dir (its sessions, sockets, logs): the dir's ``ray`` subdir."""
+        return Path(ray_dir_in(self.path))
+
+    def server(self):
+        """The server process the dir recorded (``server.json``, else ``cluster.json``), as a psutil process, if it
+        still runs: the same pid with the same start time (a pid reused by another process is not the server)."""
+        import psutil
+
+        for name, pid_key, started_key in ((SERVER_NAME, "pid", "started"), (STATE_NAME, "server_pid", "server_started")):
+            try:
+                record = json.loads((self.path / name).read_text())
+                pid, started = int(record[pid_key]), record.get(started_key)
+                proc = psutil.Process(pid)
+                if started is None or abs(proc.create_time() - float(started)) < 1.0:
+                    return proc
+            except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+                continue
+        return None
+
+    def processes(self, extra: list = ()) -> list:
+        """This user's live processes of the cluster: the recorded server and its descendants, and the processes of
+        its Ray session (:func:`~verl_offpolicy.demo.process.dir_processes` of :attr:`ray_dir`: naming it, or
+        holding a file under it open), with ``extra``; never this process nor one of its ancestors."""
+        import psutil
+
+        tree = list(extra)
+        server = self.server()
+        if server is not None:
+            tree.append(server)
+            with contextlib.suppress(psutil.Error):
+                tree += server.children(recursive=True)
+        return dir_processes(str(self.ray_dir), extra=tree)
 
     def check_ours(self) -> None:
         """Raise :class:`ClusterError` naming what is there unless ``path`` is a cluster dir ``cluster start``
@@ -180,16 +223,28 @@ class LocalCluster:
                                f"stopped or removed (its entries: {', '.join(sorted(p.name for p in path.iterdir())[:8]) or 'none'})")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the server (it shuts its nodes down), end whatever of the cluster is left, remove the dir.
+        """SIGTERM the recorded server (it shuts its nodes down), end whatever of the cluster is left
+        (:meth:`processes`), and remove the dir once none of them lives.
 
-        Only a dir :meth:`check_ours` accepts, and only this user's processes whose command line names the dir
-        as a path (:func:`~verl_offpolicy.demo.process.session_processes`), never another dir's."""
+        Only a dir :meth:`check_ours` accepts. Raises :class:`ClusterError` naming the processes, and keeps the
+        dir (its token, state and logs), if one of the cluster's processes is still alive."""
         import shutil
 
+        import psutil
+
         self.check_ours()
-        server = [p for p in self.processes() if f"{MODULE} serve" in " ".join(p.cmdline())]
-        end_processes(server, grace_s)
-        end_processes(self.processes(), 10.0)
+        server = self.server()
+        tree = []
+        if server is not None:
+            with contextlib.suppress(psutil.Error):
+                tree = [server, *server.children(recursive=True)]  # found before the server ends: orphans then
+            end_processes([p for p in self.processes() if p.pid == server.pid], grace_s)
+        end_processes(self.processes(tree), 10.0)
+        alive = self.processes(tree)
+        if alive:
+            names = ", ".join(f"{p.pid} ({_name(p)})" for p in alive[:8])
+            raise ClusterError(f"{len(alive)} process(es) of the cluster still run after SIGKILL: {names}; "
+                               f"{self.path} is kept (its token, state and logs)")
         shutil.rmtree(self.path, ignore_errors=True)
 
     def workers_by_node(self) -> dict[int, list[str]]:
@@ -206,6 +261,31 @@ class LocalCluster:
             except (psutil.Error, StopIteration):
                 continue
         return found
+
+
+def _name(proc) -> str:
+    import psutil
+
+    try:
+        return proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _create_time(pid: int) -> Optional[float]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """``data`` to ``path`` whole or not at all (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.rename(path)
 
 
 def _token_env(path: Path) -> dict[str, str]:
@@ -243,10 +323,9 @@ def serve(path: Path) -> int:
                 cluster.add_node(**args)
             print(f"node {index} up", flush=True)
         cluster.wait_for_nodes()
-        state = {"address": cluster.address, "nodes": [{"index": i, **asdict(s)} for i, s in enumerate(specs)], "server_pid": os.getpid()}
-        tmp = path / (STATE_NAME + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.rename(path / STATE_NAME)
+        state = {"address": cluster.address, "nodes": [{"index": i, **asdict(s)} for i, s in enumerate(specs)],
+                 "server_pid": os.getpid(), "server_started": _create_time(os.getpid()), "ray_dir": ray_dir_in(path)}
+        _write_json(path / STATE_NAME, state)
         while not stop:
             time.sleep(0.5)
     finally:

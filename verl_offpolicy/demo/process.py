@@ -73,6 +73,63 @@ def session_processes(marker: str) -> list:
     return _own_processes(lambda cmdline: names_path(cmdline, marker))
 
 
+def _self_and_ancestors() -> set[int]:
+    """This process and every process above it (its parent, a ``timeout`` or shell wrapping it, ...): never
+    signalled by a sweep, whatever their command lines name."""
+    import psutil
+
+    found = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        found |= {p.pid for p in psutil.Process().parents()}
+    return found
+
+
+def _holds_file_under(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has a file under ``path`` open (``/proc/<pid>/fd``): Ray's agents and workers keep
+    their logs (``<temp dir>/session_*/logs/*``) open as stdout, stderr and log file. False if it ended or is not
+    ours to read."""
+    prefix = path.rstrip("/") + "/"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix):
+            return True
+    return False
+
+
+def dir_processes(path: str, extra: Sequence = ()) -> list:
+    """This user's processes of the Ray session (or cluster) whose private dir is ``path``: those whose command line
+    names it (:func:`names_path`) and those that hold a file under it open, which finds the processes Ray retitles
+    (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``, ``ray::IDLE``: their command line is the title alone) after
+    their raylet is gone and they are orphans of init. ``extra`` (psutil processes, e.g. the descendants of a
+    recorded pid) is added. Never this process nor one of its ancestors (a ``timeout``, shell or CI step wrapping
+    it, whose own command line may name ``path``)."""
+    import psutil
+
+    path = os.path.realpath(path)
+    spared, uid = _self_and_ancestors(), os.getuid()
+    found: dict[int, Any] = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            cmdline, uids = proc.info["cmdline"] or [], proc.info["uids"]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.info["pid"] in spared or uids is None or uids.real != uid:
+            continue
+        if names_path(cmdline, path) or _holds_file_under(proc.info["pid"], path):
+            found[proc.pid] = proc
+    for proc in extra:
+        if proc.pid not in spared and _alive(proc):
+            found.setdefault(proc.pid, proc)
+    return list(found.values())
+
+
 def processes_mentioning(text: str) -> list:
     """This user's processes whose command line contains ``text`` anywhere (a broad check that nothing of a
     kind is left, e.g. ``vo-doctor-``); to act on a session use :func:`session_processes`."""
@@ -278,17 +335,34 @@ def _alive(proc) -> bool:
 
 
 def end_processes(procs: Sequence, grace_s: float = 10.0) -> None:
-    """SIGTERM each of ``procs`` (psutil processes), SIGKILL those still alive after ``grace_s``, and wait."""
+    """SIGTERM each of ``procs`` (psutil processes), SIGKILL those still alive after ``grace_s``, and wait. A zombie
+    (ended, not yet reaped by a parent that is not this process) counts as ended."""
     import psutil
 
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = _wait_ended(procs, grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+    _wait_ended(alive, grace_s)
+
+
+def _wait_ended(procs: Sequence, timeout: float) -> list:
+    """Wait up to ``timeout`` until none of ``procs`` is alive (:func:`_alive`); the ones still alive."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive:
+        _, alive = psutil.wait_procs(alive, timeout=0.2)  # reaps this process's own children
+        alive = [p for p in alive if _alive(p)]
+        if time.monotonic() >= deadline:
+            break
+    return alive
 
 
 def spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()) -> subprocess.Popen:
@@ -449,10 +523,11 @@ def owner_alive(path: str | os.PathLike) -> Optional[bool]:
 
 def remove_dead_owners_dirs(prefix: str, parent: str = "/tmp", grace_s: float = 10.0) -> list[str]:
     """Remove the temp dirs ``parent/prefix*`` of runs that were killed (SIGKILL leaves them): those whose
-    owner process is dead. The processes still naming such a dir in their command line are that run's
-    orphans (Ray's dashboard and runtime-env agents can outlive its raylet by minutes on a loaded machine):
-    they are ended first (SIGTERM, SIGKILL after ``grace_s``). A dir without an owner file, or not ours to
-    remove, is left alone. Returns the dirs removed."""
+    owner process is dead. That run's orphans are ended first (SIGTERM, SIGKILL after ``grace_s``): the
+    processes naming such a dir in their command line and those holding a file under it open
+    (:func:`dir_processes`), i.e. Ray's ``DashboardAgent`` and ``RuntimeEnvAgent``, which Ray retitles and which
+    outlive their raylet by minutes, reparented to init. The dir is removed only once none of them lives. A dir
+    without an owner file, or not ours to remove, is left alone. Returns the dirs removed."""
     import shutil
 
     removed = []
@@ -464,7 +539,10 @@ def remove_dead_owners_dirs(prefix: str, parent: str = "/tmp", grace_s: float = 
             continue
         if owner_alive(path) is not False:
             continue
-        end_processes([p for p in session_processes(str(path)) if p.uids().real == os.getuid()], grace_s)
+        orphans = dir_processes(str(path))
+        end_processes(orphans, grace_s)
+        if any(_alive(p) for p in orphans):  # not ours to end after all: its files stay with it
+            continue
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
             removed.append(str(path))
