@@ -84,7 +84,7 @@ HELPER_TARGET = re.compile(r"^tests\.(\w+):(\w+)$")  # run_isolated("tests.<modu
 @functools.lru_cache(maxsize=None)
 def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.Module]:
     """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
-    tree = ast.parse((REPO_ROOT / "tests" / f"{module}.py").read_text())
+    tree = ast.parse((REPO_ROOT / "tests" / f"{module.replace('.', '/')}.py").read_text())  # tests/<package>/<module>.py too
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     imported = {  # at the top or inside a function
         a.asname or a.name: node.module.split(".", 1)[1]

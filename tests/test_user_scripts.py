@@ -219,6 +219,17 @@ def test_check_help_lists_main_ppos_options(capsys):
         assert flag in out
 
 
+@pytest.mark.parametrize("overrides,trainer", [
+    ([], "offpolicy(colocated)"),
+    (["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true", *POOL], "offpolicy(overlapped)"),
+    (["trainer.use_v1=false"], "RayPPOTrainer(legacy,trainer.use_v1=false)"),
+    (["trainer.v1.trainer_mode=colocate_async"], "colocate_async"),
+])
+def test_checks_ok_line_names_the_trainer_that_will_run(capsys, overrides, trainer):
+    assert main(["check", "--no-worker-probe", "+algorithm=opmd", *VALID_SIZES, *overrides]) == 0, capsys.readouterr().err
+    assert f" trainer={trainer} " in capsys.readouterr().out
+
+
 def test_config_path_and_name_mean_what_they_mean_for_main_ppo():
     """main_ppo's @hydra.main(config_path="config"): a relative path is relative to verl/trainer/ (the scripts'
     --config-path=config and ./config), an absolute one is used as is."""
@@ -330,6 +341,7 @@ def test_every_kind_of_verl_script_gets_the_preset_or_a_stop():
     assert outcomes.count("ok") >= 5 and outcomes.count("stop") >= 5, outcomes
 
 
+@pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(7200)
 @pytest.mark.parametrize("preset", preset_names())
@@ -339,6 +351,7 @@ def test_every_captured_line_with_every_preset(preset):
             assert_preset_or_stop(_argv(path), preset)
 
 
+@pytest.mark.slow
 @pytest.mark.extended
 def test_drift_is_recorded_not_hidden():
     """Every captured line that verl 0.9.1 cannot compose is listed in its release's DRIFT.md, and nothing else."""

@@ -251,12 +251,28 @@ def check(args: argparse.Namespace) -> int:
     print(
         f"ok: {OmegaConf.select(full, 'hydra.job.config_name')} | adv_estimator={cfg.algorithm.adv_estimator} "
         f"loss_mode={actor.policy_loss.loss_mode} loss_agg_mode={actor.loss_agg_mode} "
-        f"strategy={actor.strategy} trainer_mode={cfg.trainer.v1.trainer_mode} "
+        f"strategy={actor.strategy} trainer={trainer_that_runs(cfg)} "
         f"sync_interval={off.get('sync_interval', 1)} sync_offset={off.get('sync_offset', 0)} "
         f"ratio_anchor={off.get('ratio_anchor', 'proximal')}{_correction_note(cfg, off)}"
         f"{' (worker probe skipped: --no-worker-probe)' if args.no_worker_probe else ''}"
     )
     return 0
+
+
+def trainer_that_runs(cfg) -> str:
+    """The trainer main_ppo will run for ``cfg``, as check's ok line names it: verl's legacy ``RayPPOTrainer``
+    (``trainer.use_v1=false``), or the V1 trainer mode, with the scheduler's mode (colocated or overlapped)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.select(cfg, "trainer.use_v1", default=False):
+        return "RayPPOTrainer(legacy,trainer.use_v1=false)"
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER
+
+    if mode == OFFPOLICY_TRAINER:
+        colocated = OmegaConf.select(cfg, "actor_rollout_ref.hybrid_engine", default=True)
+        return f"{mode}({'colocated' if colocated else 'overlapped'})"
+    return str(mode)
 
 
 def _correction_note(cfg, off) -> str:

@@ -205,12 +205,13 @@ def check_defining_keys(config: DictConfig) -> None:
 
 
 def caused_by_command_line(error: Exception, config: DictConfig) -> str:
-    """A startup error's message followed by the preset keys the command line replaced that it names (the
-    user's own key, not the preset, is then the cause), else unchanged."""
+    """A startup error's message followed by the preset keys the command line replaced whose preset value the
+    error asks for (``set algorithm.use_kl_in_reward=true`` where the script set false: the user's own key, not
+    the preset, is then the cause), else unchanged."""
     message = str(error)
     if isinstance(error, PresetOverrideError):
         return message
-    named = [r for r in replaced_keys(config) if r.key in message]
+    named = [r for r in replaced_keys(config) if f"{r.key}={r.preset}".lower() in message.lower()]
     if not named:
         return message
     causes = "; ".join(f"`{r.override}` (the preset {selected_preset(config)} sets {r.key}={r.preset})" for r in named)
