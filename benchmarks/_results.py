@@ -30,10 +30,27 @@ def command_line(script: str, argv) -> str:
     return f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
+def measured_commit() -> str:
+    """The commit the measurement ran at (``git rev-parse --short HEAD``), ``+ uncommitted changes`` when the
+    work tree differs from it, or ``unknown`` outside a checkout."""
+    import subprocess
+
+    root = RESULTS.parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
 def write_table(filename: str, title: str, command: str, setting: str, header: list[str], rows: list[list[str]], after: str = "") -> str:
-    """Write ``results/<filename>``: a title, the command, the setting, one Markdown table (first column
-    left-aligned, the others right-aligned) and optional text ``after``; print it and return it."""
-    lines = [f"## {title}", "", f"Command: `{command.strip()}`  ", setting, ""]
+    """Write ``results/<filename>``: a title, the command and the commit it ran at, the setting, one Markdown
+    table (first column left-aligned, the others right-aligned) and optional text ``after``; print it and return it."""
+    lines = [f"## {title}", "", f"Command: `{command.strip()}` at commit {measured_commit()}  ", setting, ""]
     lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     text = "\n".join(lines) + "\n" + (f"\n{after.strip()}\n" if after else "")

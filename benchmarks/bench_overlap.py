@@ -35,6 +35,7 @@ idles while it trains); ``overlapped-unordered``, the overlapped mode with the a
 order a version's batches (the server still does).
 
     python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async] [--variants colocated-all-cores overlapped-unordered]
+    python benchmarks/bench_overlap.py --quick   # one round of (2, 1) and (4, 1): before and after a change to the overlapped path
 
 Writes benchmarks/results/overlap.md (tables, load, command) and benchmarks/results/overlap_reward_wallclock.png
 (``--name overlap_repeat``: overlap_repeat.md and overlap_repeat_reward_wallclock.png, e.g. for a second invocation).
@@ -57,6 +58,8 @@ from verl_offpolicy.demo.run import run_demo
 from verl_offpolicy.glue.registration import SEEDED_AGENT_LOOP
 
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+QUICK_SETTINGS = ("2,1", "4,1")  # --quick: where overlap gains most, and fell back first
+QUICK_NAME = "overlap_quick"
 STANDALONE = ["+cpu_rollout=standalone"]
 TRAIN_TIMERS = ("update_actor", "old_log_prob", "ref", "adv")
 # --variants: extra runs per setting, each against the mode it varies: name -> (base mode, overrides, what it is)
@@ -179,7 +182,14 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS), help="extra runs per setting")
     parser.add_argument("--name", default="overlap", help="results file stem (benchmarks/results/<name>.md)")
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs per setting (the first round is detailed)")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help=f"the guard a change to the overlapped path runs before and after (docs/testing.md): one round of "
+        f"{' and '.join(QUICK_SETTINGS)}, the settings whose overlap is most sensitive, into results/{QUICK_NAME}.md",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.settings, args.rounds, args.name, args.plot_setting = list(QUICK_SETTINGS), 1, QUICK_NAME, QUICK_SETTINGS[-1]
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
     plan = []
