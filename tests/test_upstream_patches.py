@@ -80,7 +80,7 @@ def test_every_patch_applies_to_verl_0_9_1_and_has_its_issue_text():
     """Each diff applies cleanly to the installed verl 0.9.1's files (``patch --dry-run``), and its issue text names
     the symptom, the cause with file:line and the fix."""
     diffs = sorted(UPSTREAM.glob("*.diff"))
-    assert len(diffs) >= 4
+    assert len(diffs) == 5
     for diff in diffs:
         proc = subprocess.run(["patch", "-p1", "--dry-run", "--forward", "--batch", "-d", str(SITE), "-i", str(diff)],
                               capture_output=True, text=True, timeout=60)
@@ -226,3 +226,34 @@ def test_vllm_lora_loader_uses_the_rename_mapper_of_vllm_0_30(tmp_path, monkeypa
     used = loaded["weights_mapper"]
     assert used.orig_to_new_prefix == {"model.": "language_model.model."} and used.orig_to_new_stacked == {}
     assert used._map_name("model.layers.0.self_attn.q_proj.weight") == "language_model.model.layers.0.self_attn.q_proj.weight"
+
+
+def test_unmerged_lora_on_the_checkpoint_engine_path_stops_instead_of_sending_the_base_weights(tmp_path, monkeypatch):
+    """ActorRolloutRefWorker.update_weights through a checkpoint engine (a rollout on its own pool) with unmerged LoRA
+    (the engine returns a peft_config): stock verl drops the config and sends the tensors as a full weight update,
+    i.e. the base weights without the adapter, silently; the patch stops naming lora.merge. Merged LoRA (no
+    peft_config) is sent by both."""
+    import asyncio
+
+    stock, patched = both(tmp_path, "lora-checkpoint-engine-adapter.diff", "verl/workers/engine_workers.py", monkeypatch)
+    base_weights = [("model.layers.0.self_attn.q_proj.weight", torch.ones(2, 2))]
+
+    def update(module, peft_config):
+        sent = []
+
+        async def send_weights(weights, global_steps=None):
+            sent.append(list(weights))
+            return {}
+
+        worker = SimpleNamespace(
+            config=SimpleNamespace(rollout=SimpleNamespace(checkpoint_engine=SimpleNamespace(backend="nccl"))),
+            actor=SimpleNamespace(engine=SimpleNamespace(get_per_tensor_param=lambda **k: (iter(base_weights), peft_config))),
+            checkpoint_engine=SimpleNamespace(send_weights=send_weights))
+        asyncio.run(module.ActorRolloutRefWorker.update_weights(worker, global_steps=1))
+        return sent
+
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    assert update(stock, lora) == [base_weights]  # the defect: the base weights sent, the adapter nowhere
+    with pytest.raises(NotImplementedError, match=r"actor_rollout_ref\.model\.lora\.merge=True"):
+        update(patched, lora)
+    assert update(stock, None) == update(patched, None) == [base_weights]
