@@ -153,3 +153,67 @@ def test_the_next_start_ends_a_killed_runs_retitled_agents_found_by_their_sessio
         assert _alive(bystander) and live.is_dir()
     finally:
         _kill([*agents, bystander])
+
+
+RAY_DRIVER = """
+import sys, time
+import ray
+ray.init(_temp_dir=sys.argv[1], include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=1)
+print("up", flush=True)
+time.sleep(600)
+"""
+AGENT_TITLES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(1.0)
+    raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+@pytest.mark.e2e  # starts a Ray session (one node on 127.0.0.1, one CPU)
+def test_a_sigkilled_ray_driver_leaves_its_agents_and_the_next_sweep_ends_them():
+    """A real Ray session in a run's owned temp dir, its driver SIGKILLed (the demo's fate: GCS and raylet die with
+    it): Ray's DashboardAgent and RuntimeEnvAgent live on, retitled, orphans of init, and the command-line sweep
+    does not see them; remove_dead_owners_dirs ends them and removes the dir."""
+    import signal
+    import tempfile
+
+    from verl_offpolicy.cpu.platform import LOOPBACK_ENV
+    from verl_offpolicy.demo.environment import ray_token_env
+    from verl_offpolicy.demo.process import OWNER_NAME, dir_processes, ray_dir_in, remove_dead_owners_dirs, session_processes
+
+    path = Path(tempfile.mkdtemp(prefix="vo-sweep-e2e-", dir="/tmp"))  # Ray's socket paths must stay short
+    env = {**os.environ, **LOOPBACK_ENV, **ray_token_env(path, {}), "RAY_USAGE_STATS_ENABLED": "0"}
+    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
+        env.pop(key, None)
+    driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, ray_dir_in(path)], env=env, cwd=str(path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    (path / OWNER_NAME).write_text(f"{driver.pid} {psutil.Process(driver.pid).create_time()}\n")
+    try:
+        def agents():
+            procs = [p for p in dir_processes(str(path)) if _alive(p) and p.name() in AGENT_TITLES]
+            return procs if {p.name() for p in procs} == set(AGENT_TITLES) else None
+
+        found = _wait_for(agents, 300, "Ray's two agents up")
+        assert all(" ".join(p.cmdline()).strip() in AGENT_TITLES for p in found)  # retitled: no dir in the cmdline
+        driver.kill()
+        driver.wait(timeout=60)
+        _wait_for(lambda: not any(_alive(p) and p.name() in ("raylet", "gcs_server") for p in dir_processes(str(path))),
+                  120, "the raylet and GCS end with their driver")
+        assert [p for p in found if _alive(p)] == found, "the agents ended with the raylet: nothing to sweep here"
+        assert {p.pid for p in session_processes(str(path))} & {p.pid for p in found} == set()
+        assert remove_dead_owners_dirs("vo-sweep-e2e-", "/tmp", grace_s=10.0) == [str(path)]
+        assert not any(_alive(p) for p in found) and not path.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        _kill(dir_processes(str(path)) if path.exists() else [])
+        driver.wait(timeout=60)
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
