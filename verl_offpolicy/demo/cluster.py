@@ -238,6 +238,7 @@ class LocalCluster:
         if server is not None:
             with contextlib.suppress(psutil.Error):
                 tree = [server, *server.children(recursive=True)]  # found before the server ends: orphans then
+            # first the server alone (it shuts its nodes down), as processes() lists it: never this process or an ancestor
             end_processes([p for p in self.processes() if p.pid == server.pid], grace_s)
         end_processes(self.processes(tree), 10.0)
         alive = self.processes(tree)
