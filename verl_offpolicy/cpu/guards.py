@@ -188,7 +188,7 @@ def check_lora(cfg: DictConfig, need: Findings) -> None:
     """LoRA (``actor_rollout_ref.model.lora_rank > 0``) reaches the CPU path's rollouts as merged weights only:
     the ``hf`` server loads full weights, not adapters, and verl 0.9.1's vLLM adapter path fails inside vLLM 0.30
     (``verl/utils/vllm/utils.py`` calls ``WeightsMapper.get_unstacked_mapper``, which that vLLM lacks; the engine
-    dies at the first weight sync and the run hangs)."""
+    dies at the first weight sync and the run hangs; the fix in verl: ``upstream/vllm-lora-rename-mapper.diff``)."""
     rank = _select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
     merge = _select(cfg, "actor_rollout_ref.model.lora.merge", False)
     if isinstance(rank, int) and rank > 0:

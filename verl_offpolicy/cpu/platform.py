@@ -344,7 +344,8 @@ def install_exact_merged_lora() -> bool:
     same merged tensors (the adapters merged while they are read, the base restored afterwards: verl's
     ``merged_lora_context``) without the cast, and initialises LoRA adapters from a fixed seed
     (:func:`_seed_lora_init`). Run right after verl imports that module
-    (``verl_offpolicy.glue.registration.DEFERRED_REGISTRATIONS``). Returns True if installed.
+    (``verl_offpolicy.glue.registration.DEFERRED_REGISTRATIONS``). Returns True if installed. The fixes in verl:
+    ``upstream/merged-lora-dtype.diff`` and ``upstream/lora-init-seed.diff``.
     """
     if not cpu_selected():
         return False
