@@ -98,8 +98,9 @@ def cluster(args: argparse.Namespace) -> int:
             if not args.dir:
                 print("verl-offpolicy cluster stop: --dir is required (the dir `cluster start` printed)", file=sys.stderr)
                 return 2
-            LocalCluster(args.dir).stop()
-            print(f"[cluster] stopped {args.dir}")
+            stopped = LocalCluster(args.dir)
+            stopped.stop()
+            print(f"[cluster] stopped {stopped.path}")
             return 0
         for key, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node)):
             if value < 1:
