@@ -235,6 +235,20 @@ def test_lora_values_are_refused_naming_the_key(cpu_tiny, overrides, fragment):
     _refused(overrides, fragment, base=cpu_tiny)
 
 
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        ([f"{MODEL}.lora_rank=-4"], f"{MODEL}.lora_rank=-4: must be an integer"),
+        ([f"{MODEL}.lora_rank=8.0"], f"{MODEL}.lora_rank=8.0: must be an integer"),
+        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=0"], f"{MODEL}.lora_alpha=0: the adapter's update is scaled"),
+        ([f"{MODEL}.lora.merge=yes"], f"{MODEL}.lora.merge='yes': must be true or false"),
+    ],
+)
+def test_lora_values_are_refused_on_gpu_configs_too(overrides, fragment):
+    """Pure config, so refused on verl's stock config without the CPU overlay (a GPU cluster's command line)."""
+    _refused(overrides, fragment, config_name="ppo_trainer", base=["+algorithm=opmd", *VALID_SIZES])
+
+
 def test_lora_values_that_train_pass(cpu_tiny):
     # the tiny Llama's attention projections are q_proj ... o_proj (peft matches a name's last part)
     compose_and_check("offpolicy_trainer", [*cpu_tiny, f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[q_proj,v_proj]"])

@@ -202,27 +202,13 @@ MODEL = "actor_rollout_ref.model"
 
 
 def check_lora_values(cfg: DictConfig, need: Findings) -> None:
-    """LoRA's values, each of which verl takes without a word: ``lora_rank`` an integer >= 0 (verl enables LoRA
-    at ``> 0``, so a negative rank silently trains every parameter, and a float rank slipped past the merge rule);
-    with LoRA on, ``lora_alpha`` a number > 0 (the adapter is scaled by alpha / rank: 0 trains nothing), a
-    ``lora_adapter_path`` that is a local adapter folder, ``target_modules`` naming at least one module of the
-    model (matched by peft's own rule), and ``lora.merge`` a boolean."""
-    import math
-
+    """LoRA's values that need this machine's files, with LoRA on: a ``lora_adapter_path`` that is a local adapter
+    folder (nothing is downloaded on the CPU path), and ``target_modules`` naming at least one module of the model
+    (matched by peft's own rule). The values that are pure config (rank, alpha, ``lora.merge``) are startup rules on
+    every machine: :mod:`verl_offpolicy.glue.lora`."""
     rank = _select(cfg, f"{MODEL}.lora_rank", 0)
-    rank_ok = rank is None or (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0)
-    need(f"{MODEL}.lora_rank", rank_ok, rank,
-         "must be an integer: 0 (no LoRA) or the adapter's rank > 0 (verl reads any other value as no LoRA or "
-         "passes it to peft unchecked; a negative rank trains every parameter)")
-    merge = _select(cfg, f"{MODEL}.lora.merge", False)
-    need(f"{MODEL}.lora.merge", isinstance(merge, bool), merge, "must be true or false")
-    if not rank_ok or not rank:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
         return
-    alpha = _select(cfg, f"{MODEL}.lora_alpha", 16)
-    alpha_ok = isinstance(alpha, int | float) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0
-    need(f"{MODEL}.lora_alpha", alpha_ok, alpha,
-         f"the adapter's update is scaled by lora_alpha / lora_rank, so it must be a number > 0 (0 trains nothing); "
-         f"e.g. {MODEL}.lora_alpha=16")
     adapter = _select(cfg, f"{MODEL}.lora_adapter_path")
     if adapter is not None:
         folder = os.path.expanduser(str(adapter))

@@ -11,7 +11,8 @@ loss) and runs each part's rule group, first error wins. Each rule lives with wh
 4. the trainer mode (the scheduler, its overlapped mode, verl's async modes), ``RULES`` of
    :mod:`verl_offpolicy.glue.scheduler.checks`;
 5. the math-verify reward's keyword arguments, ``RULES`` of :mod:`verl_offpolicy.rewards.math_verify_reward`;
-6. verl's multi-turn rollout (agent loop, tool-call format, tool config), ``RULES`` of :mod:`verl_offpolicy.glue.multi_turn`.
+6. verl's multi-turn rollout (agent loop, tool-call format, tool config), ``RULES`` of :mod:`verl_offpolicy.glue.multi_turn`;
+7. verl's LoRA values (rank, alpha, ``lora.merge``), ``RULES`` of :mod:`verl_offpolicy.glue.lora`.
 
 It runs once in the driver, as a Hydra callback (:class:`verl_offpolicy.glue.startup.StartupValidation`,
 installed by every preset and our primary configs) before ``verl.trainer.main_ppo`` starts Ray or any
@@ -55,13 +56,13 @@ def rule_groups() -> tuple[tuple, ...]:
     its adapters (the typed sections too are assembled from them), and a module that fails to import must
     surface as the registration error that names its cause, not as a failure to import this module.
     """
-    from verl_offpolicy.glue import algorithms, multi_turn, resolvers
+    from verl_offpolicy.glue import algorithms, lora, multi_turn, resolvers
     from verl_offpolicy.glue.scheduler import checks as scheduler
     from verl_offpolicy.rewards import math_verify_reward
 
     return (
         algorithms.rules(), scheduler.ROLLOUT_CORRECTION_RULES, resolvers.RULES, scheduler.RULES, math_verify_reward.RULES,
-        multi_turn.RULES,
+        multi_turn.RULES, lora.RULES,
     )
 
 
