@@ -295,3 +295,53 @@ def test_a_training_file_verl_cannot_use_is_named_with_its_row_and_column(cpu_ti
 def test_the_demos_data_files_pass(cpu_tiny, data_files):
     compose_and_check("offpolicy_trainer", [*cpu_tiny, f"data.train_files={data_files['train_files']}",
                                             f"data.val_files={data_files['val_files']}"])
+
+
+# ------------------------------------------------------------------------------- doctor --address
+
+
+def _serve_once(answer: bytes):
+    """A loopback server that answers every connection with ``answer`` (then closes); its port, and a stop."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(30)
+
+    def serve():
+        for _ in range(2):
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server.getsockname()[1], server.close
+
+
+def test_an_address_that_is_no_ray_cluster_is_named_within_seconds():
+    """An HTTP server at the address: "not a Ray cluster" at once, instead of waiting the probe's whole timeout and
+    blaming the node. A server that opens with an HTTP/2 SETTINGS frame (what a Ray GCS, a gRPC server, sends
+    first: checked against a real GCS when this was written) passes on to the worker probe."""
+    import time
+
+    from verl_offpolicy.doctor import ProbeError, check_cluster_reachable
+
+    port, stop = _serve_once(b"HTTP/1.0 400 Bad request\r\nServer: test\r\n\r\n")
+    started = time.monotonic()
+    try:
+        with pytest.raises(ProbeError, match=rf"not a Ray cluster at 127.0.0.1:{port}: the server there answered "
+                           r"'HTTP/1.0 400 Bad request', not the gRPC"):
+            check_cluster_reachable(f"127.0.0.1:{port}", {})
+    finally:
+        stop()
+    assert time.monotonic() - started < 30
+    settings = bytes([0, 0, 6, 0x04, 0, 0, 0, 0, 0]) + bytes([0, 3, 0, 0, 0, 100])  # SETTINGS, stream 0, one setting
+    port, stop = _serve_once(settings)
+    try:
+        check_cluster_reachable(f"127.0.0.1:{port}", {})
+    finally:
+        stop()

@@ -132,13 +132,39 @@ def check_cluster_reachable(address: str, env: dict[str, str], timeout: float = 
     if not port.isdigit() or "://" in address:  # "auto", ray://...: Ray resolves it, nothing to connect to here
         return
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
-            pass
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as connection:
+            answer = None if env.get("RAY_USE_TLS", "0") not in ("", "0") else _first_bytes(connection, timeout)
     except OSError as exc:
         raise ProbeError(
             f"no Ray cluster at {address}: {exc.strerror or exc} (nothing listens there; is the address the one "
             "`cluster start` or `ray start --head` printed?)"
         ) from None
+    if answer is not None and not _is_http2_settings(answer):
+        said = answer.splitlines()[0][:60].decode("latin-1") if answer.strip() else "nothing"
+        raise ProbeError(
+            f"not a Ray cluster at {address}: the server there answered {said!r}, not the gRPC (HTTP/2) of a Ray GCS; "
+            "is the address the one `cluster start` or `ray start --head` printed (the GCS port, 6379 by default)?"
+        )
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HTTP2_SETTINGS = 0x04  # the frame type a gRPC server sends first (RFC 9113, 3.4: the server connection preface)
+
+
+def _first_bytes(connection: socket.socket, timeout: float) -> bytes:
+    """The first bytes the server at ``connection`` answers to an HTTP/2 client preface (``b""`` if it closes or
+    says nothing within ``timeout``)."""
+    connection.settimeout(timeout)
+    try:
+        connection.sendall(HTTP2_PREFACE)
+        return connection.recv(64)
+    except OSError:
+        return b""
+
+
+def _is_http2_settings(data: bytes) -> bool:
+    """Whether ``data`` opens with an HTTP/2 SETTINGS frame header (9 bytes: length, type, flags, stream 0)."""
+    return len(data) >= 9 and data[3] == HTTP2_SETTINGS and data[5:9] == b"\x00\x00\x00\x00"
 
 
 def cluster_run_problems(address: str, env: dict[str, str], env_vars: dict[str, str], timeout: float) -> list[str]:
