@@ -194,7 +194,7 @@ def test_separate_asyncs_own_asserts_are_startup_errors():
         _validate(*SEPARATE_ASYNC)
     _validate(*SEPARATE_ASYNC, "trainer.v1.separate_async.parameter_sync_step=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
     naive = [o for o in SEPARATE_ASYNC if "checkpoint_engine" not in o]
-    with pytest.raises(OffPolicyConfigError, match=r"checkpoint_engine.backend to nccl"):
+    with pytest.raises(OffPolicyConfigError, match=r"separate_async .*checkpoint_engine.backend to verl's nccl"):
         _validate(*naive, "trainer.v1.separate_async.parameter_sync_step=1")
     with pytest.raises(OffPolicyConfigError, match=r"data.train_batch_size=16 must be divisible by trainer.v1.colocate_async.parameter_sync_step=3"):
         _validate("trainer.v1.trainer_mode=colocate_async", "+trainer.v1.colocate_async.parameter_sync_step=3")

@@ -144,6 +144,24 @@ def check_verl_async_modes(view: ConfigView) -> None:
         )
 
 
+def check_rollout_pool(view: ConfigView, prefix: str) -> str:
+    """A rollout on a pool of its own (``prefix`` names the mode): a pool of size >= 1 and a checkpoint engine that
+    can push weights to it (not ``naive``). Returns the backend."""
+    rollout = "actor_rollout_ref.rollout"
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = view.select(f"{rollout}.{key}", 0)
+        if not isinstance(value, int) or value < 1:
+            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
+    backend = view.select(f"{rollout}.checkpoint_engine.backend")
+    if backend == "naive":
+        raise OffPolicyConfigError(
+            f"{prefix} pushes weights to the rollout pool through a checkpoint engine, and naive only serves a "
+            f"colocated rollout: set {rollout}.checkpoint_engine.backend to verl's nccl/nixl/... on GPUs, or "
+            f"cpu_mailbox on the CPU path (+cpu_rollout=standalone)"
+        )
+    return backend
+
+
 def check_verl_async_preconditions(view: ConfigView) -> None:
     """verl 0.9.1's own asserts of its asynchronous trainers that are pure config, checked before Ray: what
     ``PPOTrainerSeparateAsync.__init__`` and ``PPOTrainer.step`` (``verl/trainer/ppo/v1/``) assert after the
@@ -170,17 +188,7 @@ def check_verl_async_preconditions(view: ConfigView) -> None:
             f"set {sync_key}={batch // mini if mini and batch % mini == 0 else '<data.train_batch_size / ' + mini_key + '>'} "
             f"or {mini_key}={batch // sync_step}"
         )
-    rollout = "actor_rollout_ref.rollout"
-    for key in ("nnodes", "n_gpus_per_node"):
-        value = view.select(f"{rollout}.{key}", 0)
-        if not isinstance(value, int) or value < 1:
-            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
-    backend = view.select(f"{rollout}.checkpoint_engine.backend")
-    if backend == "naive":
-        raise OffPolicyConfigError(
-            f"{prefix} pushes weights to its rollout pool through a checkpoint engine, and naive only serves a colocated "
-            f"rollout: set {rollout}.checkpoint_engine.backend to nccl/nixl/mooncake/... (cpu_mailbox on the CPU path)"
-        )
+    check_rollout_pool(view, prefix)
     if view.select("reward.reward_model.enable", False) and not view.select("reward.reward_model.enable_resource_pool", False):
         raise OffPolicyConfigError(
             f"{prefix} cannot colocate the reward model (its rollout never pauses to free GPU memory): set "
@@ -255,17 +263,7 @@ def check_overlapped(view: ConfigView) -> None:
         return
     rollout = "actor_rollout_ref.rollout"
     prefix = f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
-    for key in ("nnodes", "n_gpus_per_node"):
-        value = view.select(f"{rollout}.{key}", 0)
-        if not isinstance(value, int) or value < 1:
-            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
-    backend = view.select(f"{rollout}.checkpoint_engine.backend")
-    if backend == "naive":
-        raise OffPolicyConfigError(
-            f"{prefix} pushes weights to the rollout pool through a checkpoint engine, and naive only serves a "
-            f"colocated rollout: set {rollout}.checkpoint_engine.backend to verl's nccl/nixl/... on GPUs, or "
-            f"cpu_mailbox on the CPU path (+cpu_rollout=standalone)"
-        )
+    backend = check_rollout_pool(view, prefix)
     check_checkpoint_backend(backend, view.select(f"{rollout}.checkpoint_engine.custom_backend_module"))
     if view.offpolicy.ratio_anchor == "behaviour":
         raise OffPolicyConfigError(
