@@ -205,9 +205,9 @@ def composition_hint(exc: Exception, overrides: list[str]) -> str:
     """A composition error as the answer: Hydra's "use +algorithm.offpolicy..." hint for our section without a
     preset becomes what is missing (``algorithm.offpolicy.*`` comes with a preset)."""
     from verl_offpolicy.configs import PRESET_GROUP, preset_selector
+    from verl_offpolicy.glue.knobs import ALGO_PREFIX as section
 
     message = str(exc)
-    section = "algorithm.offpolicy"
     ours = [o for o in overrides if o.lstrip("+~").startswith(f"{section}.")]
     selects = any(o.lstrip("+").split("=")[0] == PRESET_GROUP for o in overrides)
     if ours and not selects and section in message:

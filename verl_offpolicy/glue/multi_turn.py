@@ -81,15 +81,13 @@ def check_agent_loop(view) -> None:
     ``agent.default_agent_loop``."""
     if not _enabled(view):
         return
-    from hydra.utils import get_class
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
     name = view.select(AGENT_LOOP)
     if not _single_turn(name):
         return
     in_data = agent_names_in_data(view)
-    multi = sorted(n for n, e in _agent_loop_registry.items() if not issubclass(get_class(e["_target_"]), SingleTurnAgentLoop))
+    multi = sorted(n for n in _agent_loop_registry if not _single_turn(n))
     if in_data is None:
         import logging
 

@@ -3,7 +3,7 @@ algorithm stops the run; every other replaced preset key is named, with what it 
 
 A user's own verl script sets verl's usual keys (verl's examples all set ``algorithm.adv_estimator=grpo``
 and a ``ppo_mini_batch_size``), and Hydra applies a command-line key after the preset's defaults: adding
-``+algorithm=red_weight`` to such a script would train GRPO. :func:`check_preset_overrides` compares the
+``+algorithm=red_weight`` to such a script would train GRPO. :func:`replaced_keys` compares the
 composed config with the selected preset (``hydra.runtime.choices.algorithm``) and the command line
 (``hydra.overrides.task``), both in the config the startup callback and ``verl-offpolicy check`` see.
 
@@ -181,10 +181,10 @@ def presets_matching(values: dict[str, Any]) -> list[str]:
     return matching
 
 
-def check_defining_keys(config: DictConfig) -> None:
+def check_defining_keys(config: DictConfig, replaced: list[Replaced]) -> None:
     """Raise :class:`PresetOverrideError` when the command line replaces a key that defines the selected preset's
     algorithm: the keys, the script's and the preset's values, and the fix."""
-    replaced = [r for r in replaced_keys(config) if r.key in defining_keys()]
+    replaced = [r for r in replaced if r.key in defining_keys()]
     if not replaced:
         return
     preset = selected_preset(config)
@@ -204,14 +204,14 @@ def check_defining_keys(config: DictConfig) -> None:
     )
 
 
-def caused_by_command_line(error: Exception, config: DictConfig) -> str:
+def caused_by_command_line(error: Exception, config: DictConfig, replaced: list[Replaced]) -> str:
     """A startup error's message followed by the preset keys the command line replaced whose preset value the
     error asks for (``set algorithm.use_kl_in_reward=true`` where the script set false: the user's own key, not
     the preset, is then the cause), else unchanged."""
     message = str(error)
     if isinstance(error, PresetOverrideError):
         return message
-    named = [r for r in replaced_keys(config) if f"{r.key}={r.preset}".lower() in message.lower()]
+    named = [r for r in replaced if f"{r.key}={r.preset}".lower() in message.lower()]
     if not named:
         return message
     causes = "; ".join(f"`{r.override}` (the preset {selected_preset(config)} sets {r.key}={r.preset})" for r in named)
@@ -269,17 +269,17 @@ def _knob_help() -> dict[str, str]:
     return {f"{section.PREFIX}.{k.name}": k.help for section in (typed.OffPolicyConfig, typed.OffPolicyLossConfig) for k in section.KNOBS}
 
 
-def override_notes(config: DictConfig) -> list[str]:
+def override_notes(config: DictConfig, replaced: list[Replaced]) -> list[str]:
     """One line per preset key the command line replaces without redefining the algorithm: the key, the preset's
     value -> the run's, and what that changes."""
     notes = []
     helps = _knob_help()
-    for replaced in replaced_keys(config):
-        if replaced.key in defining_keys():
+    for one in replaced:
+        if one.key in defining_keys():
             continue
-        what = effect(config, replaced, helps)
+        what = effect(config, one, helps)
         notes.append(
-            f"{replaced.key} {replaced.preset} -> {replaced.value} (your command line replaces preset "
+            f"{one.key} {one.preset} -> {one.value} (your command line replaces preset "
             f"{selected_preset(config)}'s value){f': {what}' if what else ''}"
         )
     return notes

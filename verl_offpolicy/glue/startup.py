@@ -144,16 +144,18 @@ class StartupValidation(Callback):
             raise SystemExit(f"verl-offpolicy: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
-        from verl_offpolicy.glue.preset_overrides import caused_by_command_line, check_defining_keys, override_notes
+        from verl_offpolicy.glue.preset_overrides import caused_by_command_line, check_defining_keys, override_notes, replaced_keys
+
+        replaced = replaced_keys(config)  # the selected preset's keys the command line replaced, read once
 
         try:
-            check_defining_keys(config)
+            check_defining_keys(config, replaced)
             validate(config)
             from verl_offpolicy.glue.scheduler.filtering import check_filter_metric
 
             check_filter_metric(config)
             check_cluster_nodes(config)
         except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
-            raise SystemExit(f"verl-offpolicy: invalid configuration: {caused_by_command_line(exc, config)}") from exc
-        for note in override_notes(config):
+            raise SystemExit(f"verl-offpolicy: invalid configuration: {caused_by_command_line(exc, config, replaced)}") from exc
+        for note in override_notes(config, replaced):
             print(f"verl-offpolicy: note: {note}", file=sys.stderr, flush=True)
