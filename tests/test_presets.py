@@ -246,6 +246,7 @@ def test_scheduler_overrides_reach_the_offpolicy_section():
 
 LOGPROBS = ["actor_rollout_ref.rollout.calculate_log_probs=true"]
 RC = "algorithm.rollout_correction"
+NO_PRESET = "algorithm.offpolicy.preset=null"  # a config that does not claim to be its preset
 
 
 @pytest.mark.parametrize(
@@ -317,8 +318,10 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         # overlapped mode needs a rollout pool of its own (tests/test_overlapped.py covers the rest)
         ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.rollout.nnodes >= 1"),
         ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
-        ("pairwise_opmd", ["actor_rollout_ref.actor.policy_loss.loss_mode=rec"], "both set to pairwise_opmd"),
-        ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd"], "algorithm.adv_estimator=grpo and"),
+        # a replaced loss stops as another preset's algorithm (tests/test_user_scripts.py); without the preset's
+        # name the pairing rule names the pair
+        ("pairwise_opmd", ["actor_rollout_ref.actor.policy_loss.loss_mode=rec", NO_PRESET], "both set to pairwise_opmd"),
+        ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd", NO_PRESET], "algorithm.adv_estimator=grpo and"),
         ("pairwise_opmd", ["algorithm.kl_ctrl.kl_coef=0.5"], "to equal algorithm.offpolicy.tau"),
         ("pairwise_opmd", ["actor_rollout_ref.actor.ppo_epochs=2"], "actor_rollout_ref.actor.ppo_epochs=1 (got 2)"),
         ("pairwise_opmd", ["algorithm.rollout_correction.bypass_mode=true"], "adv_estimator=pairwise_opmd computes its reward"),

@@ -22,6 +22,7 @@ from verl_offpolicy.glue.compose import compose_main_ppo, compose_main_ppo_argv
 from verl_offpolicy.glue.preset_overrides import (
     ESTIMATOR_KEY,
     LOSS_MODE_KEY,
+    PRESET_KEY,
     defining_keys,
     preset_values,
 )
@@ -101,9 +102,19 @@ def test_defining_keys_are_the_families_variant_knobs():
         module = importlib.import_module(name)
         for prefix, knobs in ((ALGO_PREFIX, getattr(module, "OFFPOLICY_KNOBS", ())), (LOSS_PREFIX, getattr(module, "LOSS_KNOBS", ()))):
             for knob in knobs:
-                (expected if knob.choices or isinstance(knob.default, bool) else magnitudes).add(f"{prefix}.{knob.name}")
+                variant = knob.choices or isinstance(knob.default, bool) if knob.variant is None else knob.variant
+                (expected if variant else magnitudes).add(f"{prefix}.{knob.name}")
     assert defining_keys() == expected
     assert f"{ALGO_PREFIX}.tau" in magnitudes and f"{LOSS_PREFIX}.clip_mode" in expected
+    # topr.py: topr_reward says the rewards' scale (0/1 or already ±1); TOPR either way, so a script may set it
+    assert f"{ALGO_PREFIX}.topr_reward" in magnitudes
+
+
+def test_the_reward_scale_of_topr_is_a_note_not_a_stop(capsys):
+    """topr_reward=raw is the advice of topr's own reward-range rule: it must not be refused as another algorithm."""
+    assert _startup("ppo_trainer", ["+algorithm=topr", "algorithm.offpolicy.topr_reward=raw"]) is None
+    (note,) = _notes(capsys)
+    assert "algorithm.offpolicy.topr_reward signed -> raw" in note
 
 
 def test_every_preset_defines_its_estimator_and_loss():
@@ -111,6 +122,74 @@ def test_every_preset_defines_its_estimator_and_loss():
     for name in preset_names():
         values = preset_values(name)
         assert ESTIMATOR_KEY in values and LOSS_MODE_KEY in values, name
+
+
+# ----------------------------------------------------------- the TaskRunner: no command line, the preset's name
+
+
+def _taskrunner(config_name: str, overrides: list[str], config_dir: Path | None = None):
+    """What the trainer's constructor in verl's TaskRunner runs on the config it gets: no ``hydra`` node (Hydra
+    deletes it), no callback ran on it. None if it passes, else the message."""
+    from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+    argv = [*(["--config-dir", str(config_dir)] if config_dir else []), "--config-name", config_name, *VALID_SIZES, *overrides]
+    config = compose_main_ppo_argv(argv)
+    assert "hydra" not in config
+    try:
+        validate_offpolicy_config(config)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def test_every_preset_writes_its_own_name():
+    """The name the TaskRunner compares against is the file's (discovered from the preset folder)."""
+    for name in preset_names():
+        assert preset_values(name)[PRESET_KEY] == name, name
+        assert OmegaConf.select(compose_main_ppo("ppo_trainer", [f"+algorithm={name}"]), PRESET_KEY) == name
+
+
+def test_the_taskrunner_stops_a_replaced_estimator_without_the_command_line():
+    """red_weight.yaml sets adv_estimator=red_weight; the config reaching the TaskRunner holds verl's grpo (no
+    callback ran on it): the same stop as in the driver, naming the preset's key as the other way out."""
+    message = _taskrunner("ppo_trainer", ["+algorithm=red_weight", "algorithm.adv_estimator=grpo"])
+    assert message is not None
+    assert "the config replaces what defines preset red_weight" in message
+    assert "algorithm.adv_estimator=grpo (the preset sets red_weight)" in message
+    assert "(`+algorithm=reinforce`)" in message
+    assert f"set {PRESET_KEY}=null" in message
+
+
+def test_the_taskrunner_passes_a_preset_as_written_and_a_magnitude_changed():
+    """tau is a magnitude (not a defining key); the preset's own values pass."""
+    assert _taskrunner("ppo_trainer", ["+algorithm=opmd"]) is None
+    assert _taskrunner("ppo_trainer", ["+algorithm=opmd", "algorithm.offpolicy.tau=0.5"]) is None
+    assert _taskrunner("offpolicy_trainer", ["algorithm=rec_ring_nois"]) is None
+
+
+def test_a_variant_knob_changed_in_a_config_file_stops_in_the_taskrunner():
+    """rec_ring_nois.yaml sets clip_mode=ring: a loss knob with a closed list, so a defining key."""
+    message = _taskrunner("offpolicy_trainer", ["algorithm=rec_ring_nois", f"{LOSS_MODE_KEY.rsplit('.', 1)[0]}.clip_mode=two-side"])
+    assert message is not None and "clip_mode=two-side (the preset sets ring)" in message
+    assert "`+algorithm=rec_twoside_nois`" in message  # rec_twoside_nois.yaml: the same keys with clip_mode two-side
+
+
+def test_a_users_preset_built_on_ours_names_itself(tmp_path):
+    """A preset of the user's own that includes red_weight and changes its estimator inherits red_weight's name:
+    it stops naming the key; with its own name (not one of ours) it trains as written."""
+    folder = tmp_path / "algorithm"
+    folder.mkdir()
+    body = "# @package _global_\ndefaults:\n  - red_weight\n  - _self_\n\nalgorithm:\n  adv_estimator: grpo\n"
+    (folder / "my_red.yaml").write_text(body)
+    message = _taskrunner("ppo_trainer", ["+algorithm=my_red"], config_dir=tmp_path)
+    assert message is not None and "preset red_weight" in message and f"{PRESET_KEY}=null" in message
+    (folder / "my_red.yaml").write_text(body + "  offpolicy:\n    preset: my_red\n")
+    assert _taskrunner("ppo_trainer", ["+algorithm=my_red"], config_dir=tmp_path) is None
+
+
+def test_the_preset_name_is_a_name():
+    message = _taskrunner("ppo_trainer", ["+algorithm=opmd", f"{PRESET_KEY}=3"])
+    assert message is not None and f"{PRESET_KEY} must be a preset's name or null, got 3" in message
 
 
 # ------------------------------------------------------------------------------------- the notes

@@ -36,15 +36,17 @@ from verl_offpolicy.glue.knobs import (  # noqa: F401 - LOSS_PREFIX, OffPolicyCo
 )
 
 SCHEDULER_MODULE = "verl_offpolicy.glue.scheduler.knobs"
+PRESET_MODULE = "verl_offpolicy.glue.preset_overrides"  # algorithm.offpolicy.preset, the name a preset writes
 # Families that failed to import in this process (their knobs are missing): building a section then raises
 # the registration error that names the cause (glue/registration.py records it), not an unexpected keyword.
 _UNLOADED: list[str] = []
 
 
 def family_modules() -> tuple[Any, ...]:
-    """The modules that declare knobs: the scheduler, then every family of the algorithms part (file-name order)."""
+    """The modules that declare knobs: the scheduler, the preset's name, then every family of the algorithms part
+    (file-name order)."""
     modules = []
-    for name in (SCHEDULER_MODULE, *algorithms.family_modules()):
+    for name in (SCHEDULER_MODULE, PRESET_MODULE, *algorithms.family_modules()):
         try:
             modules.append(importlib.import_module(name))
         except Exception as exc:  # noqa: BLE001 - reported when a section is built (_refuse_if_unloaded)

@@ -78,7 +78,9 @@ class Knob:
     """One hyperparameter: ``name`` under its section, its ``default``, a one-line ``help`` (the typed section's
     docstring and the generated YAML's comment), its ``choices`` (if a closed list) and its ``check``
     (``check(key, value)`` raising ``ValueError`` naming the key). ``yaml`` replaces the default in the
-    generated YAML (e.g. the loss's τ interpolated from ``algorithm.offpolicy.tau``)."""
+    generated YAML (e.g. the loss's τ interpolated from ``algorithm.offpolicy.tau``). ``variant``: whether the
+    value picks a variant of the family's algorithm, a key a preset's user may not replace
+    (:mod:`verl_offpolicy.glue.preset_overrides`); None: a closed list or a switch does, a magnitude does not."""
 
     name: str
     default: Any
@@ -86,6 +88,13 @@ class Knob:
     choices: tuple[str, ...] = ()
     check: Callable[[str, Any], None] | None = None
     yaml: str | None = None
+    variant: bool | None = None
+
+    @property
+    def selects_variant(self) -> bool:
+        if self.variant is not None:
+            return self.variant
+        return bool(self.choices) or self.check is boolean
 
     def validate(self, prefix: str, value: Any) -> None:
         key = f"{prefix}.{self.name}"

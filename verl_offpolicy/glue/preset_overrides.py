@@ -10,7 +10,14 @@ composed config with the selected preset (``hydra.runtime.choices.algorithm``) a
 A preset's keys are what its file and the shared parts it includes set (:func:`preset_values`; the
 generated knob defaults of ``offpolicy_shared/knobs.yaml`` are defaults, not a preset's choice). The keys that
 define its algorithm come from the families themselves (:func:`defining_keys`): the estimator, the loss mode,
-and every family knob that selects a variant (a closed list of values or a switch), not a magnitude.
+and every family knob that selects a variant (``Knob.selects_variant``: by default a closed list of values or a
+switch), not a magnitude.
+
+Hydra gives the startup callback a copy of the config and deletes ``hydra`` from the one the task gets, so
+verl's TaskRunner never sees the preset's choice or the command line. Each preset therefore writes its own name,
+``algorithm.offpolicy.preset`` (:data:`PRESET_KNOB`), and :func:`check_preset_name` compares the keys that define
+its algorithm with the preset's own values wherever the config came from: a config composed without our callback
+(verl's yaml plus a copy of a preset, a script of its own) stops in the TaskRunner too.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from verl_offpolicy.configs import PRESET_GROUP, preset_names, preset_selector, preset_text
-from verl_offpolicy.glue.knobs import ALGO_PREFIX, LOSS_PREFIX, Knob, boolean
+from verl_offpolicy.glue.knobs import ALGO_PREFIX, LOSS_PREFIX, Knob, OffPolicyConfigError
 
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 LOSS_MODE_KEY = f"{LOSS_PREFIX}.loss_mode"
@@ -31,6 +38,22 @@ SHARED_PREFIX = "/offpolicy_shared/"
 # Included by every preset, but holding no preset's choice: generated knob defaults, the startup callback.
 NOT_PRESET_CHOICES = ("knobs", "validation")
 ACTOR = "actor_rollout_ref.actor"
+
+
+def _preset_name(key: str, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} must be a preset's name or null, got {value!r}")
+
+
+PRESET_KNOB = Knob(
+    "preset", None,
+    "The preset this config comes from, written by the preset's own file (null: none). Startup compares the keys "
+    "that define the preset's algorithm with the preset's values; a preset of your own that includes one of ours "
+    "sets its own name here, or null.",
+    check=_preset_name,
+)
+PRESET_KEY = f"{ALGO_PREFIX}.{PRESET_KNOB.name}"
+OFFPOLICY_KNOBS = (PRESET_KNOB,)  # assembled into algorithm.offpolicy by glue/config.py
 
 
 # ------------------------------------------------------------------------------------- the preset's keys
@@ -93,13 +116,8 @@ def defining_keys() -> frozenset[str]:
     for name in algorithms.family_modules():
         module = importlib.import_module(name)
         for prefix, knobs in ((ALGO_PREFIX, getattr(module, "OFFPOLICY_KNOBS", ())), (LOSS_PREFIX, getattr(module, "LOSS_KNOBS", ()))):
-            keys.update(f"{prefix}.{knob.name}" for knob in knobs if selects_variant(knob))
+            keys.update(f"{prefix}.{knob.name}" for knob in knobs if knob.selects_variant)
     return frozenset(keys)
-
-
-def selects_variant(knob: Knob) -> bool:
-    """A knob whose value picks a variant of its family's algorithm (a closed list, or a switch)."""
-    return bool(knob.choices) or knob.check is boolean
 
 
 # ---------------------------------------------------------------------------------- the command line
@@ -181,14 +199,9 @@ def presets_matching(values: dict[str, Any]) -> list[str]:
     return matching
 
 
-def check_defining_keys(config: DictConfig, replaced: list[Replaced]) -> None:
-    """Raise :class:`PresetOverrideError` when the command line replaces a key that defines the selected preset's
-    algorithm: the keys, the script's and the preset's values, and the fix."""
-    replaced = [r for r in replaced if r.key in defining_keys()]
-    if not replaced:
-        return
-    preset = selected_preset(config)
-    config_name = OmegaConf.select(config, "hydra.job.config_name", default="ppo_trainer") or "ppo_trainer"
+def _stop(preset: str, replaced: list[Replaced], config: DictConfig, config_name: str, where: str) -> PresetOverrideError:
+    """The stop for ``replaced`` defining keys of ``preset``: the keys, both values, and the fix (delete them from
+    ``where``, or the preset of the run's setting)."""
     run = {k: OmegaConf.select(config, k, default=None) for k in defining_keys()}
     alternatives = [name for name in presets_matching(run) if name != preset]
     pairs = "; ".join(f"{r.key}={r.value} (the preset sets {r.preset})" for r in replaced)
@@ -198,10 +211,44 @@ def check_defining_keys(config: DictConfig, replaced: list[Replaced]) -> None:
         if alternatives else "or drop the preset to train verl's own setting, or write a preset of your own for this "
         "combination (docs/extending.md)"
     )
-    raise PresetOverrideError(
-        f"the command line replaces what defines preset {preset}: {pairs}; the run would not train {preset}. "
-        f"Delete {deletes} from your command line (verl's example scripts set such keys), {choose}"
+    return PresetOverrideError(
+        f"the {where} replaces what defines preset {preset}: {pairs}; the run would not train {preset}. "
+        f"Delete {deletes} from your {where} (verl's example scripts set such keys), {choose}"
     )
+
+
+def check_defining_keys(config: DictConfig, replaced: list[Replaced]) -> None:
+    """Raise :class:`PresetOverrideError` when the command line replaces a key that defines the selected preset's
+    algorithm: the keys, the script's and the preset's values, and the fix."""
+    replaced = [r for r in replaced if r.key in defining_keys()]
+    if not replaced:
+        return
+    config_name = OmegaConf.select(config, "hydra.job.config_name", default="ppo_trainer") or "ppo_trainer"
+    raise _stop(selected_preset(config), replaced, config, config_name, "command line")
+
+
+def check_preset_name(view) -> None:
+    """The keys that define the algorithm of the preset ``algorithm.offpolicy.preset`` names hold that preset's
+    values (a startup rule: in the TaskRunner it is the only comparison, the command line is gone there). A name
+    that is not one of ours (a user's own preset) is not compared."""
+    preset = view.offpolicy.preset
+    if preset is None or preset not in preset_names():
+        return
+    own = {k: v for k, v in preset_values(preset).items() if k in defining_keys()}
+    replaced = []
+    for key, preset_value in _resolved_preset_values(view.cfg, own).items():
+        value = view.select(key)
+        if value != preset_value:
+            replaced.append(Replaced(key, preset_value, value, f"{key}={value}"))
+    if replaced:
+        stop = _stop(preset, replaced, view.cfg, "ppo_trainer", "config")
+        raise OffPolicyConfigError(
+            f"{stop} (or, if this config is meant to differ from {preset}, set {PRESET_KEY}=null or your own "
+            "preset's name)"
+        )
+
+
+RULES = (check_preset_name,)  # first of the startup rules (glue/validation.py): a replaced estimator explains the rest
 
 
 def caused_by_command_line(error: Exception, config: DictConfig, replaced: list[Replaced]) -> str:

@@ -4,6 +4,8 @@
 typed sections (:class:`~verl_offpolicy.glue.config.ConfigView`: ``algorithm.offpolicy``, the policy
 loss) and runs each part's rule group, first error wins. Each rule lives with what it guards:
 
+0. the preset the config names (``algorithm.offpolicy.preset``): the keys that define its algorithm hold its values,
+   ``RULES`` of :mod:`verl_offpolicy.glue.preset_overrides`;
 1. the algorithms part, :func:`verl_offpolicy.glue.algorithms.rules` (each family's rules beside its adapters);
 2. verl's rollout correction with our anchors and losses, ``ROLLOUT_CORRECTION_RULES`` of
    :mod:`verl_offpolicy.glue.scheduler.checks`;
@@ -56,12 +58,12 @@ def rule_groups() -> tuple[tuple, ...]:
     its adapters (the typed sections too are assembled from them), and a module that fails to import must
     surface as the registration error that names its cause, not as a failure to import this module.
     """
-    from verl_offpolicy.glue import algorithms, lora, multi_turn, resolvers
+    from verl_offpolicy.glue import algorithms, lora, multi_turn, preset_overrides, resolvers
     from verl_offpolicy.glue.scheduler import checks as scheduler
     from verl_offpolicy.rewards import math_verify_reward
 
     return (
-        algorithms.rules(), scheduler.ROLLOUT_CORRECTION_RULES, resolvers.RULES, scheduler.RULES, math_verify_reward.RULES,
+        preset_overrides.RULES, algorithms.rules(), scheduler.ROLLOUT_CORRECTION_RULES, resolvers.RULES, scheduler.RULES, math_verify_reward.RULES,
         multi_turn.RULES, lora.RULES,
     )
 

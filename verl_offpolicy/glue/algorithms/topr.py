@@ -27,7 +27,8 @@ OFFPOLICY_KNOBS = (
          check=finite),
     Knob("topr_reward", "signed",
          "topr: reward R: signed (2r − 1: 0/1 rewards as TOPR's ±1; other rewards are an error) | raw (r).",
-         choices=core_adv.TOPR_REWARDS),
+         choices=core_adv.TOPR_REWARDS,
+         variant=False),  # the rewards' scale (0/1 or already ±1), not another algorithm: TOPR either way
 )
 
 
