@@ -40,9 +40,6 @@ def run(name, rewards, uids, dtype=F64, **offpolicy):
     return advantages[:, 0]
 
 
-ALL = ["opmd", "pmd_partition", "asymre", "red_drop", "red_weight", "agro"]
-
-
 # ---------------------------------------------------------------- hand-derived values
 
 
@@ -334,30 +331,6 @@ def test_red_drop_core_orders_itself_like_the_glue():
 # ---------------------------------------------------------------- robustness
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_singleton_groups_get_the_reward(name):
-    a = run(name, [0.7, -2.0, 5.0], ["a", "b", "c"], tau=0.5)
-    torch.testing.assert_close(a, torch.tensor([0.7, -2.0, 5.0], dtype=F64))
-
-
-@pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_all_equal_rewards_give_exactly_zero(name, dtype):
-    # 0.1·3 / 3 ≠ 0.1 in floating point: the estimators must still return exact zeros
-    a = run(name, [0.1, 0.1, 0.1, 1e4, 1e4], ["a", "a", "a", "b", "b"], dtype=dtype, tau=0.01)
-    expected = torch.full_like(a, 0.1) if name == "asymre" else torch.zeros_like(a)  # asymre: A = −shift
-    assert torch.equal(a, expected), a
-
-
-@pytest.mark.parametrize("name", ALL)
-def test_all_zero_mask_response_is_finite_and_zero(name):
-    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]], dtype=F64)
-    token_rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [2.0, 0.0]], dtype=F64)
-    adv, _ = get_adv_estimator_fn(name)(token_rewards, mask, np.array(["g", "g", "g"]), config=None)
-    assert torch.isfinite(adv).all()
-    assert torch.all(adv[1] == 0)
-
-
 def test_large_rewards_small_tau_are_stable():
     r, uids = [0.0, 1e4, 2e4], ["g"] * 3
     # pmd_partition τ = 0.01: b_0 = 0.01·ln((e^{1e6} + e^{2e6})/2) = 2e4 + 0.01·ln((1 + e^{−1e6})/2) = 2e4 − 0.01 ln 2
@@ -375,13 +348,6 @@ def test_large_rewards_small_tau_are_stable():
     # ... and a unique maximum far above the rest (leave-one-out sum of e^{−1e6}-sized terms)
     a = run("pmd_partition", [1e4, 0.0, 0.0], uids, dtype=torch.float32, tau=0.01)
     torch.testing.assert_close(a, torch.tensor([1e4, -1e4, -1e4]), rtol=1e-6, atol=1e-2)
-
-
-@pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_reward_names_the_sample(name, bad):
-    with pytest.raises(ValueError, match=r"batch position 2 \(uid 'prompt-b'\)"):
-        run(name, [0.0, 1.0, bad, 1.0], ["prompt-a", "prompt-a", "prompt-b", "prompt-b"])
 
 
 def test_non_finite_reward_names_numpy_string_uids():

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from verl_offpolicy.glue import config
+from verl_offpolicy.glue.family import Family
 from verl_offpolicy.glue.knobs import Knob
 
 CONFIGS = Path(config.__file__).resolve().parents[1] / "configs"
@@ -39,9 +39,9 @@ def test_sections_are_assembled_from_every_declaring_module():
 
 
 def test_a_knob_declared_by_two_modules_is_an_error():
-    first = SimpleNamespace(__name__="family_a", OFFPOLICY_KNOBS=(Knob("alpha", 1, "a"),))
-    second = SimpleNamespace(__name__="family_b", OFFPOLICY_KNOBS=(Knob("alpha", 2, "b"),))
-    with pytest.raises(TypeError, match="'alpha' is declared by family_a and family_b"):
+    first = Family("family_a", offpolicy_knobs=(Knob("alpha", 1, "a"),))
+    second = Family("family_b", offpolicy_knobs=(Knob("alpha", 2, "b"),))
+    with pytest.raises(TypeError, match="algorithm.offpolicy.alpha is declared by families family_a and family_b"):
         config.declared_knobs("offpolicy", (first, second))
 
 

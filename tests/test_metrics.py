@@ -77,8 +77,9 @@ def test_docs_list_every_anchor_corr_stat_once():
 
 def test_docs_list_every_loss_fraction_under_the_one_rule():
     import verl.trainer.ppo.core_algos  # noqa: F401  (registers our losses first: adapters imported first is a cycle)
-    from verl_offpolicy.glue.algorithms.adapters import LOSS_FRACTIONS, loss_fraction_name
+    from verl_offpolicy.glue import algorithms
 
     names = _section_table_first_cells(ALGORITHMS_DOCS.read_text(), "### What each loss did to its tokens")
-    assert names == [loss_fraction_name(mode) for mode in LOSS_FRACTIONS]
+    declared = [f.loss_fraction_metric(mode) for f in algorithms.families() for mode in f.loss_fractions]
+    assert sorted(names) == sorted(declared) and len(declared) == 3
     assert all(re.fullmatch(r"actor/offpolicy/(rec|m2po|topr)/(clipped|masked|truncated)_frac", n) for n in names)

@@ -91,16 +91,13 @@ def test_an_error_caused_by_a_replaced_preset_key_says_so():
 
 def test_defining_keys_are_the_families_variant_knobs():
     """Discovered from the family modules: every knob with a closed list or a switch, no magnitude."""
-    import importlib
-
     from verl_offpolicy.glue import algorithms
     from verl_offpolicy.glue.knobs import ALGO_PREFIX, LOSS_PREFIX
 
     expected = {ESTIMATOR_KEY, LOSS_MODE_KEY}
     magnitudes = set()
-    for name in algorithms.family_modules():
-        module = importlib.import_module(name)
-        for prefix, knobs in ((ALGO_PREFIX, getattr(module, "OFFPOLICY_KNOBS", ())), (LOSS_PREFIX, getattr(module, "LOSS_KNOBS", ()))):
+    for family in algorithms.families():
+        for prefix, knobs in ((ALGO_PREFIX, family.offpolicy_knobs), (LOSS_PREFIX, family.loss_knobs)):
             for knob in knobs:
                 variant = knob.choices or isinstance(knob.default, bool) if knob.variant is None else knob.variant
                 (expected if variant else magnitudes).add(f"{prefix}.{knob.name}")

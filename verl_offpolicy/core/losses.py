@@ -89,8 +89,8 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]
 
 
 def reinforce_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-    """ℓ_t = −A·log π_t on response tokens (0 on padding)."""
-    return -torch.where(mask, advantages, 0.0) * log_prob
+    """ℓ_t = −A·log π_t on response tokens (0 on padding, whatever the padding's log-prob holds: NaN or ±inf too)."""
+    return torch.where(mask, -advantages * log_prob, 0.0)
 
 
 def opmd_loss(log_prob: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
@@ -258,10 +258,10 @@ def rec_loss(
     else:
         raise ValueError(f"unknown rec weight {weight!r}")
     active = mask if keep is None else mask & keep
-    loss = -torch.where(active, coef, 0.0) * log_prob
+    loss = torch.where(active, -coef * log_prob, 0.0)  # 0 off the mask, whatever the padding's log-prob holds
 
     if regularizer == "forward-kl":
-        loss = loss - regularizer_coef * log_prob
+        loss = loss - torch.where(mask, regularizer_coef * log_prob, 0.0)
     elif regularizer == "k2":
         loss = loss + regularizer_coef * torch.where(mask, log_prob - old_log_prob, 0.0).square()
     elif regularizer == "k2_seq":

@@ -6,9 +6,9 @@
 - ``actor_rollout_ref.actor.policy_loss`` (:class:`OffPolicyLossConfig`): verl's ``PolicyLossConfig`` plus
   the parameters of our losses. verl converts it on the driver in ``validate_config`` (``ActorConfig``).
 
-The fields are not written here: each family module declares its own (``OFFPOLICY_KNOBS``, ``LOSS_KNOBS``,
-:class:`~verl_offpolicy.glue.knobs.Knob`: default, help, allowed values, check) and this module assembles
-them, in the order of :func:`family_modules`. Building a section checks each value on its own (type,
+The fields are not written here: each family declares its own (``Family.offpolicy_knobs``, ``loss_knobs``:
+:class:`~verl_offpolicy.glue.knobs.Knob`, default, help, allowed values, check) and this module assembles
+them, in the order of :func:`knob_families`. Building a section checks each value on its own (type,
 range, choice) and names the key; the rules that combine keys live with their owners and run once, at
 startup (:mod:`verl_offpolicy.glue.validation`). :class:`ConfigView` is a whole composed config as those
 rules read it.
@@ -25,6 +25,7 @@ from verl.workers.config import PolicyLossConfig
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue import algorithms
+from verl_offpolicy.glue.family import Family
 from verl_offpolicy.glue.knobs import (  # noqa: F401 - LOSS_PREFIX, OffPolicyConfigError: the scheduler's rules import them from here
     ALGO_PREFIX,
     LOSS_PREFIX,
@@ -35,23 +36,24 @@ from verl_offpolicy.glue.knobs import (  # noqa: F401 - LOSS_PREFIX, OffPolicyCo
     select,
 )
 
-SCHEDULER_MODULE = "verl_offpolicy.glue.scheduler.knobs"
-PRESET_MODULE = "verl_offpolicy.glue.preset_overrides"  # algorithm.offpolicy.preset, the name a preset writes
 # Families that failed to import in this process (their knobs are missing): building a section then raises
 # the registration error that names the cause (glue/registration.py records it), not an unexpected keyword.
 _UNLOADED: list[str] = []
 
 
-def family_modules() -> tuple[Any, ...]:
-    """The modules that declare knobs: the scheduler, the preset's name, then every family of the algorithms part
-    (file-name order)."""
-    modules = []
-    for name in (SCHEDULER_MODULE, PRESET_MODULE, *algorithms.family_modules()):
+def knob_families() -> tuple[Family, ...]:
+    """The families that declare knobs: the scheduler, the preset's name, then every family of the algorithms part
+    (:data:`~verl_offpolicy.glue.algorithms.FAMILY_MODULES` order); one that fails to import is recorded."""
+    from verl_offpolicy.glue import preset_name
+    from verl_offpolicy.glue.scheduler import knobs as scheduler
+
+    found = [scheduler.FAMILY, preset_name.FAMILY]
+    for name in algorithms.family_modules():
         try:
-            modules.append(importlib.import_module(name))
+            found.append(importlib.import_module(name).FAMILY)
         except Exception as exc:  # noqa: BLE001 - reported when a section is built (_refuse_if_unloaded)
             _UNLOADED.append(f"importing {name} raised {type(exc).__name__}: {exc}")
-    return tuple(modules)
+    return tuple(found)
 
 
 def _refuse_if_unloaded(kind: str, name: Any) -> None:
@@ -64,15 +66,15 @@ def _refuse_if_unloaded(kind: str, name: Any) -> None:
     raise RegistrationError(f"verl-offpolicy could not load its algorithm families: {'; '.join(_UNLOADED)}")
 
 
-def declared_knobs(section: str, modules: tuple[Any, ...]) -> tuple[Knob, ...]:
-    """The knobs of ``section`` (``offpolicy`` or ``loss``) that ``modules`` declare; a name declared twice is an error."""
-    attribute = {"offpolicy": "OFFPOLICY_KNOBS", "loss": "LOSS_KNOBS"}[section]  # one per key of SECTIONS
+def declared_knobs(section: str, families: tuple[Family, ...]) -> tuple[Knob, ...]:
+    """The knobs of ``section`` (``offpolicy`` or ``loss``) that ``families`` declare; a name declared twice is an error."""
+    prefix = SECTIONS[section]
     found: dict[str, tuple[Knob, str]] = {}
-    for module in modules:
-        for knob in getattr(module, attribute, ()):
+    for family in families:
+        for knob in family.knobs(prefix):
             if knob.name in found:
-                raise TypeError(f"{attribute}: {knob.name!r} is declared by {found[knob.name][1]} and {module.__name__}")
-            found[knob.name] = (knob, module.__name__)
+                raise TypeError(f"{prefix}.{knob.name} is declared by families {found[knob.name][1]} and {family.name}")
+            found[knob.name] = (knob, family.name)
     return tuple(knob for knob, _ in found.values())
 
 
@@ -112,7 +114,7 @@ def _schedule(self) -> Schedule:
     return Schedule(self.sync_interval, self.sync_offset)
 
 
-_FAMILIES = family_modules()  # imported once: both sections are assembled from them
+_FAMILIES = knob_families()  # imported once: both sections are assembled from them
 OffPolicyConfig = _assemble(
     "OffPolicyConfig", object, "offpolicy", "``algorithm.offpolicy``: estimator hyperparameters and the staleness scheduler.",
     {"schedule": property(_schedule)},
@@ -151,7 +153,7 @@ def knobs_yaml() -> str:
     starting point; ``python -m verl_offpolicy.configs --write-knobs`` writes it, a test checks it)."""
     header = [
         "# @package _global_",
-        "# Generated from the families' knobs (OFFPOLICY_KNOBS, LOSS_KNOBS) by",
+        "# Generated from the families' knobs (Family.offpolicy_knobs, loss_knobs) by",
         "# `python -m verl_offpolicy.configs --write-knobs`; do not edit. Included by offpolicy_shared/common.yaml.",
         "algorithm:",
         "  offpolicy:",

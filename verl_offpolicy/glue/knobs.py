@@ -1,9 +1,9 @@
 """What a family declares of its hyperparameters, and the key-naming checks every rule uses.
 
-A family module (``glue/algorithms/<family>.py``, the scheduler's ``glue/scheduler/knobs.py``) declares its
-knobs once, as ``OFFPOLICY_KNOBS`` (keys under ``algorithm.offpolicy``) and ``LOSS_KNOBS`` (keys under
-``actor_rollout_ref.actor.policy_loss``): a :class:`Knob` each, with its default, its one-line help and its
-allowed values. :mod:`verl_offpolicy.glue.config` assembles the typed sections from them, and
+A family (``FAMILY`` of ``glue/algorithms/<family>.py``, of the scheduler's ``glue/scheduler/knobs.py``:
+:class:`~verl_offpolicy.glue.family.Family`) declares its knobs once, as ``offpolicy_knobs`` (keys under
+``algorithm.offpolicy``) and ``loss_knobs`` (keys under ``actor_rollout_ref.actor.policy_loss``): a :class:`Knob`
+each, with its default, its one-line help and its allowed values. :mod:`verl_offpolicy.glue.config` assembles the typed sections from them, and
 ``configs/offpolicy_shared/knobs.yaml`` is generated from them (``python -m verl_offpolicy.configs
 --write-knobs``; a test fails on drift).
 

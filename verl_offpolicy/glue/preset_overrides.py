@@ -15,7 +15,7 @@ switch), not a magnitude.
 
 Hydra gives the startup callback a copy of the config and deletes ``hydra`` from the one the task gets, so
 verl's TaskRunner never sees the preset's choice or the command line. Each preset therefore writes its own name,
-``algorithm.offpolicy.preset`` (:data:`PRESET_KNOB`), and :func:`check_preset_name` compares the keys that define
+``algorithm.offpolicy.preset`` (:mod:`verl_offpolicy.glue.preset_name`), and :func:`check_preset_name` compares the keys that define
 its algorithm with the preset's own values wherever the config came from: a config composed without our callback
 (verl's yaml plus a copy of a preset, a script of its own) stops in the TaskRunner too.
 """
@@ -30,7 +30,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from verl_offpolicy.configs import PRESET_GROUP, preset_names, preset_selector, preset_text
-from verl_offpolicy.glue.knobs import ALGO_PREFIX, LOSS_PREFIX, Knob, OffPolicyConfigError
+from verl_offpolicy.glue.knobs import ALGO_PREFIX, LOSS_PREFIX, OffPolicyConfigError
+from verl_offpolicy.glue.preset_name import PRESET_KEY
 
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 LOSS_MODE_KEY = f"{LOSS_PREFIX}.loss_mode"
@@ -40,20 +41,6 @@ NOT_PRESET_CHOICES = ("knobs", "validation")
 ACTOR = "actor_rollout_ref.actor"
 
 
-def _preset_name(key: str, value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{key} must be a preset's name or null, got {value!r}")
-
-
-PRESET_KNOB = Knob(
-    "preset", None,
-    "The preset this config comes from, written by the preset's own file (null: none). Startup compares the keys "
-    "that define the preset's algorithm with the preset's values; a preset of your own that includes one of ours "
-    "sets its own name here, or null.",
-    check=_preset_name,
-)
-PRESET_KEY = f"{ALGO_PREFIX}.{PRESET_KNOB.name}"
-OFFPOLICY_KNOBS = (PRESET_KNOB,)  # assembled into algorithm.offpolicy by glue/config.py
 
 
 # ------------------------------------------------------------------------------------- the preset's keys
@@ -108,15 +95,12 @@ def preset_values(preset: str) -> dict[str, Any]:
 def defining_keys() -> frozenset[str]:
     """The keys that define an algorithm: the estimator, the loss mode, and every knob of a family that selects a
     variant (its allowed values are a closed list, or it is a switch), read from the family modules."""
-    import importlib
-
     from verl_offpolicy.glue import algorithms
 
     keys = {ESTIMATOR_KEY, LOSS_MODE_KEY}
-    for name in algorithms.family_modules():
-        module = importlib.import_module(name)
-        for prefix, knobs in ((ALGO_PREFIX, getattr(module, "OFFPOLICY_KNOBS", ())), (LOSS_PREFIX, getattr(module, "LOSS_KNOBS", ()))):
-            keys.update(f"{prefix}.{knob.name}" for knob in knobs if knob.selects_variant)
+    for family in algorithms.families():
+        for prefix in (ALGO_PREFIX, LOSS_PREFIX):
+            keys.update(f"{prefix}.{knob.name}" for knob in family.knobs(prefix) if knob.selects_variant)
     return frozenset(keys)
 
 
@@ -311,9 +295,11 @@ def effect(config: DictConfig, replaced: Replaced, knob_help: dict[str, str]) ->
 
 
 def _knob_help() -> dict[str, str]:
-    from verl_offpolicy.glue import config as typed
+    from verl_offpolicy.glue import algorithms, preset_name
+    from verl_offpolicy.glue.scheduler import knobs as scheduler
 
-    return {f"{section.PREFIX}.{k.name}": k.help for section in (typed.OffPolicyConfig, typed.OffPolicyLossConfig) for k in section.KNOBS}
+    families = (scheduler.FAMILY, preset_name.FAMILY, *algorithms.families())
+    return {f"{prefix}.{k.name}": k.help for f in families for prefix in (ALGO_PREFIX, LOSS_PREFIX) for k in f.knobs(prefix)}
 
 
 def override_notes(config: DictConfig, replaced: list[Replaced]) -> list[str]:

@@ -121,6 +121,9 @@ ADV_ESTIMATORS = algorithms.declared_names(algorithms.ESTIMATOR_DECORATOR)
 POLICY_LOSSES = algorithms.declared_names(algorithms.LOSS_DECORATOR)
 OFFPOLICY_TRAINER = "offpolicy"  # trainer.v1.trainer_mode of the staleness scheduler (glue/scheduler/trainer.py)
 TRAINERS = (OFFPOLICY_TRAINER,)
+# verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): scheduler/checks.py's
+# check_verl_async_modes says what a preset keeps under them.
+VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
 PLATFORMS = ("cpu",)
 HF_ROLLOUT = "hf"  # the CPU backend's rollout (verl_offpolicy.cpu): its one name, imported there
 ROLLOUTS = (HF_ROLLOUT,)

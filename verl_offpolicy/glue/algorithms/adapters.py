@@ -2,7 +2,7 @@
 
 Estimators (``@register_adv_est``). verl calls ``fn(token_level_rewards, response_mask, config=<algorithm config>, index=uid)`` and
 expects ``(advantages, returns)``, both [B, T]. Each function here reads its hyperparameters from
-``algorithm.offpolicy`` (its family's ``OFFPOLICY_KNOBS``, validated at startup), turns the uids into group ids (a hash table),
+``algorithm.offpolicy`` (its family's ``offpolicy_knobs``, validated at startup), turns the uids into group ids (a hash table),
 calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence scores
 r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
 
@@ -160,24 +160,14 @@ def aggregate(
     return agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
 
 
-# What a loss did to its tokens, one name per loss: actor/offpolicy/<loss_mode>/<action>_frac (docs/algorithms.md,
-# "Policy losses"). verl's own actor/pg_clipfrac carries the same number under a name every loss shares.
-LOSS_FRACTION_PREFIX = "actor/offpolicy/"
-LOSS_FRACTIONS = {"rec": "clipped", "m2po": "masked", "topr": "truncated"}
-
-
-def loss_fraction_name(loss_mode: str) -> str:
-    """``actor/offpolicy/<loss_mode>/<action>_frac`` of a loss of :data:`LOSS_FRACTIONS`, e.g. ``actor/offpolicy/rec/clipped_frac``."""
-    return f"{LOSS_FRACTION_PREFIX}{loss_mode}/{LOSS_FRACTIONS[loss_mode]}_frac"
-
-
-def as_metrics(values: Tensor, loss_mode: str | None = None) -> dict[str, float]:
-    """verl's metric names as plain Python floats (one device sync); with ``loss_mode``, also the loss's
-    fraction of response tokens clipped, masked or truncated (:func:`loss_fraction_name`), which is
-    ``actor/pg_clipfrac``'s value (the fraction of response tokens with M_t = 0, or with w_i < 1 for TOPR)."""
+def as_metrics(values: Tensor, fraction_metric: str | None = None) -> dict[str, float]:
+    """verl's metric names as plain Python floats (one device sync); with ``fraction_metric`` (the family's
+    ``Family.loss_fraction_metric(loss_mode)``, e.g. ``actor/offpolicy/rec/clipped_frac``), also the loss's fraction
+    of response tokens clipped, masked or truncated under its own name, which is ``actor/pg_clipfrac``'s value (the
+    fraction of response tokens with M_t = 0, or with w_i < 1 for TOPR): verl's name is shared by every loss."""
     metrics = dict(zip(core.METRIC_NAMES, values.detach().tolist(), strict=True))
-    if loss_mode is not None:
-        metrics[loss_fraction_name(loss_mode)] = metrics[core.METRIC_NAMES[0]]
+    if fraction_metric is not None:
+        metrics[fraction_metric] = metrics[core.METRIC_NAMES[0]]
     return metrics
 
 

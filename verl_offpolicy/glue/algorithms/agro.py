@@ -16,7 +16,9 @@ from verl.trainer.ppo.core_algos import register_adv_est
 from verl_offpolicy.core import advantages as core
 from verl_offpolicy.glue.algorithms.adapters import broadcast, prepare
 from verl_offpolicy.glue.algorithms.kl_reward import check_kl_in_reward, check_proximal_kl_reward, one_update_per_batch_fixes
+from verl_offpolicy.glue.family import EstimatorExample, Family
 from verl_offpolicy.glue.knobs import Knob, OffPolicyConfigError, boolean, positive
+from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER, VERL_ASYNC_TRAINERS
 
 AGRO = "agro"
 OFFPOLICY_KNOBS = (
@@ -68,7 +70,17 @@ def check_agro(view) -> None:
         check_agro_onpolicy_data(view)
 
 
-ESTIMATOR_RULES = (check_agro,)
+
+def check_agro_onpolicy_trainer(view) -> None:
+    """verl's asynchronous trainers train on responses of earlier weights (and partial rollouts): no fresh samples."""
+    trainer_mode = view.trainer_mode
+    if not (view.offpolicy.on_policy and view.select("trainer.use_v1", False) and trainer_mode in VERL_ASYNC_TRAINERS):
+        return
+    raise OffPolicyConfigError(
+        f"trainer.v1.trainer_mode={trainer_mode} (verl's asynchronous trainer) trains on responses of earlier weights "
+        "(and partial rollouts), but algorithm.offpolicy.on_policy=true (on-policy AGRO) needs fresh samples at every "
+        f"update; use preset agro (off-policy form) or trainer.v1.trainer_mode={OFFPOLICY_TRAINER}"
+    )
 
 
 @register_adv_est("agro")
@@ -84,3 +96,12 @@ def compute_agro_advantage(token_level_rewards, response_mask, index=None, confi
     section, scores, group_ids = prepare(AGRO, token_level_rewards, index, config, OFFPOLICY_KNOBS)
     advantage = core.agro_advantage(scores, group_ids, section.beta, section.on_policy)
     return broadcast("agro", advantage, response_mask, token_level_rewards, index)
+
+
+FAMILY = Family(
+    "agro",
+    offpolicy_knobs=OFFPOLICY_KNOBS,
+    estimator_rules=(check_agro, check_agro_onpolicy_trainer),
+    # D_i = R_i − R̄_{−i}: a singleton has D = R (no other response); equal returns give D = 0
+    estimators={AGRO: (EstimatorExample({"beta": 0.1, "on_policy": False}, singleton="reward", equal_group=0.0),)},
+)

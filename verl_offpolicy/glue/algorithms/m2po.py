@@ -43,6 +43,7 @@ from verl.trainer.ppo.core_algos import register_policy_loss
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
 from verl_offpolicy.glue.algorithms.kl_reward import one_update_per_batch_fixes
+from verl_offpolicy.glue.family import Family, LossExample
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
 
 logger = logging.getLogger("verl_offpolicy")
@@ -213,8 +214,6 @@ def warn_m2po_single_update(view) -> None:
     )
 
 
-LOSS_RULES = (check_m2po_strategy, warn_m2po_single_update)
-
 
 def _whole_mini_batch(log_prob: Tensor, config: Any) -> bool:
     """True if this call holds every sequence of the optimizer mini-batch (or is not inside verl's engine)."""
@@ -263,4 +262,13 @@ def compute_policy_loss_m2po(
         )
     loss_mat, keep, log_ratio, ratio = core.m2po_loss(log_prob, old_log_prob, advantages, mask, keep.to(mask.device))
     loss = aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
-    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio), LOSS_MODE)
+    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio), FAMILY.loss_fraction_metric(LOSS_MODE))
+
+
+FAMILY = Family(
+    "m2po",
+    loss_knobs=LOSS_KNOBS,
+    loss_rules=(check_m2po_strategy, warn_m2po_single_update),
+    loss_fractions={LOSS_MODE: "masked"},
+    losses={LOSS_MODE: (LossExample({"m2po_threshold": 0.04, "m2po_token_pool": "trust_region"}),)},
+)

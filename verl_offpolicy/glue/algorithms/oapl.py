@@ -29,6 +29,7 @@ from verl_offpolicy.glue.algorithms.adapters import (
     prepare,
     unclipped_metrics,
 )
+from verl_offpolicy.glue.family import EstimatorExample, Family, LossExample
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
 
 OAPL = "oapl"
@@ -92,8 +93,6 @@ def check_oapl_anchor(view) -> None:
         )
 
 
-ESTIMATOR_RULES = (check_oapl_pair, check_oapl_group, check_oapl_anchor)
-
 
 @register_adv_est("oapl")
 @torch.no_grad()
@@ -125,3 +124,14 @@ def compute_policy_loss_oapl(
     loss_mat = core.oapl_loss(log_prob, old_log_prob, advantages, mask, loss_config.oapl_beta2)
     loss = aggregate(loss_mat, mask, OAPL_AGG_MODE, config, rollout_is_weights)
     return loss, unclipped_metrics(log_prob, old_log_prob, mask)
+
+
+FAMILY = Family(
+    OAPL,
+    offpolicy_knobs=OFFPOLICY_KNOBS,
+    loss_knobs=LOSS_KNOBS,
+    estimator_rules=(check_oapl_pair, check_oapl_group, check_oapl_anchor),
+    # V̂* = β1·log mean_j exp(r_j/β1) = r for a singleton or a group of equal rewards: A = 0
+    estimators={OAPL: (EstimatorExample({"oapl_beta1": 1.0}, singleton="zero", equal_group=0.0),)},
+    losses={OAPL: (LossExample({"oapl_beta2": 1.0e-3}),)},
+)

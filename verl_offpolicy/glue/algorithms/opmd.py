@@ -26,6 +26,7 @@ from verl_offpolicy.glue.algorithms.adapters import (
     unclipped_metrics,
 )
 from verl_offpolicy.glue.algorithms.kl_reward import check_kl_in_reward, check_proximal_kl_reward, one_update_per_batch_fixes
+from verl_offpolicy.glue.family import EstimatorExample, Family, LossExample
 from verl_offpolicy.glue.knobs import (
     ALGO_PREFIX,
     LOSS_PREFIX,
@@ -170,8 +171,24 @@ def check_pairwise_opmd(view) -> None:
         )
 
 
-LOSS_RULES = (check_loss_tau,)
-ESTIMATOR_RULES = (check_estimator_tau, check_pairwise_opmd)
+
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+
+
+def check_pairwise_opmd_correction(view) -> None:
+    """The pairwise gradient is exact for any data: verl's rollout correction (a per-sample weight or rejection)
+    has nothing to correct and would bias it."""
+    if view.adv_estimator != PAIRWISE_OPMD:
+        return
+    corrections = [
+        f"{ROLLOUT_CORRECTION}.{key}={value}" for key in ("rollout_is", "rollout_rs")
+        if (value := view.select(f"{ROLLOUT_CORRECTION}.{key}")) is not None
+    ]
+    if corrections:
+        raise OffPolicyConfigError(
+            f"algorithm.adv_estimator={PAIRWISE_OPMD} with {' and '.join(corrections)}: the pairwise gradient is exact "
+            "for any data without a per-sample weight or rejection (fully off-policy); remove the correction"
+        )
 
 # ---------------------------------------------------------------------- estimators
 
@@ -279,3 +296,24 @@ def compute_policy_loss_pairwise_opmd(
     loss_mat = core.reinforce_loss(log_prob, advantages, mask)
     loss = aggregate(loss_mat, mask, PAIRWISE_OPMD_AGG_MODE, config, rollout_is_weights)
     return loss, unclipped_metrics(log_prob, old_log_prob, mask)
+
+
+FAMILY = Family(
+    "opmd",
+    offpolicy_knobs=OFFPOLICY_KNOBS,
+    loss_knobs=LOSS_KNOBS,
+    loss_rules=(check_loss_tau,),
+    estimator_rules=(check_estimator_tau, check_pairwise_opmd, check_pairwise_opmd_correction),
+    # opmd: A = r − r̄; pmd_partition: A = r − τ·log mean_{j≠i} exp(r_j/τ) = 0 for equal rewards; a singleton keeps
+    # A = r in both (baseline 0). pairwise_opmd: A = 2Kτ(a − ā)/(1+τ)², 0 for equal rewards and for a singleton
+    estimators={
+        "opmd": (EstimatorExample({"tau": 1.0, "baseline": "mean"}, singleton="reward", equal_group=0.0),),
+        "pmd_partition": (EstimatorExample({"tau": 0.01}, singleton="reward", equal_group=0.0),),
+        PAIRWISE_OPMD: (EstimatorExample({"tau": 0.1}, singleton="zero", equal_group=0.0),),
+    },
+    losses={
+        "opmd": (LossExample({"tau": 1.0}),),
+        "pmd": (LossExample({"tau": 0.01}),),
+        PAIRWISE_OPMD: (LossExample({"tau": 0.1}),),
+    },
+)

@@ -15,6 +15,7 @@ from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check_dtype, our_loss_config
+from verl_offpolicy.glue.family import Family, LossExample
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, check_number, non_negative
 
 REC = "rec"
@@ -87,9 +88,6 @@ def check_sequence_ratio_aggregation(view) -> None:
         )
 
 
-FIRST_RULES = (check_actor_clip_ratios,)  # ε of the actor, for every loss of ours (any may set clip_mode)
-LOSS_RULES = (check_sequence_ratio_aggregation,)
-
 # ---------------------------------------------------------------------- loss
 
 
@@ -124,4 +122,23 @@ def compute_policy_loss_rec(
     )
     loss = aggregate(terms.loss, mask, loss_agg_mode, config, rollout_is_weights)
     metrics = core.ratio_metrics(terms.log_ratio, terms.ratio, mask, terms.keep, terms.band_ratio)
-    return loss, as_metrics(metrics, REC)
+    return loss, as_metrics(metrics, FAMILY.loss_fraction_metric(REC))
+
+
+FAMILY = Family(
+    REC,
+    loss_knobs=LOSS_KNOBS,
+    first_rules=(check_actor_clip_ratios,),  # ε of the actor, for every loss of ours (any may set clip_mode)
+    loss_rules=(check_sequence_ratio_aggregation,),
+    loss_fractions={REC: "clipped"},
+    losses={REC: (
+        LossExample({"clip_mode": "one-side", "weight": "importance_sampling", "regularizer": "k2", "regularizer_coef": 0.1},
+                    {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2}, label="one-side-is-k2"),
+        LossExample({"clip_mode": "gspo-one-side", "weight": "gspo_importance_sampling"},
+                    {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "loss_agg_mode": "seq-mean-token-mean"}, label="gspo-is"),
+        LossExample({"clip_mode": "two-side"}, label="two-side"),
+        LossExample({"clip_mode": "ring", "ring_clip_ratio_low": 0.5, "ring_clip_ratio_high": 1.5, "regularizer": "forward-kl",
+                     "regularizer_coef": 0.05}, label="ring-forward-kl"),
+        LossExample(actor={"loss_agg_mode": "seq-mean-token-sum"}, label="none-seq-sum"),
+    )},
+)

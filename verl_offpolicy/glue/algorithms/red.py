@@ -12,6 +12,7 @@ from verl.trainer.ppo.core_algos import register_adv_est
 
 from verl_offpolicy.core import advantages as core
 from verl_offpolicy.glue.algorithms.adapters import broadcast, prepare
+from verl_offpolicy.glue.family import EstimatorExample, Family
 from verl_offpolicy.glue.knobs import Knob, integer, positive
 
 OFFPOLICY_KNOBS = (
@@ -55,3 +56,15 @@ def compute_red_drop_advantage(token_level_rewards, response_mask, index=None, c
     seeds, occurrence = _layout(section.seed, np.asarray(index), group_ids)
     advantage = core.red_drop_advantage(scores, group_ids, seeds, occurrence)
     return broadcast("red_drop", advantage, response_mask, token_level_rewards, index)
+
+
+FAMILY = Family(
+    "red",
+    offpolicy_knobs=OFFPOLICY_KNOBS,
+    # red_weight: A = d·exp(d/T), d = r − r̄ = 0 for equal rewards; red_drop drops negatives only (d < 0), so equal
+    # rewards keep A = d = 0; a singleton has no group: A = r in both
+    estimators={
+        "red_weight": (EstimatorExample({"temperature": 1.0}, singleton="reward", equal_group=0.0),),
+        "red_drop": (EstimatorExample({"seed": 0}, singleton="reward", equal_group=0.0),),
+    },
+)

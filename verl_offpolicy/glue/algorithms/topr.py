@@ -19,6 +19,7 @@ from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.core import losses as core
 from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, broadcast, check_dtype, our_loss_config, prepare
+from verl_offpolicy.glue.family import EstimatorExample, Family, LossExample
 from verl_offpolicy.glue.knobs import Knob, OffPolicyConfigError, finite
 from verl_offpolicy.glue.reward_probe import GROUND_TRUTH, first_row_answers, reward_of
 
@@ -63,8 +64,6 @@ def check_topr_reward_range(view) -> None:
         )
 
 
-ESTIMATOR_RULES = (check_topr_reward_range,)
-
 
 @register_adv_est("topr")
 @torch.no_grad()
@@ -102,4 +101,16 @@ def compute_policy_loss_topr(
     log_ratio = core.clamp_log_ratio(core.token_log_ratio(log_prob, old_log_prob, mask))
     ratio = torch.exp(log_ratio)
     full_weight = weight >= 1.0  # tapered tokens (w_i < 1) count as "clipped" (below the band)
-    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, full_weight, torch.zeros_like(ratio)), "topr")
+    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, full_weight, torch.zeros_like(ratio)), FAMILY.loss_fraction_metric("topr"))
+
+
+FAMILY = Family(
+    "topr",
+    offpolicy_knobs=OFFPOLICY_KNOBS,
+    estimator_rules=(check_topr_reward_range,),
+    loss_fractions={"topr": "truncated"},
+    # raw: A = r − c with c = 0 and no group statistic, so a singleton and each member of an equal group get A = r
+    estimators={"topr": (EstimatorExample({"topr_reward": "raw", "topr_baseline": 0.0}, singleton="reward",
+                                          equal_group="reward"),)},
+    losses={"topr": (LossExample(),)},
+)

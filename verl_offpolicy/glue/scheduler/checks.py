@@ -15,12 +15,9 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.correction import check_rollout_correction_values
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
-from verl_offpolicy.glue.algorithms.opmd import PAIRWISE_OPMD
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER as SCHEDULER_TRAINER
-from verl_offpolicy.glue.registration import POLICY_LOSSES
+from verl_offpolicy.glue.registration import POLICY_LOSSES, VERL_ASYNC_TRAINERS
 
-# verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): see check_verl_async_modes.
-VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 logger = logging.getLogger("verl_offpolicy")
 
@@ -35,8 +32,8 @@ def check_rollout_correction(view: ConfigView) -> None:
     π_proximal/π_rollout). In bypass mode verl only puts the rollout log-probs in old_log_prob (the legacy
     trainer also swaps the loss for its own ``bypass_mode`` loss). Rejected, naming both keys: a setting verl
     would silently skip, an IS weight against π_rollout on a loss whose ratio is already against π_rollout
-    (``ratio_anchor=rollout``: corrected twice), and any reweighting of pairwise_opmd (its exact group gradient
-    has no per-sample weight).
+    (``ratio_anchor=rollout``: corrected twice). (pairwise_opmd refuses any reweighting itself:
+    :func:`verl_offpolicy.glue.algorithms.opmd.check_pairwise_opmd_correction`.)
     """
     offpolicy, loss = view.offpolicy, view.loss
     rollout_is = view.select(f"{ROLLOUT_CORRECTION}.rollout_is")
@@ -69,11 +66,6 @@ def check_rollout_correction(view: ConfigView) -> None:
                 f"{ROLLOUT_CORRECTION}.loss_type={loss_type} selects verl's bypass_mode loss, which "
                 f"{LOSS_PREFIX}.loss_mode={loss_mode} replaces: remove it (leave ppo_clip) or use verl's loss"
             )
-    if view.adv_estimator == PAIRWISE_OPMD and corrections:
-        raise OffPolicyConfigError(
-            f"algorithm.adv_estimator={PAIRWISE_OPMD} with {' and '.join(corrections)}: the pairwise gradient is exact "
-            "for any data without a per-sample weight or rejection (fully off-policy); remove the correction"
-        )
     if bypass or rollout_is is None:
         return
     if offpolicy.ratio_anchor == "rollout":
@@ -135,12 +127,6 @@ def check_verl_async_modes(view: ConfigView) -> None:
             f"{prefix} puts the rollout log-probs into old_log_prob exactly when "
             f"algorithm.rollout_correction.bypass_mode=true: set ratio_anchor=rollout together with bypass_mode=true, "
             f"or proximal with bypass_mode=false (got ratio_anchor={offpolicy.ratio_anchor}, bypass_mode={bypass})"
-        )
-    if offpolicy.on_policy:
-        raise OffPolicyConfigError(
-            f"{prefix} trains on responses of earlier weights (and partial rollouts), but "
-            "algorithm.offpolicy.on_policy=true (on-policy AGRO) needs fresh samples at every update; use preset agro "
-            "(off-policy form) or trainer.v1.trainer_mode=offpolicy"
         )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from verl_offpolicy.core.schedule import check_schedule
+from verl_offpolicy.glue.family import Family
 from verl_offpolicy.glue.knobs import Knob
 
 RATIO_ANCHORS = ("behaviour", "rollout", "proximal")
@@ -26,3 +27,5 @@ OFFPOLICY_KNOBS = (
          "(inference engine log-probs), proximal (verl's default, recomputed each step).",
          choices=RATIO_ANCHORS),
 )
+
+FAMILY = Family("scheduler", offpolicy_knobs=OFFPOLICY_KNOBS)
