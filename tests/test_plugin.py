@@ -39,7 +39,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 losses = "rec" in POLICY_LOSS_REGISTRY
 trainer_early = "verl_offpolicy.glue.scheduler.trainer" in sys.modules
 from verl.trainer.ppo.v1 import get_trainer_cls
-trainer = get_trainer_cls("offpolicy").__name__
+trainer = [get_trainer_cls(name).__name__ for name in ("offpolicy", "offpolicy_overlapped")]
 from verl_offpolicy.glue.registration import expected_names, registration_failure
 print(json.dumps({"after_import": after_import, "losses": losses, "trainer_early": trainer_early, "trainer": trainer,
                   "failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
@@ -177,15 +177,15 @@ except Exception as exc:
 def test_import_verl_stays_cheap_and_registration_follows_verls_own_imports(after_import_verl):
     """`import verl` imports none of verl's registry modules for us; each registers when verl imports it."""
     report = {k: after_import_verl[k] for k in ("after_import", "losses", "trainer_early", "trainer")}
-    assert report == {"after_import": [], "losses": True, "trainer_early": False, "trainer": "OffPolicyTrainer"}
+    assert report == {"after_import": [], "losses": True, "trainer_early": False, "trainer": ["ColocatedTrainer", "OverlappedTrainer"]}
 
 
 @pytest.mark.slow  # a fresh process imports verl
 def test_stock_main_ppo_hydra_app_composes_our_preset():
-    """verl's own ``main_ppo`` Hydra app (``--cfg job`` prints the composed config and exits) finds
+    """verl's own ``main_ppo`` Hydra app (``--cfg job --resolve`` prints the composed, resolved config and exits) finds
     ``+algorithm=opmd`` through our SearchPathPlugin, with nothing but the installed package."""
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "+algorithm=opmd", "algorithm.offpolicy.tau=0.5", "--cfg", "job"],
+        [sys.executable, "-m", "verl.trainer.main_ppo", "+algorithm=opmd", "algorithm.offpolicy.tau=0.5", "--cfg", "job", "--resolve"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -199,7 +199,7 @@ def test_stock_main_ppo_hydra_app_composes_our_preset():
     assert cfg["trainer"]["v1"]["trainer_mode"] == "offpolicy"
     # The package's one compose helper (CLI, tests, harness) composes exactly what main_ppo's app does.
     ours = compose_main_ppo("ppo_trainer", ["+algorithm=opmd", "algorithm.offpolicy.tau=0.5"])
-    assert yaml.safe_load(OmegaConf.to_yaml(ours)) == cfg
+    assert yaml.safe_load(OmegaConf.to_yaml(ours, resolve=True)) == cfg
 
 
 # ------------------------------------------------- a broken install: one readable line everywhere

@@ -65,7 +65,8 @@ def _fresh_state(env_update: dict[str, str]) -> dict:
         "from verl_offpolicy.glue.compose import compose_preset\n"
         "cfg = compose_preset('opmd', 'offpolicy_trainer')\n"
         "stock = compose_preset('rec_ring_nois', 'ppo_trainer')\n"
-        "state['trainer_mode'] = cfg.trainer.v1.trainer_mode\n"
+        "from omegaconf import OmegaConf\n"  # without our plugin the presets' resolver is missing: None
+        "state['trainer_mode'] = OmegaConf.select(cfg, 'trainer.v1.trainer_mode', throw_on_resolution_failure=False)\n"
         "state['stock_loss'] = stock.actor_rollout_ref.actor.policy_loss.loss_mode\n"
         "print('STATE ' + json.dumps(state))\n"
     )

@@ -1,4 +1,4 @@
-"""The scheduler trainer's two modes (docs/scheduler.md): one registered name, one small class per mode.
+"""The scheduler trainer's two modes (docs/scheduler.md): one small class and one registered name per mode.
 
 Built through verl's own entry point (``get_trainer_cls(trainer_mode)(config=...)``, what ``main_ppo``
 does); the constructor needs neither Ray nor workers. Also: the hook tables in the mode classes'
@@ -22,9 +22,11 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
 
 
 def _trainer(preset: str, extra: list[str]):
+    """verl's main_ppo: the class registered under the config's trainer_mode, built with the config."""
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    return get_trainer_cls("offpolicy")(config=compose_preset(preset, overrides=[*VALID_SIZES, *extra]))
+    config = compose_preset(preset, overrides=[*VALID_SIZES, *extra])
+    return get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
 
 
 def _modes():
@@ -35,16 +37,30 @@ def _modes():
 
 
 @pytest.mark.parametrize("overlapped", [False, True])
-def test_the_registered_name_builds_the_class_of_the_configured_mode(overlapped):
+def test_each_mode_has_its_registered_name_picked_from_hybrid_engine(overlapped):
     from verl.trainer.ppo.v1 import get_trainer_cls
 
     colocated_cls, overlapped_cls = _modes()
     trainer = _trainer("opmd", OVERLAPPED + ["algorithm.offpolicy.sync_offset=1"] if overlapped else [])
     assert type(trainer) is (overlapped_cls if overlapped else colocated_cls)
-    assert isinstance(trainer, get_trainer_cls("offpolicy"))
+    assert get_trainer_cls("offpolicy_overlapped" if overlapped else "offpolicy") is type(trainer)
+    assert trainer.config.trainer.v1.trainer_mode == ("offpolicy_overlapped" if overlapped else "offpolicy")
     assert (trainer.schedule.sync_interval, trainer.schedule.sync_offset) == (1, 1 if overlapped else 0)
     # verl's _setup builds colocated replicas exactly in the colocated mode
     assert getattr(trainer, "_enable_hybrid_replicas", True) is not overlapped
+
+
+@pytest.mark.parametrize("mode, hybrid_engine", [("offpolicy", "false"), ("offpolicy_overlapped", "true")])
+def test_a_trainer_name_that_disagrees_with_hybrid_engine_is_refused(mode, hybrid_engine):
+    extra = OVERLAPPED if hybrid_engine == "false" else []
+    config = compose_preset("opmd", overrides=[*VALID_SIZES, *extra, f"actor_rollout_ref.hybrid_engine={hybrid_engine}",
+                                               f"trainer.v1.trainer_mode={mode}"])
+    from verl_offpolicy.glue.validation import validate_offpolicy_config
+
+    expected = "offpolicy" if hybrid_engine == "true" else "offpolicy_overlapped"
+    with pytest.raises(OffPolicyConfigError, match=f"trainer.v1.trainer_mode={mode} with actor_rollout_ref.hybrid_engine="
+                       f"{hybrid_engine.title()}.*set trainer.v1.trainer_mode={expected}, or remove it"):
+        validate_offpolicy_config(config)
 
 
 def test_the_constructor_validates_a_config_no_callback_saw():

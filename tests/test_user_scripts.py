@@ -297,7 +297,7 @@ def test_check_help_lists_main_ppos_options(capsys):
 
 @pytest.mark.parametrize("overrides,trainer", [
     ([], "offpolicy(colocated)"),
-    (["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true", *POOL], "offpolicy(overlapped)"),
+    (["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true", *POOL], "offpolicy_overlapped"),
     (["trainer.use_v1=false"], "RayPPOTrainer(legacy,trainer.use_v1=false)"),
     (["trainer.v1.trainer_mode=colocate_async"], "colocate_async"),
 ])

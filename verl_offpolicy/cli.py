@@ -267,12 +267,11 @@ def trainer_that_runs(cfg) -> str:
 
     if not OmegaConf.select(cfg, "trainer.use_v1", default=False):
         return "RayPPOTrainer(legacy,trainer.use_v1=false)"
-    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
-    from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER
+    from verl_offpolicy.glue.registration import SCHEDULER_MODES
 
-    if mode == OFFPOLICY_TRAINER:
-        colocated = OmegaConf.select(cfg, "actor_rollout_ref.hybrid_engine", default=True)
-        return f"{mode}({'colocated' if colocated else 'overlapped'})"
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    if mode in SCHEDULER_MODES and SCHEDULER_MODES[mode]:
+        return f"{mode}(colocated)"  # the overlapped mode's name says it
     return str(mode)
 
 

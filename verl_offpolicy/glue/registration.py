@@ -37,9 +37,8 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py),
     # after recording (and clearing) what another package registered earlier under one of our names.
     "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.registration:take_over_our_names", *algorithms.family_modules()),
-    # The scheduler trainer's registered class; it imports its mode classes when it builds one (they import it:
-    # importing them here, while the trainer module may itself be importing verl's trainer_base, would be a cycle).
-    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.trainer",),
+    # The scheduler's two trainer classes, one registered name each (colocated, overlapped).
+    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.colocated", "verl_offpolicy.glue.scheduler.overlapped"),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory; merged LoRA
@@ -119,8 +118,18 @@ def _in_trainer_registry(name: str) -> bool:
 # Read from the algorithms part's decorators (one source: the adapter that registers the name).
 ADV_ESTIMATORS = algorithms.declared_names(algorithms.ESTIMATOR_DECORATOR)
 POLICY_LOSSES = algorithms.declared_names(algorithms.LOSS_DECORATOR)
-OFFPOLICY_TRAINER = "offpolicy"  # trainer.v1.trainer_mode of the staleness scheduler (glue/scheduler/trainer.py)
-TRAINERS = (OFFPOLICY_TRAINER,)
+# trainer.v1.trainer_mode of the staleness scheduler, one name per mode (glue/scheduler/colocated.py, overlapped.py),
+# each with the actor_rollout_ref.hybrid_engine it serves; the presets pick the name from hybrid_engine
+# (the offpolicy.trainer_mode resolver, glue/resolvers.py).
+OFFPOLICY_TRAINER = "offpolicy"
+OVERLAPPED_TRAINER = "offpolicy_overlapped"
+SCHEDULER_MODES = {OFFPOLICY_TRAINER: True, OVERLAPPED_TRAINER: False}  # name -> hybrid_engine
+TRAINERS = tuple(SCHEDULER_MODES)
+
+
+def scheduler_trainer(hybrid_engine: bool) -> str:
+    """The scheduler's trainer name for ``actor_rollout_ref.hybrid_engine``: colocated or overlapped."""
+    return next(name for name, hybrid in SCHEDULER_MODES.items() if hybrid == bool(hybrid_engine))
 # verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): scheduler/checks.py's
 # check_verl_async_modes says what a preset keeps under them.
 VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")

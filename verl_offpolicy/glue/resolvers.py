@@ -38,9 +38,20 @@ def ray_gpus(trainer_nodes: int, trainer_gpus: int, rollout_nodes: int = 0, roll
     return int(trainer_nodes) * int(trainer_gpus) + int(rollout_nodes) * int(rollout_gpus)
 
 
+TRAINER_MODE_RESOLVER = "offpolicy.trainer_mode"
+
+
+def trainer_mode(hybrid_engine: bool) -> str:
+    """``${offpolicy.trainer_mode:${actor_rollout_ref.hybrid_engine}}``: the scheduler's trainer for the engine layout
+    (``offpolicy`` colocated, ``offpolicy_overlapped`` with the rollout on a pool of its own)."""
+    from verl_offpolicy.glue.registration import scheduler_trainer
+
+    return scheduler_trainer(hybrid_engine)
+
+
 def register_resolvers() -> None:
-    """Register :data:`MINI_BATCH_RESOLVER` and :data:`RAY_GPUS_RESOLVER` once per process."""
-    for name, function in ((MINI_BATCH_RESOLVER, mini_batch_size), (RAY_GPUS_RESOLVER, ray_gpus)):
+    """Register :data:`MINI_BATCH_RESOLVER`, :data:`RAY_GPUS_RESOLVER` and :data:`TRAINER_MODE_RESOLVER` once per process."""
+    for name, function in ((MINI_BATCH_RESOLVER, mini_batch_size), (RAY_GPUS_RESOLVER, ray_gpus), (TRAINER_MODE_RESOLVER, trainer_mode)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, function)
 

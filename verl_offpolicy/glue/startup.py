@@ -137,6 +137,11 @@ class StartupValidation(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
+            # The presets' resolvers (the trainer's mode, the mini-batch), also where verl did not load our plugin:
+            # the checks below read the config, and the one that finds the plugin disabled names the fix.
+            from verl_offpolicy.glue.resolvers import register_resolvers
+
+            register_resolvers()
             check_algorithm_choice(config)
             validate = import_validation()
             check_workers_plugin_setting(config)

@@ -15,7 +15,7 @@ from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.correction import check_rollout_correction_values
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
-from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER as SCHEDULER_TRAINER
+from verl_offpolicy.glue.registration import SCHEDULER_MODES, scheduler_trainer
 from verl_offpolicy.glue.registration import POLICY_LOSSES, VERL_ASYNC_TRAINERS
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
@@ -112,7 +112,8 @@ def check_verl_async_modes(view: ConfigView) -> None:
         raise OffPolicyConfigError(
             f"{prefix} bounds staleness by trainer.v1.sampler.max_off_policy_threshold and cannot follow "
             f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}: set "
-            f"sync_interval=1 sync_offset=0, or trainer.v1.trainer_mode={SCHEDULER_TRAINER} for a scheduled staleness"
+            f"sync_interval=1 sync_offset=0, or trainer.v1.trainer_mode={scheduler_trainer(view.select('actor_rollout_ref.hybrid_engine', True))} for a scheduled "
+            "staleness"
         )
     if offpolicy.ratio_anchor == "behaviour":
         raise OffPolicyConfigError(
@@ -210,12 +211,28 @@ def check_legacy_trainer_colocated(view: ConfigView) -> None:
     raise OffPolicyConfigError(
         "trainer.use_v1=false runs verl's legacy RayPPOTrainer, which supports only the colocated (hybrid) engine, but "
         "actor_rollout_ref.hybrid_engine=false: set actor_rollout_ref.hybrid_engine=true, or trainer.use_v1=true "
-        f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} for the overlapped mode (the rollout on a pool of its own)"
+        f"trainer.v1.trainer_mode={scheduler_trainer(False)} for the overlapped mode (the rollout on a pool of its own)"
     )
 
 
 def _uses_scheduler(view: ConfigView) -> bool:
-    return bool(view.select("trainer.use_v1", False)) and view.trainer_mode == SCHEDULER_TRAINER
+    return bool(view.select("trainer.use_v1", False)) and view.trainer_mode in SCHEDULER_MODES
+
+
+def check_scheduler_mode(view: ConfigView) -> None:
+    """The scheduler's trainer name and ``actor_rollout_ref.hybrid_engine`` name the same mode (one registered name
+    per mode; the presets pick it from hybrid_engine, so only a name set by hand can disagree)."""
+    if not _uses_scheduler(view):
+        return
+    hybrid_engine = bool(view.select("actor_rollout_ref.hybrid_engine", True))
+    if SCHEDULER_MODES[view.trainer_mode] != hybrid_engine:
+        expected = scheduler_trainer(hybrid_engine)
+        layout = "colocated" if hybrid_engine else "overlapped: the rollout on a pool of its own"
+        raise OffPolicyConfigError(
+            f"trainer.v1.trainer_mode={view.trainer_mode} with actor_rollout_ref.hybrid_engine={hybrid_engine} ({layout}): "
+            f"that mode's trainer is {expected}; set trainer.v1.trainer_mode={expected}, or remove it (the presets pick "
+            "it from actor_rollout_ref.hybrid_engine)"
+        )
 
 
 def needs_scheduler(offpolicy) -> bool:
@@ -238,7 +255,8 @@ def check_scheduler_selected(view: ConfigView) -> None:
                      if offpolicy.schedule.is_stale else "set algorithm.offpolicy.ratio_anchor=proximal")
         raise OffPolicyConfigError(
             f"{what} needs verl-offpolicy's scheduler, which runs on verl's V1 trainer (got trainer.use_v1={use_v1}, "
-            f"trainer.v1.trainer_mode={mode}): set trainer.use_v1=true trainer.v1.trainer_mode={SCHEDULER_TRAINER}, "
+            f"trainer.v1.trainer_mode={mode}): set trainer.use_v1=true "
+            f"trainer.v1.trainer_mode={scheduler_trainer(view.select('actor_rollout_ref.hybrid_engine', True))}, "
             f"or {on_policy}"
         )
 
@@ -248,7 +266,7 @@ def check_overlapped(view: ConfigView) -> None:
     if not _uses_scheduler(view) or view.select("actor_rollout_ref.hybrid_engine", True):
         return
     rollout = "actor_rollout_ref.rollout"
-    prefix = f"trainer.v1.trainer_mode={SCHEDULER_TRAINER} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
+    prefix = f"trainer.v1.trainer_mode={view.trainer_mode} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
     backend = check_rollout_pool(view, prefix)
     check_checkpoint_backend(backend, view.select(f"{rollout}.checkpoint_engine.custom_backend_module"))
     if view.offpolicy.ratio_anchor == "behaviour":
@@ -305,11 +323,11 @@ def check_scheduler_features(view: ConfigView) -> None:
     for key, why in UNSUPPORTED_WITH_SCHEDULER.items():
         if view.select(key, False):
             raise OffPolicyConfigError(
-                f"{key}=true is not supported with trainer.v1.trainer_mode={SCHEDULER_TRAINER} ({why}); set {key}=false"
+                f"{key}=true is not supported with trainer.v1.trainer_mode={view.trainer_mode} ({why}); set {key}=false"
             )
     if view.select("trainer.v1.sampler.custom_sampler.path"):
         raise OffPolicyConfigError(
-            f"trainer.v1.sampler.custom_sampler is set, but trainer.v1.trainer_mode={SCHEDULER_TRAINER} uses its own "
+            f"trainer.v1.sampler.custom_sampler is set, but trainer.v1.trainer_mode={view.trainer_mode} uses its own "
             "sampler (the staleness FIFO); remove trainer.v1.sampler.custom_sampler.path/name"
         )
     ratio_anchor = view.offpolicy.ratio_anchor
@@ -519,6 +537,6 @@ ROLLOUT_CORRECTION_RULES = (
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
     check_trainer_mode, check_legacy_trainer_colocated, check_verl_async_modes, check_verl_async_preconditions, check_lora_disaggregated,
-    check_scheduler_selected, check_overlapped, check_scheduler_features,
+    check_scheduler_selected, check_scheduler_mode, check_overlapped, check_scheduler_features,
     check_filter_groups, check_staleness_threshold, check_environment,
 )

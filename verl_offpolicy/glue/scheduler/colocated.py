@@ -24,10 +24,12 @@ from __future__ import annotations
 import time
 
 
+from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_from_nested
 
+from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER
 from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.glue.scheduler.store import KVBatchMeta
 from verl_offpolicy.glue.scheduler.metrics import WAIT_S, rollout_call_metrics
@@ -42,10 +44,9 @@ from verl_offpolicy.glue.scheduler.trainer import (
 )
 
 
+@register_trainer(OFFPOLICY_TRAINER)
 class ColocatedTrainer(OffPolicyTrainer):
     """The rollout sleeps while the trainer trains; one wake-up and weight sync per version that generates."""
-
-    HYBRID_ENGINE = True
 
     def __init__(self, config):
         self._rollout_version: int | None = None  # weights version the awake rollout holds; None = asleep

@@ -1,4 +1,4 @@
-"""The overlapped mode of the ``offpolicy`` trainer (``actor_rollout_ref.hybrid_engine=false``).
+"""The overlapped mode of the scheduler, ``trainer.v1.trainer_mode=offpolicy_overlapped`` (``actor_rollout_ref.hybrid_engine=false``).
 
 The same schedule, batches and versions as the colocated mode, but the rollout runs on a resource pool
 of its own (:class:`~verl_offpolicy.glue.scheduler.rollout.StandaloneRollout`) and generates while the
@@ -35,9 +35,11 @@ from __future__ import annotations
 import time
 
 
+from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
+from verl_offpolicy.glue.registration import OVERLAPPED_TRAINER
 from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
@@ -78,10 +80,9 @@ def submission_steps(schedule: Schedule, version: int, steps: list[int], queued_
     return steps
 
 
+@register_trainer(OVERLAPPED_TRAINER)
 class OverlappedTrainer(OffPolicyTrainer):
     """The rollout generates on its own pool while the trainer trains; one weight push per version."""
-
-    HYBRID_ENGINE = False
 
     # verl's PPOTrainer._setup builds no colocated replicas (and a pure Actor worker) when this is False.
     _enable_hybrid_replicas = False

@@ -1,4 +1,4 @@
-"""The staleness-controlled trainer, ``trainer.v1.trainer_mode=offpolicy``: what both modes share.
+"""The staleness-controlled trainer: what both modes share (``trainer.v1.trainer_mode=offpolicy``, ``offpolicy_overlapped``).
 
 It is verl's v1 ``PPOTrainer`` (stock FSDP/Megatron workers, TransferQueue, agent loop) with the
 schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
@@ -21,13 +21,14 @@ The queue lives in TransferQueue: each prompt's tag carries the step it is sched
 version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
 The trainer and its queue hold one :class:`~verl_offpolicy.core.schedule.Schedule` (``self.schedule``).
 
-One name is registered (``offpolicy``); :class:`OffPolicyTrainer` builds the class of the configured
-mode, verl's way of one small subclass per mode (``trainer_sync.py``, ``trainer_colocate_async.py``):
+Each mode is a small subclass registered under its own name, as verl registers ``trainer_sync.py`` and
+``trainer_colocate_async.py`` (the presets pick the name from ``actor_rollout_ref.hybrid_engine``; a startup rule
+refuses a name that disagrees with it):
 
-- :class:`~verl_offpolicy.glue.scheduler.colocated.ColocatedTrainer` (``actor_rollout_ref.hybrid_engine=true``):
+- :class:`~verl_offpolicy.glue.scheduler.colocated.ColocatedTrainer` (``offpolicy``, ``hybrid_engine=true``):
   the rollout shares the trainer's devices and is awake only to generate;
-- :class:`~verl_offpolicy.glue.scheduler.overlapped.OverlappedTrainer` (``hybrid_engine=false``): the
-  rollout has a pool of its own and generates while the trainer trains.
+- :class:`~verl_offpolicy.glue.scheduler.overlapped.OverlappedTrainer` (``offpolicy_overlapped``,
+  ``hybrid_engine=false``): the rollout has a pool of its own and generates while the trainer trains.
 
 Each mode's docstring is its table of verl hooks and what they do to the rollout.
 """
@@ -35,7 +36,6 @@ Each mode's docstring is its table of verl hooks and what they do to the rollout
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import time
@@ -45,14 +45,13 @@ from dataclasses import dataclass
 import torch
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.glue.scheduler.store import TRAIN, KVBatchMeta
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
-from verl_offpolicy.glue.scheduler.checks import SCHEDULER_TRAINER
 from verl_offpolicy.glue.scheduler.correction import compared_with_anchor, decoupled_correction, verl_correction_named
 from verl_offpolicy.glue.scheduler.filtering import (
     FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
@@ -165,31 +164,8 @@ def steps_to_generate(schedule: Schedule, version: int, total_steps: int, queued
     return [t for t in schedule.generation_steps(version, total_steps=total_steps, past_end=past_end) if t not in queued]
 
 
-def is_overlapped(config) -> bool:
-    """The overlapped mode is selected by ``actor_rollout_ref.hybrid_engine=false``."""
-    return not bool(config.actor_rollout_ref.get("hybrid_engine", True))
-
-
-@register_trainer(SCHEDULER_TRAINER)
 class OffPolicyTrainer(PPOTrainer):
-    """verl's v1 trainer with staleness-controlled rollouts (``docs/scheduler.md``); builds the mode's class.
-
-    A mode class is a subclass that says which ``actor_rollout_ref.hybrid_engine`` value it serves
-    (``HYBRID_ENGINE``); ``OffPolicyTrainer(config)`` returns an instance of the configured mode's class, so
-    verl's one registered name serves both. The mode modules import this one, so it imports them (by name,
-    :data:`MODE_MODULES`) only when it builds a trainer.
-    """
-
-    HYBRID_ENGINE: bool | None = None  # set by each mode class
-    MODE_MODULES = ("verl_offpolicy.glue.scheduler.colocated", "verl_offpolicy.glue.scheduler.overlapped")
-
-    def __new__(cls, config=None, *args, **kwargs):
-        if cls is OffPolicyTrainer:
-            for module in OffPolicyTrainer.MODE_MODULES:
-                importlib.import_module(module)
-            hybrid_engine = not is_overlapped(config)
-            cls = next(mode for mode in OffPolicyTrainer.__subclasses__() if mode.HYBRID_ENGINE == hybrid_engine)
-        return super().__new__(cls)
+    """verl's v1 trainer with staleness-controlled rollouts (``docs/scheduler.md``): the base of the two modes."""
 
     def __init__(self, config):
         # The Hydra callback validated this config in the driver; the trainer runs in verl's TaskRunner
