@@ -16,7 +16,7 @@ the batch goes through the same padding conversion as verl's trainer.
 Because verl caches the device name at import time in some modules, the process must be on the CPU
 platform before those modules are imported: start it with ``VERL_PLATFORM=cpu`` (the helper
 :func:`run_isolated` runs a function in such a fresh process with a timeout), or call
-:func:`verl_offpolicy.cpu.platform.activate_cpu_platform` first, which raises if it is too late.
+:func:`verl_offpolicy.cpu.verl_shims.activate_cpu_platform` first, which raises if it is too late.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from verl_offpolicy.configs import STOCK_CONFIGS
 from verl_offpolicy.demo.command import CPU_ENGINES
 from verl_offpolicy.demo.process import run_captured
 from verl_offpolicy.glue.compose import compose_main_ppo
-from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV, activate_cpu_platform
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
+from verl_offpolicy.cpu.verl_shims import activate_cpu_platform
 
 
 def _free_port() -> int:

@@ -192,12 +192,13 @@ def megatron_shim_isolation() -> dict[str, Any]:
 
     import verl.workers.engine  # noqa: F401 - imports verl's Megatron engine module, as every worker does
     from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+    from verl_offpolicy.glue.patching import is_patched
 
     facts = {
         "megatron_engine_imported": "verl.workers.engine.megatron.transformer_impl" in sys.modules,
         "shim_module_imported": "verl_offpolicy.cpu.megatron" in sys.modules,
-        "engine_init_wrapped": getattr(MegatronEngine.__init__, "_verl_offpolicy_cpu", False),
-        "tensor_cuda_remapped": getattr(torch.Tensor.cuda, "_verl_offpolicy_cpu", False),
+        "engine_init_wrapped": is_patched(MegatronEngine.__init__),
+        "tensor_cuda_remapped": is_patched(torch.Tensor.cuda),
     }
     return facts
 

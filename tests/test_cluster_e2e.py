@@ -107,7 +107,7 @@ def test_a_run_joining_a_cluster_stops_at_startup_naming_a_node_without_the_plug
     from omegaconf import OmegaConf
 
     from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec
-    from verl_offpolicy.glue.startup import check_cluster_nodes
+    from verl_offpolicy.startup import check_cluster_nodes
 
     # in /tmp (the default): Ray's unix sockets live under the cluster's dir, whose path must stay short
     started = LocalCluster.start([NodeSpec(gpus=1, cpus=2), NodeSpec(gpus=1, cpus=2, env={PLUGINS_ENV: "none"})])

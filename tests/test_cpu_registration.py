@@ -65,13 +65,14 @@ def test_gpu_processes_are_untouched():
     report = _python(
         """
 import json, sys, verl
+from verl_offpolicy.glue.patching import is_patched
 from verl.plugin.platform import get_platform
 import verl.utils.distributed as d
 import verl.trainer.ppo.v1.trainer_separate_async as separate_async
 from verl.checkpoint_engine import CheckpointEngineRegistry
 print(json.dumps({
     "platform": get_platform().device_name,
-    "gloo_wrapper": getattr(d.initialize_global_process_group_ray, "_verl_offpolicy_gloo", False),
+    "gloo_wrapper": is_patched(d.initialize_global_process_group_ray),
     "hf_rollout_imported": any(m in sys.modules for m in ("verl_offpolicy.cpu.rollout", "verl_offpolicy.cpu.hf_server")),
     "cpu_transport": "verl_offpolicy.cpu.checkpoint_engine" in sys.modules or "cpu_mailbox" in CheckpointEngineRegistry._registry,
     "separate_async_logger": type(separate_async.logger).__name__,
@@ -113,6 +114,7 @@ def test_rollout_registration_waits_for_verl_rollout_import():
     report = _python(
         """
 import json, sys, verl
+from verl_offpolicy.glue.patching import is_patched
 from verl_offpolicy.cpu import registration
 from verl_offpolicy.glue.registration import AfterImportHook
 def pending():
@@ -183,7 +185,7 @@ def test_a_one_process_group_listens_on_a_free_port_when_its_port_was_taken(monk
     import datetime
     import socket
 
-    from verl_offpolicy.cpu.platform import loopback_rendezvous_store
+    from verl_offpolicy.cpu.verl_shims import loopback_rendezvous_store
 
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     taken.bind(("127.0.0.1", 0))

@@ -95,6 +95,21 @@ def test_the_scheduler_part_imports_nothing_of_the_cpu_backend_or_the_demo():
     assert reached == {name: [] for name in scheduler}
 
 
+# The floors below the verl adapters: what glue may import of the package (the rest stands above it).
+BELOW_GLUE = ("verl_offpolicy.glue", "verl_offpolicy.core", "verl_offpolicy.configs", "verl_offpolicy.rewards",
+              "verl_offpolicy.verl_pin")
+
+
+def test_the_verl_adapters_import_nothing_above_them():
+    """verl_offpolicy.glue* imports only glue, core, configs, rewards and the verl pin: never the CPU backend, the
+    demo, doctor, the CLI or the startup callback (entry points stand above what they drive)."""
+    graph = _graph()
+    glue = sorted(name for name in graph if name.startswith("verl_offpolicy.glue"))
+    assert "verl_offpolicy.glue.validation" in glue and "verl_offpolicy.startup" in graph  # the scan sees both floors
+    upward = {name: sorted(m for m in graph[name] if m != "verl_offpolicy" and not m.startswith(BELOW_GLUE)) for name in glue}
+    assert {name: found for name, found in upward.items() if found} == {}
+
+
 def test_reachable_follows_imports_transitively():
     assert _reachable({"a": {"b"}, "b": {"c"}, "c": set()}, "a") == {"b", "c"}
 

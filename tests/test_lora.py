@@ -3,7 +3,7 @@
 verl 0.9.1's FSDP keys (``actor_rollout_ref.model.lora_rank``, ``lora_alpha``, ``target_modules``) with
 ``actor_rollout_ref.model.lora.merge=true``: the rollout receives the merged weights at every sync (the
 ``hf`` server loads full weights, not adapters; the CPU guard refuses LoRA without merging), in their own
-dtype on the CPU (``cpu/platform.install_exact_merged_lora``: verl casts them to bf16).
+dtype on the CPU (``cpu/verl_shims.install_exact_merged_lora``: verl casts them to bf16).
 
 Fast: the model size the demo's ``summary.json`` reports, by hand. ``-m extended``: the (4, 1) runs, colocated
 and overlapped, train the same samples at the scheduled versions; rollout and trainer probabilities agree

@@ -302,7 +302,7 @@ def test_main_ppo_without_our_plugin_stops_before_ray_naming_the_setting(tmp_pat
 def test_the_workers_plugin_setting_is_read_from_the_config_and_accepts_our_module():
     """The workers' environment includes the config's runtime_env; the documented alternative
     (VERL_USE_EXTERNAL_MODULES=verl_offpolicy.register) is not refused, another module is."""
-    from verl_offpolicy.glue.startup import check_workers_plugin_setting
+    from verl_offpolicy.startup import check_workers_plugin_setting
 
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     base = ["algorithm=opmd", *VALID_SIZES, f"{env}.VERL_USE_EXTERNAL_PLUGINS=none"]

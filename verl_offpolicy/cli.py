@@ -144,7 +144,7 @@ def run_startup_checks(full):
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     from verl_offpolicy.glue.broken_install import module_this_machine_cannot_import
-    from verl_offpolicy.glue.startup import import_validation
+    from verl_offpolicy.startup import import_validation
 
     validate_offpolicy_config = import_validation()
     run_startup_callbacks(full)
@@ -172,7 +172,7 @@ def _worker_problem(cfg, timeout: float) -> str | None:
     ``ray_kwargs.ray_init.runtime_env.env_vars``). None if nothing is wrong or nothing of ours is used."""
     from omegaconf import OmegaConf
 
-    from verl_offpolicy.glue.startup import selected_names, workers_environment
+    from verl_offpolicy.startup import selected_names, workers_environment
 
     used = selected_names(cfg)
     if not used:
@@ -225,7 +225,7 @@ def check(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     from verl_offpolicy.glue.compose import compose_main_ppo_argv
-    from verl_offpolicy.glue.startup import BrokenInstallError, import_validation
+    from verl_offpolicy.startup import BrokenInstallError, import_validation
 
     try:
         import_validation()

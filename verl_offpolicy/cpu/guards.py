@@ -491,7 +491,7 @@ class CPUStartupGuard(Callback):
             return
         try:
             validate_cpu_config(config)
-            from verl_offpolicy.cpu.platform import activate_cpu_platform
+            from verl_offpolicy.cpu.verl_shims import activate_cpu_platform
 
             activate_cpu_platform(check_stale=False)
         except Exception as exc:  # noqa: BLE001 - Hydra would turn an Exception into a warning

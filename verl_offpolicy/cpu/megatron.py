@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from verl_offpolicy.glue.patching import patch_once
+
 # ------------------------------------------------------------------------------------------------
 # Shims (each: what CUDA assumption, where, what replaces it)
 # ------------------------------------------------------------------------------------------------
@@ -46,14 +48,14 @@ def shim_rng_tracker() -> None:
     """
     import megatron.core.tensor_parallel.random as mrandom
 
-    if getattr(mrandom.CudaRNGStatesTracker, "_verl_offpolicy_cpu", False):
-        return
-    base = mrandom.CudaRNGStatesTracker
+    if patch_once(mrandom, "CudaRNGStatesTracker", _cpu_rng_tracker):
+        mrandom._get_cuda_rng_state = _cpu_get_rng_state
+        mrandom._set_cuda_rng_state = _cpu_set_rng_state
 
+
+def _cpu_rng_tracker(base: type) -> type:
     class CPURNGStatesTracker(base):  # type: ignore[misc, valid-type]
         """``CudaRNGStatesTracker`` over ``torch``'s CPU generator."""
-
-        _verl_offpolicy_cpu = True
 
         def add(self, name: str, seed: int) -> None:
             if seed in self.seeds_:
@@ -66,9 +68,7 @@ def shim_rng_tracker() -> None:
             self.states_[name] = torch.get_rng_state()
             torch.set_rng_state(original)
 
-    mrandom._get_cuda_rng_state = _cpu_get_rng_state
-    mrandom._set_cuda_rng_state = _cpu_set_rng_state
-    mrandom.CudaRNGStatesTracker = CPURNGStatesTracker
+    return CPURNGStatesTracker
 
 
 def shim_local_layer_spec() -> None:
@@ -82,16 +82,14 @@ def shim_local_layer_spec() -> None:
     """
     import mbridge.core.llm_bridge as llm_bridge
 
-    original = llm_bridge.get_gpt_decoder_block_spec
-    if getattr(original, "_verl_offpolicy_cpu", False):
-        return
+    def local_spec(original):
+        @functools.wraps(original)
+        def get_gpt_decoder_block_spec(config, use_transformer_engine: bool = False, *args, **kwargs):
+            return original(config, False, *args, **kwargs)
 
-    @functools.wraps(original)
-    def get_gpt_decoder_block_spec(config, use_transformer_engine: bool = False, *args, **kwargs):
-        return original(config, False, *args, **kwargs)
+        return get_gpt_decoder_block_spec
 
-    get_gpt_decoder_block_spec._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
-    llm_bridge.get_gpt_decoder_block_spec = get_gpt_decoder_block_spec
+    patch_once(llm_bridge, "get_gpt_decoder_block_spec", local_spec)
 
 
 # Local-spec parameter (without TE the layer norms are modules of their own) -> HF name template.
@@ -114,21 +112,19 @@ def shim_local_spec_weight_names() -> None:
     """
     from mbridge.core.bridge import Bridge
 
-    original = Bridge._weight_name_mapping_mcore_to_hf
-    if getattr(original, "_verl_offpolicy_cpu", False):
-        return
+    def with_local_norms(original):
+        @functools.wraps(original)
+        def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
+            parts = mcore_weights_name.split(".")
+            if len(parts) == 5 and parts[:2] == ["decoder", "layers"]:
+                template = LOCAL_SPEC_NORMS.get(".".join(parts[3:]))
+                if template is not None:
+                    return [template.format(layer_number=parts[2])]
+            return original(self, mcore_weights_name)
 
-    @functools.wraps(original)
-    def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
-        parts = mcore_weights_name.split(".")
-        if len(parts) == 5 and parts[:2] == ["decoder", "layers"]:
-            template = LOCAL_SPEC_NORMS.get(".".join(parts[3:]))
-            if template is not None:
-                return [template.format(layer_number=parts[2])]
-        return original(self, mcore_weights_name)
+        return _weight_name_mapping_mcore_to_hf
 
-    _weight_name_mapping_mcore_to_hf._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
-    Bridge._weight_name_mapping_mcore_to_hf = _weight_name_mapping_mcore_to_hf
+    patch_once(Bridge, "_weight_name_mapping_mcore_to_hf", with_local_norms)
 
 
 def _module_cuda(self, device: Any = None):
@@ -166,7 +162,6 @@ def _on_cpu(factory: Callable) -> Callable:
             kwargs.pop("pin_memory", None)  # pinning needs an accelerator
         return factory(*args, **kwargs)
 
-    wrapper._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -186,15 +181,12 @@ def shim_cuda_device_remap() -> None:
     """
     if torch.cuda.is_available():
         raise RuntimeError("the CPU device remap must not be installed in a process that has CUDA")
-    if getattr(torch.Tensor.cuda, "_verl_offpolicy_cpu", False):
+    if not patch_once(torch.Tensor, "cuda", lambda _: _tensor_cuda):
         return
-    for fn in (_module_cuda, _tensor_cuda, _cpu_current_device):
-        fn._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
-    torch.cuda.current_device = _cpu_current_device
-    torch.Tensor.cuda = _tensor_cuda
-    torch.nn.Module.cuda = _module_cuda
+    patch_once(torch.cuda, "current_device", lambda _: _cpu_current_device)
+    patch_once(torch.nn.Module, "cuda", lambda _: _module_cuda)
     for name in FACTORY_FUNCTIONS:
-        setattr(torch, name, _on_cpu(getattr(torch, name)))
+        patch_once(torch, name, _on_cpu)
 
 
 def _cpu_type_reports_cuda(original_type: Callable) -> Callable:
@@ -219,7 +211,6 @@ def _with_cuda_type_names(fn: Callable) -> Callable:
         finally:
             torch.Tensor.type = original_type
 
-    wrapper._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -238,13 +229,11 @@ def shim_cuda_type_checks() -> None:
     """
     from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
 
-    if getattr(clip_grads.clip_grad_by_total_norm_fp32, "_verl_offpolicy_cpu", False):
+    if not patch_once(clip_grads, "clip_grad_by_total_norm_fp32", _with_cuda_type_names):
         return
     for cls in (distrib_optimizer.DistributedOptimizer, optimizer.Float16OptimizerWithFloat16Params):
-        cls.__init__ = _with_cuda_type_names(cls.__init__)
-    wrapped = _with_cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
-    clip_grads.clip_grad_by_total_norm_fp32 = wrapped
-    optimizer.clip_grad_by_total_norm_fp32 = wrapped  # imported by name (optimizer.py:50)
+        patch_once(cls, "__init__", _with_cuda_type_names)
+    optimizer.clip_grad_by_total_norm_fp32 = clip_grads.clip_grad_by_total_norm_fp32  # imported by name (optimizer.py:50)
 
 
 def causal_padding_mask(keep: torch.Tensor) -> torch.Tensor:
@@ -273,22 +262,20 @@ def shim_bshd_attention_mask() -> None:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    original = DotProductAttention.forward
-    if getattr(original, "_verl_offpolicy_cpu", False):
-        return
+    def with_padding_mask(original):
+        @functools.wraps(original)
+        def forward(self, query, key, value, attention_mask, *args, **kwargs):
+            if attention_mask is not None and attention_mask.dim() == 2:
+                if self.attn_mask_type != AttnMaskType.causal:
+                    raise NotImplementedError(
+                        f"verl-offpolicy's CPU Megatron path supports causal self-attention only (got {self.attn_mask_type})"
+                    )
+                attention_mask = causal_padding_mask(attention_mask)
+            return original(self, query, key, value, attention_mask, *args, **kwargs)
 
-    @functools.wraps(original)
-    def forward(self, query, key, value, attention_mask, *args, **kwargs):
-        if attention_mask is not None and attention_mask.dim() == 2:
-            if self.attn_mask_type != AttnMaskType.causal:
-                raise NotImplementedError(
-                    f"verl-offpolicy's CPU Megatron path supports causal self-attention only (got {self.attn_mask_type})"
-                )
-            attention_mask = causal_padding_mask(attention_mask)
-        return original(self, query, key, value, attention_mask, *args, **kwargs)
+        return forward
 
-    forward._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
-    DotProductAttention.forward = forward
+    patch_once(DotProductAttention, "forward", with_padding_mask)
 
 
 # Every shim, in install order (one name per CUDA assumption; the tests cover each by name).
@@ -328,14 +315,12 @@ def install_on_engine_build() -> None:
     """
     from verl.workers.engine.megatron.transformer_impl import MegatronEngine
 
-    original = MegatronEngine.__init__
-    if getattr(original, "_verl_offpolicy_cpu", False):
-        return
+    def installing_first(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            install()
+            original(self, *args, **kwargs)
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        install()
-        original(self, *args, **kwargs)
+        return __init__
 
-    __init__._verl_offpolicy_cpu = True  # type: ignore[attr-defined]
-    MegatronEngine.__init__ = __init__
+    patch_once(MegatronEngine, "__init__", installing_first)

@@ -6,7 +6,7 @@ Run by :mod:`verl_offpolicy.glue.registration` (see its ``EAGER_REGISTRATIONS`` 
 - :func:`register_platform` at ``import verl`` in every process: the ``cpu`` platform class (it
   needs only torch and verl's platform module, both already imported by ``import verl``) and, in a
   process with ``VERL_PLATFORM=cpu``, the gloo default of the process-group backend (see
-  :func:`platform.install_gloo_default`) and the ``vllm`` distribution alias of :mod:`.vllm_shims`;
+  :func:`verl_shims.install_gloo_default`) and the ``vllm`` distribution alias of :mod:`.vllm_shims`;
 - :func:`register_megatron_shims` right after verl imports its Megatron engine module (every process
   does, FSDP runs included): in a ``VERL_PLATFORM=cpu`` process only, the engine installs the CUDA
   shims of :mod:`verl_offpolicy.cpu.megatron` when it is first built; elsewhere nothing is imported;
@@ -21,7 +21,8 @@ import importlib.abc
 import os
 import sys
 
-from verl_offpolicy.cpu.platform import cpu_selected, install_gloo_default
+from verl_offpolicy.cpu.platform import cpu_selected
+from verl_offpolicy.cpu.verl_shims import install_gloo_default
 from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 ADAPTER_FQN = "verl_offpolicy.cpu.rollout.HFServerAdapter"

@@ -42,17 +42,18 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory; merged LoRA
-    # weights reach the rollout in their own dtype.
+    # weights reach the rollout in their own dtype; LoRA adapters start from a fixed seed.
     # m2po's whole-mini-batch pre-pass (runs only for loss_mode=m2po): verl_offpolicy.glue.algorithms.m2po.
     "verl.workers.engine.fsdp.transformer_impl": (
-        "verl_offpolicy.cpu.platform:install_unpinned_offload",
-        "verl_offpolicy.cpu.platform:install_exact_merged_lora",
+        "verl_offpolicy.cpu.verl_shims:install_unpinned_offload",
+        "verl_offpolicy.cpu.verl_shims:install_exact_merged_lora",
+        "verl_offpolicy.cpu.verl_shims:install_seeded_lora_init",
         "verl_offpolicy.glue.algorithms.m2po:install_mini_batch_pre_pass",
     ),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the Megatron engine's CUDA shims, installed when one is built.
     "verl.workers.engine.megatron.transformer_impl": ("verl_offpolicy.cpu.registration:register_megatron_shims",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): verl 0.9.1's separate_async logs with flush=True.
-    "verl.trainer.ppo.v1.trainer_separate_async": ("verl_offpolicy.cpu.platform:install_separate_async_log_fix",),
+    "verl.trainer.ppo.v1.trainer_separate_async": ("verl_offpolicy.cpu.verl_shims:install_separate_async_log_fix",),
 }
 
 _failure: str | None = None

@@ -16,7 +16,7 @@ loss) and runs each part's rule group, first error wins. Each rule lives with wh
 6. verl's multi-turn rollout (agent loop, tool-call format, tool config), ``RULES`` of :mod:`verl_offpolicy.glue.multi_turn`;
 7. verl's LoRA values (rank, alpha, ``lora.merge``), ``RULES`` of :mod:`verl_offpolicy.glue.lora`.
 
-It runs once in the driver, as a Hydra callback (:class:`verl_offpolicy.glue.startup.StartupValidation`,
+It runs once in the driver, as a Hydra callback (:class:`verl_offpolicy.startup.StartupValidation`,
 installed by every preset and our primary configs) before ``verl.trainer.main_ppo`` starts Ray or any
 worker, and once in verl's ``TaskRunner``, in the scheduler trainer's constructor (a config composed
 without our callback reaches only that one).

@@ -45,6 +45,7 @@ from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, check
 from verl_offpolicy.glue.algorithms.kl_reward import one_update_per_batch_fixes
 from verl_offpolicy.glue.family import Family, LossExample
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
+from verl_offpolicy.glue.patching import patch_once
 
 logger = logging.getLogger("verl_offpolicy")
 
@@ -152,10 +153,12 @@ def install_mini_batch_pre_pass() -> bool:
     """Wrap verl's ``FSDPEngine.forward_backward_batch`` with the m2po pre-pass (once). Returns True."""
     from verl.workers.engine.fsdp import transformer_impl
 
-    engine_cls = transformer_impl.FSDPEngine
-    original = engine_cls.forward_backward_batch
-    if getattr(original, "_verl_offpolicy_m2po", False):
-        return True
+    patch_once(transformer_impl.FSDPEngine, "forward_backward_batch", _with_pre_pass)
+    return True
+
+
+def _with_pre_pass(original: Callable) -> Callable:
+    """verl's ``forward_backward_batch`` preceded, for an m2po update, by the masks of the whole mini-batch."""
 
     @functools.wraps(original)
     def forward_backward_batch(self, data, loss_function, forward_only=False):
@@ -170,9 +173,7 @@ def install_mini_batch_pre_pass() -> bool:
         with mini_batch_scope(config, masks):
             return original(self, data, loss_function, forward_only)
 
-    forward_backward_batch._verl_offpolicy_m2po = True
-    engine_cls.forward_backward_batch = forward_backward_batch
-    return True
+    return forward_backward_batch
 
 
 def check_m2po_strategy(view) -> None:
