@@ -102,9 +102,9 @@ def test_check_names_the_pair_the_correction_compares(anchor, expected):
                  "algorithm.offpolicy.sync_offset=1", "actor_rollout_ref.rollout.calculate_log_probs=true",
                  f"{rc}.rollout_is=sequence", f"{rc}.rollout_is_threshold=0.5_2.0", *VALID_SIZES]
     cfg = compose_main_ppo("offpolicy_trainer", overrides)
-    assert _correction_note(cfg, cfg.algorithm.offpolicy) == expected
+    assert _correction_note(cfg) == expected
     cfg = compose_main_ppo("offpolicy_trainer", [o for o in overrides if not o.startswith(rc)])
-    assert _correction_note(cfg, cfg.algorithm.offpolicy) == ""  # no correction configured: nothing to name
+    assert _correction_note(cfg) == ""  # no correction configured: nothing to name
 
 
 def _all_outside_band():

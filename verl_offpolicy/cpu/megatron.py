@@ -10,7 +10,7 @@ imported (:func:`verl_offpolicy.cpu.registration.register_megatron_shims` return
 CPU platform). ``tests/test_megatron_cpu.py`` removes each shim and checks the error it prevents.
 
 What cannot work on the CPU is rejected at startup by
-:func:`verl_offpolicy.cpu.guards.check_megatron_cpu_config`, naming the key and the value to set;
+:func:`verl_offpolicy.cpu.engine_guards.check_megatron_cpu_config`, naming the key and the value to set;
 the ``+cpu=megatron`` overlay (``verl_offpolicy/configs/cpu/megatron.yaml``) sets all of it.
 """
 

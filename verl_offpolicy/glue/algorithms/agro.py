@@ -19,6 +19,7 @@ from verl_offpolicy.glue.algorithms.kl_reward import check_kl_in_reward, check_p
 from verl_offpolicy.glue.family import EstimatorExample, Family
 from verl_offpolicy.glue.knobs import Knob, OffPolicyConfigError, boolean, positive
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER, VERL_ASYNC_TRAINERS
+from verl_offpolicy.glue.scheduler.knobs import PROXIMAL
 
 AGRO = "agro"
 OFFPOLICY_KNOBS = (
@@ -46,7 +47,7 @@ def check_agro_onpolicy_data(view) -> None:
         fixes.append(f"set algorithm.offpolicy.sync_interval=1 (got {offpolicy.sync_interval})")
     if offpolicy.sync_offset != 0:
         fixes.append(f"set algorithm.offpolicy.sync_offset=0 (got {offpolicy.sync_offset})")
-    if offpolicy.ratio_anchor != "proximal":
+    if offpolicy.ratio_anchor != PROXIMAL:
         fixes.append(f"set algorithm.offpolicy.ratio_anchor=proximal (got {offpolicy.ratio_anchor})")
     fixes += one_update_per_batch_fixes(view)
     n = view.select("actor_rollout_ref.rollout.n", 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_offpolicy.glue.knobs import ALGO_PREFIX, OffPolicyConfigError
+from verl_offpolicy.glue.scheduler.knobs import ROLLOUT
 
 AGRO_KL_PENALTIES = ("kl", "k1")
 
@@ -49,7 +50,7 @@ def check_proximal_kl_reward(view, estimator: str, coef: str) -> None:
     old_log_probs before the KL penalty, so R would use a stale log π.
     """
     bypass, anchor = view.bypass, view.offpolicy.ratio_anchor
-    if bypass or anchor == "rollout":
+    if bypass or anchor == ROLLOUT:
         raise OffPolicyConfigError(
             f"adv_estimator={estimator} computes its reward R = r − {coef}·log(π/π_ref) from old_log_prob, which must be "
             "the proximal log-prob (log π at the weights being trained), but algorithm.rollout_correction.bypass_mode="

@@ -46,6 +46,7 @@ from verl_offpolicy.glue.algorithms.kl_reward import one_update_per_batch_fixes
 from verl_offpolicy.glue.family import Family, LossExample
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
 from verl_offpolicy.glue.patching import patch_once
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, PROXIMAL
 
 logger = logging.getLogger("verl_offpolicy")
 
@@ -199,9 +200,9 @@ def warn_m2po_single_update(view) -> None:
     if one_update_per_batch_fixes(view):
         return
     offpolicy = view.offpolicy
-    if offpolicy.ratio_anchor == "proximal":
+    if offpolicy.ratio_anchor == PROXIMAL:
         where = "algorithm.offpolicy.ratio_anchor=proximal"
-    elif offpolicy.ratio_anchor == "behaviour" and not offpolicy.schedule.is_stale:
+    elif offpolicy.ratio_anchor == BEHAVIOUR and not offpolicy.schedule.is_stale:
         where = "(s, d) = (1, 0) under algorithm.offpolicy.ratio_anchor=behaviour"
     else:
         return

@@ -31,6 +31,7 @@ from verl_offpolicy.glue.algorithms.adapters import (
 )
 from verl_offpolicy.glue.family import EstimatorExample, Family, LossExample
 from verl_offpolicy.glue.knobs import LOSS_PREFIX, Knob, OffPolicyConfigError, positive
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, ROLLOUT
 
 OAPL = "oapl"
 # A mean over sequences of per-sequence losses spread as L_i/|y_i| over their tokens (as pmd's).
@@ -74,7 +75,7 @@ def check_oapl_group(view) -> None:
 
 
 # The anchors that hold the log-probs of the policy that generated the batch (π_lag).
-OAPL_ANCHORS = ("behaviour", "rollout")
+OAPL_ANCHORS = (BEHAVIOUR, ROLLOUT)
 
 
 def check_oapl_anchor(view) -> None:

@@ -13,6 +13,7 @@ import logging
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, ROLLOUT
 from verl_offpolicy.glue.scheduler.correction import check_rollout_correction_values
 from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
 from verl_offpolicy.glue.registration import SCHEDULER_MODES, scheduler_trainer
@@ -68,7 +69,7 @@ def check_rollout_correction(view: ConfigView) -> None:
             )
     if bypass or rollout_is is None:
         return
-    if offpolicy.ratio_anchor == "rollout":
+    if offpolicy.ratio_anchor == ROLLOUT:
         raise OffPolicyConfigError(
             f"{ROLLOUT_CORRECTION}.rollout_is={rollout_is} weights by π_proximal/π_rollout, and "
             "algorithm.offpolicy.ratio_anchor=rollout already measures the loss's ratio against the rollout log-probs: "
@@ -115,7 +116,7 @@ def check_verl_async_modes(view: ConfigView) -> None:
             f"sync_interval=1 sync_offset=0, or trainer.v1.trainer_mode={scheduler_trainer(view.select('actor_rollout_ref.hybrid_engine', True))} for a scheduled "
             "staleness"
         )
-    if offpolicy.ratio_anchor == "behaviour":
+    if offpolicy.ratio_anchor == BEHAVIOUR:
         raise OffPolicyConfigError(
             f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: partial rollouts are resumed under "
             "new weights, so a response has no single generating version to recompute log-probs at; set "
@@ -123,7 +124,7 @@ def check_verl_async_modes(view: ConfigView) -> None:
             "token by token) or ratio_anchor=proximal"
         )
     bypass = view.bypass
-    if (offpolicy.ratio_anchor == "rollout") != bypass:
+    if (offpolicy.ratio_anchor == ROLLOUT) != bypass:
         raise OffPolicyConfigError(
             f"{prefix} puts the rollout log-probs into old_log_prob exactly when "
             f"algorithm.rollout_correction.bypass_mode=true: set ratio_anchor=rollout together with bypass_mode=true, "
@@ -239,7 +240,7 @@ def needs_scheduler(offpolicy) -> bool:
     """Whether a config needs the ``offpolicy`` trainer: a stale schedule (s, d) ≠ (1, 0), or the ``rollout`` anchor
     (the trainer swaps the rollout's log-probs in). At (1, 0) the ``behaviour`` anchor is the proximal policy (every
     batch trains at the weights that generated it), so any trainer, verl's legacy ``RayPPOTrainer`` included, runs it."""
-    return offpolicy.schedule.is_stale or offpolicy.ratio_anchor == "rollout"
+    return offpolicy.schedule.is_stale or offpolicy.ratio_anchor == ROLLOUT
 
 
 def check_scheduler_selected(view: ConfigView) -> None:
@@ -269,7 +270,7 @@ def check_overlapped(view: ConfigView) -> None:
     prefix = f"trainer.v1.trainer_mode={view.trainer_mode} with actor_rollout_ref.hybrid_engine=false (overlapped mode)"
     backend = check_rollout_pool(view, prefix)
     check_checkpoint_backend(backend, view.select(f"{rollout}.checkpoint_engine.custom_backend_module"))
-    if view.offpolicy.ratio_anchor == "behaviour":
+    if view.offpolicy.ratio_anchor == BEHAVIOUR:
         raise OffPolicyConfigError(
             f"{prefix} cannot provide algorithm.offpolicy.ratio_anchor=behaviour: when a batch arrives the trainer "
             "has already moved past the weights that generated it; set ratio_anchor=rollout (each batch is generated "
@@ -331,12 +332,12 @@ def check_scheduler_features(view: ConfigView) -> None:
             "sampler (the staleness FIFO); remove trainer.v1.sampler.custom_sampler.path/name"
         )
     ratio_anchor = view.offpolicy.ratio_anchor
-    if view.bypass and ratio_anchor != "rollout":
+    if view.bypass and ratio_anchor != ROLLOUT:
         raise OffPolicyConfigError(
             "algorithm.rollout_correction.bypass_mode=true already sets old_log_prob to the rollout log-probs; "
             f"set algorithm.offpolicy.ratio_anchor=rollout or bypass_mode=false (got ratio_anchor={ratio_anchor})"
         )
-    if ratio_anchor == "rollout" and not view.select("actor_rollout_ref.rollout.calculate_log_probs", False):
+    if ratio_anchor == ROLLOUT and not view.select("actor_rollout_ref.rollout.calculate_log_probs", False):
         raise OffPolicyConfigError(
             "algorithm.offpolicy.ratio_anchor=rollout needs the inference engine's log-probs: "
             "set actor_rollout_ref.rollout.calculate_log_probs=true (or choose ratio_anchor=behaviour|proximal)"
@@ -362,7 +363,7 @@ def rollout_log_prob_readers(view: ConfigView) -> tuple[list[str], list[str]]:
     correction's π_rollout). π_old: ``ratio_anchor=rollout`` or verl's ``bypass_mode`` (which writes them into
     old_log_prob); the correction: ``rollout_is`` / ``rollout_rs``."""
     as_old = []
-    if view.offpolicy.ratio_anchor == "rollout":
+    if view.offpolicy.ratio_anchor == ROLLOUT:
         as_old.append("algorithm.offpolicy.ratio_anchor=rollout")
     if view.bypass:
         as_old.append(f"{ROLLOUT_CORRECTION}.bypass_mode=true")

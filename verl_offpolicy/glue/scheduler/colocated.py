@@ -31,6 +31,7 @@ from verl.workers.utils.padding import response_from_nested
 
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER
 from verl_offpolicy.glue.scheduler import store
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR
 from verl_offpolicy.glue.scheduler.store import KVBatchMeta
 from verl_offpolicy.glue.scheduler.metrics import WAIT_S, rollout_call_metrics
 from verl_offpolicy.glue.scheduler.rollout import push_label
@@ -108,7 +109,7 @@ class ColocatedTrainer(OffPolicyTrainer):
         for step, chunk in zip(steps, chunks, strict=True):
             uids = [str(u) for u in chunk["uid"]]
             stale = self.schedule.staleness(step) > 0
-            behaviour = stale and self.offpolicy.ratio_anchor == "behaviour"
+            behaviour = stale and self.offpolicy.ratio_anchor == BEHAVIOUR
             assert self.schedule.version(step) == version
             entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour, settled=self.filter_groups is None))
             tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]

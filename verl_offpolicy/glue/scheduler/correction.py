@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 from torch import Tensor
 
 from verl_offpolicy.glue.knobs import OffPolicyConfigError
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR
 
 logger = logging.getLogger("verl_offpolicy")
 
@@ -191,7 +192,7 @@ def decoupled_correction(rollout_correction) -> bool:
 def compared_policies(ratio_anchor: str, stale: bool) -> str:
     """The pair verl's ``rollout_is``/``rollout_rs`` compare under ``ratio_anchor`` (``stale``: the batch is trained
     at staleness > 0)."""
-    if ratio_anchor == "behaviour" and stale:
+    if ratio_anchor == BEHAVIOUR and stale:
         return "π_behaviour/π_rollout"
     return "π_proximal/π_rollout"
 

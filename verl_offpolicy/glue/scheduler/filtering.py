@@ -103,6 +103,36 @@ def trajectory_metric(data: Any, metric: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
+def classify_groups(buffer: Any, pending: dict[int, list[str]], metric: str) -> dict[int, tuple[list[str], list[bool], list[float]]]:
+    """For each step's groups of this round (``pending``: step -> prompt uids), in verl's replay ``buffer``: whether
+    verl's filter drops it (:func:`zero_spread_groups`; the metric is the same on every sample of a finished group;
+    a failed group stays, as verl's sync sampler keeps it) and that shared value."""
+    from verl_offpolicy.glue.scheduler import store
+    from verl_offpolicy.glue.scheduler.store import TRAIN
+
+    buffer._sync_metadata_from_transfer_queue()
+    order = [uid for uids in pending.values() for uid in uids]
+    index = {uid: i for i, uid in enumerate(order)}
+    finished = buffer.finished_keys[TRAIN]
+    keys = [k for k in buffer.partitions[TRAIN] if k.split("_")[0] in index and k.split("_")[0] in finished]
+    dropped = torch.zeros(len(order), dtype=torch.bool)
+    shared = torch.zeros(len(order), dtype=torch.float64)
+    missing = {uid for uid in index if uid in finished} - {k.split("_")[0] for k in keys}
+    if missing:
+        raise RuntimeError(f"offpolicy scheduler: finished prompt groups without trajectories: {sorted(missing)[:5]}")
+    if keys:
+        values = trajectory_metric(store.read(keys, [metric_field(metric)]), metric)
+        group = torch.tensor([index[k.split("_")[0]] for k in keys], dtype=torch.long)
+        dropped = zero_spread_groups(values, group, len(order))
+        shared = shared.scatter_reduce(0, group, values, "amax", include_self=False)
+    dropped_list, shared_list = dropped.tolist(), shared.tolist()
+    out, start = {}, 0
+    for step, uids in pending.items():
+        out[step] = (uids, dropped_list[start : start + len(uids)], shared_list[start : start + len(uids)])
+        start += len(uids)
+    return out
+
+
 @dataclass
 class BatchFill:
     """One scheduled batch (step ``step``, ``size`` groups) through its version's rounds."""

@@ -7,7 +7,11 @@ from verl_offpolicy.core.schedule import check_schedule
 from verl_offpolicy.glue.family import Family
 from verl_offpolicy.glue.knobs import Knob
 
-RATIO_ANCHORS = ("behaviour", "rollout", "proximal")
+# algorithm.offpolicy.ratio_anchor, what old_log_prob means in the loss (docs/scheduler.md, "The ratio anchor"):
+BEHAVIOUR = "behaviour"  # the training engine's log-probs at the weights that generated the batch
+ROLLOUT = "rollout"  # the inference engine's log-probs (the rollout's own)
+PROXIMAL = "proximal"  # verl's default: recomputed with the current weights at the start of each step
+RATIO_ANCHORS = (BEHAVIOUR, ROLLOUT, PROXIMAL)
 
 
 def _sync_interval(key: str, value) -> None:
@@ -22,7 +26,7 @@ OFFPOLICY_KNOBS = (
     Knob("sync_interval", 1, "s ≥ 1: rollout weights refreshed every s training steps (1 = on-policy, stock verl).",
          check=_sync_interval),
     Knob("sync_offset", 0, "d ≥ 0: batches generated before training starts (delayed feedback).", check=_sync_offset),
-    Knob("ratio_anchor", "proximal",
+    Knob("ratio_anchor", PROXIMAL,
          "What old_log_prob means in the loss: behaviour (training engine at the generating weights), rollout "
          "(inference engine log-probs), proximal (verl's default, recomputed each step).",
          choices=RATIO_ANCHORS),

@@ -26,6 +26,8 @@ from torch import Tensor
 
 from verl.trainer.ppo.rollout_corr_helper import SAFETY_BOUND, compute_offpolicy_metrics, compute_rollout_correction_weights
 
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, PROXIMAL
+
 # verl's names (verl/trainer/ppo/v1/trainer_base.py, _compute_metrics), logged by verl itself.
 VERL_STALENESS = "training/off_policy/trajectory_staleness"
 VERL_STALENESS_WORST = "training/off_policy/trajectory_staleness_worst"
@@ -153,8 +155,8 @@ def engine_mismatch_pair(staleness: int, behaviour_stored: bool, rollout_log_pro
     if not rollout_log_probs or bypass:
         return None
     if staleness == 0:
-        return "proximal"
-    return "behaviour" if behaviour_stored else None
+        return PROXIMAL
+    return BEHAVIOUR if behaviour_stored else None
 
 
 def engine_mismatch_metrics(trainer: Tensor, rollout: Tensor, response_mask: Tensor) -> dict[str, float]:

@@ -52,10 +52,9 @@ from verl_offpolicy.glue.scheduler.store import TRAIN, KVBatchMeta
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, PROXIMAL, ROLLOUT
 from verl_offpolicy.glue.scheduler.correction import compared_with_anchor, decoupled_correction, verl_correction_named
-from verl_offpolicy.glue.scheduler.filtering import (
-    FilterGroups, FilterGroupsExhausted, VersionFill, metric_field, trajectory_metric, zero_spread_groups,
-)
+from verl_offpolicy.glue.scheduler.filtering import FilterGroups, FilterGroupsExhausted, VersionFill, classify_groups
 from verl_offpolicy.glue.scheduler.metrics import (
     ANCHOR_LOG_RATIO, OBSERVED_VERSION_MAX, OBSERVED_VERSION_MIN, anchor_corr_metrics, engine_mismatch_metrics,
     engine_mismatch_pair, filter_metrics, queue_metrics,
@@ -320,7 +319,7 @@ class OffPolicyTrainer(PPOTrainer):
         behaviour = {e.step: e.behaviour for e in todo}
         while True:
             self._wait_for_generation({uid for uids in pending.values() for uid in uids}, version)
-            fill.record_round(self._classify_groups(pending))
+            fill.record_round(classify_groups(self.replay_buffer, pending, self.filter_groups.metric))
             try:
                 sizes = fill.top_ups()
             except FilterGroupsExhausted:
@@ -350,33 +349,6 @@ class OffPolicyTrainer(PPOTrainer):
         self.replay_buffer._clear_groups(TRAIN, discard)  # verl's: the prompts and their trajectories
         logger.info(fill.describe())
 
-    def _classify_groups(self, pending: dict[int, list[str]]) -> dict[int, tuple[list[str], list[bool], list[float]]]:
-        """For each step's groups of this round: whether verl's filter drops it (the metric is the same on every
-        sample of a finished group; a failed group stays, as verl's sync sampler keeps it) and that shared value."""
-        buffer = self.replay_buffer
-        buffer._sync_metadata_from_transfer_queue()
-        order = [uid for uids in pending.values() for uid in uids]
-        index = {uid: i for i, uid in enumerate(order)}
-        finished = buffer.finished_keys[TRAIN]
-        keys = [k for k in buffer.partitions[TRAIN] if k.split("_")[0] in index and k.split("_")[0] in finished]
-        dropped = torch.zeros(len(order), dtype=torch.bool)
-        shared = torch.zeros(len(order), dtype=torch.float64)
-        missing = {uid for uid in index if uid in finished} - {k.split("_")[0] for k in keys}
-        if missing:
-            raise RuntimeError(f"offpolicy scheduler: finished prompt groups without trajectories: {sorted(missing)[:5]}")
-        if keys:
-            metric = self.filter_groups.metric
-            values = trajectory_metric(store.read(keys, [metric_field(metric)]), metric)
-            group = torch.tensor([index[k.split("_")[0]] for k in keys], dtype=torch.long)
-            dropped = zero_spread_groups(values, group, len(order))
-            shared = shared.scatter_reduce(0, group, values, "amax", include_self=False)
-        dropped_list, shared_list = dropped.tolist(), shared.tolist()
-        out, start = {}, 0
-        for step, uids in pending.items():
-            out[step] = (uids, dropped_list[start : start + len(uids)], shared_list[start : start + len(uids)])
-            start += len(uids)
-        return out
-
     # ------------------------------------------------------------------ ratio anchor
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -384,7 +356,7 @@ class OffPolicyTrainer(PPOTrainer):
         # verl's rollout correction compares the anchor with the rollout on a stale behaviour batch (.correction).
         # A batch whose every IS weight the IcePop band zeroed stops with one line naming the band (.correction).
         correction = decoupled_correction(self.config.algorithm.get("rollout_correction", None))
-        corrected = correction and self.offpolicy.ratio_anchor == "behaviour" and self.replay_buffer.current.behaviour
+        corrected = correction and self.offpolicy.ratio_anchor == BEHAVIOUR and self.replay_buffer.current.behaviour
         if corrected:
             verl_correction = compared_with_anchor(self._behaviour_padded(batch))
         else:
@@ -393,10 +365,10 @@ class OffPolicyTrainer(PPOTrainer):
         with verl_correction:
             batch = super()._compute_advantage(batch, metrics)
         anchor = self.offpolicy.ratio_anchor
-        if anchor == "proximal":
+        if anchor == PROXIMAL:
             return batch
         keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
-        if anchor == "rollout":
+        if anchor == ROLLOUT:
             source = "rollout_log_probs"
         elif self.replay_buffer.current.behaviour:
             source = BEHAVIOUR_FIELD
@@ -430,7 +402,7 @@ class OffPolicyTrainer(PPOTrainer):
         )
         if pair is None:
             return
-        field = "old_log_probs" if pair == "proximal" else BEHAVIOUR_FIELD
+        field = "old_log_probs" if pair == PROXIMAL else BEHAVIOUR_FIELD
         keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
         data = store.read(keys, [field, "rollout_log_probs", "response_mask"], batch.partition_id).to_padded_tensor()
         metrics.update(engine_mismatch_metrics(data[field], data["rollout_log_probs"], data["response_mask"]))
