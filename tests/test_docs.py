@@ -76,6 +76,77 @@ def test_write_readme_restores_a_removed_row(tmp_path):
     assert broken.read_text() == text
 
 
+def test_readme_layout_names_every_package_module():
+    """Every module and folder of verl_offpolicy/ (discovered, not listed here) is named in the README's Layout."""
+    text = README.read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    words = set(re.findall(r"[a-z_][a-z0-9_]*", block))
+    package = ROOT / "verl_offpolicy"
+    names = {p.stem for p in package.rglob("*.py") if p.stem not in ("__init__", "__main__")}
+    names |= {p.name for p in package.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    assert len(names) >= 80 and sorted(names - words) == []
+
+
+# --------------------------------------------------------------------------------- the generated indexes
+
+
+def _copy_docs(tmp_path: Path) -> Path:
+    """The files the index tables live in and read, under ``tmp_path`` (a repository of their own)."""
+    import shutil
+
+    from verl_offpolicy.configs.tables import ALGO_PAGES, BLOCKS
+
+    for relative in [*BLOCKS, *(str(p.relative_to(ROOT)) for p in (ROOT / ALGO_PAGES).glob("*.md"))]:
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / relative, tmp_path / relative)
+    for folder in (ROOT / "examples").glob("*_trainer"):  # the examples table lists the folders that exist
+        (tmp_path / "examples" / folder.name).mkdir()
+    return tmp_path
+
+
+def test_every_index_table_is_the_generated_one():
+    from verl_offpolicy.configs.tables import main as tables_main
+
+    assert tables_main(["--check", "--root", str(ROOT)]) == 0
+
+
+def test_the_family_table_reads_the_pages_as_written():
+    """docs/algo/red.md opens with '> Presets: `red_drop`, `red_weight`. Source: the REC paper.' (read by hand)."""
+    from verl_offpolicy.configs.tables import family_pages
+
+    red = next(p for p in family_pages(ROOT) if p.stem == "red")
+    assert (red.short, red.presets, red.source) == ("RED", ("red_drop", "red_weight"), "the REC paper")
+    rows = (ROOT / "docs" / "README.md").read_text()
+    assert "| [algo/red.md](algo/red.md) | `red_drop`, `red_weight` | the REC paper |" in rows
+    assert "| `red_trainer/` | RED | `red_drop`, `red_weight` | [docs/algo/red.md](../docs/algo/red.md) |" in (
+        ROOT / "examples" / "README.md").read_text()
+
+
+def test_a_table_edited_by_hand_is_stale_and_written_back(tmp_path):
+    from verl_offpolicy.configs.tables import main as tables_main
+
+    root = _copy_docs(tmp_path)
+    page = root / "docs" / "README.md"
+    original = page.read_text()
+    page.write_text(original.replace("| [algo/red.md](algo/red.md)", "| [algo/red.md](algo/RED.md)"))
+    assert tables_main(["--check", "--root", str(root)]) == 1
+    assert tables_main(["--write", "--root", str(root)]) == 0
+    assert page.read_text() == original
+
+
+def test_a_preset_on_no_page_or_on_two_is_named(tmp_path, capsys):
+    from verl_offpolicy.configs.tables import main as tables_main
+
+    root = _copy_docs(tmp_path)
+    red = root / "docs" / "algo" / "red.md"
+    red.write_text(red.read_text().replace("> Presets: `red_drop`, `red_weight`.", "> Preset: `red_drop`."))
+    asymre = root / "docs" / "algo" / "asymre.md"
+    asymre.write_text(asymre.read_text().replace("> Preset: `asymre`.", "> Presets: `asymre`, `red_drop`."))
+    assert tables_main(["--check", "--root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "preset red_weight is on no family page" in err and "preset red_drop is on several pages: asymre, red" in err
+
+
 def test_preset_header_fields_are_read_as_written():
     """Two headers read by hand: a one-line and a two-line ``# Reproduces:`` paragraph."""
     header = parse_preset_header("grpo_proximal")
