@@ -59,7 +59,7 @@ SETTINGS = ((1, 0), (4, 4))
 ON_POLICY = (1, 0)
 # On-policy (one optimizer step per fresh batch) the ratio to the behaviour policy is exactly 1 (the grpo run logs
 # actor/ppo_kl = 0 at every step): REC's one-side mask keeps every token and the squared log-ratio's gradient is 0, so
-# these presets take reinforce's step (tests/test_presets.py::test_on_a_fresh_batch_these_presets_take_reinforces_step)
+# these presets take reinforce's step (tests/glue/test_presets.py::test_on_a_fresh_batch_these_presets_take_reinforces_step)
 # and their on-policy run is reinforce's (run once: machine time).
 ON_POLICY_AS = {"rec_oneside_nois": "reinforce", "opmd_kimi": "reinforce"}
 STEPS, TEST_FREQ, SAVE_FREQ, SEED = 40, 10, 10, 0

@@ -3,8 +3,8 @@ before their job, the demo joining it, and ``verl-offpolicy doctor --address`` a
 
 The run is the overlapped mode's ``opmd`` run at (s, d) = (2, 1) (tests/scenario_runs.py: ``opmd_overrides``,
 :data:`STEPS` steps, a checkpoint every :data:`SAVE_FREQ` steps, verl's rollout dumps): the overlapped mode's
-tests compare it with the colocated run on one node and resume from its checkpoint (tests/test_overlapped.py),
-the cluster tests check where it ran and the cluster around it (tests/test_cluster_e2e.py). One shared job
+tests compare it with the colocated run on one node and resume from its checkpoint (tests/scheduler/test_overlapped.py),
+the cluster tests check where it ran and the cluster around it (tests/scheduler/test_cluster_e2e.py). One shared job
 (tests/jobs.py) that leaves nothing behind: it stops the cluster and records what was left.
 
 Nodes 0 and 1 have two fake GPUs each (the trainer's pool, two ranks, takes one node, the standalone rollout's, two

@@ -1,4 +1,4 @@
-"""The preset table of docs/algorithms.md, written out by hand: what tests/test_presets.py checks every preset
+"""The preset table of docs/algorithms.md, written out by hand: what tests/glue/test_presets.py checks every preset
 against and tests/test_cli.py compares `verl-offpolicy list` with."""
 
 REC = dict(adv="grpo", norm=False, loss="rec", agg="token-mean", anchor="behaviour", weight="none", reg="none")

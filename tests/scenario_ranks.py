@@ -30,7 +30,7 @@ FAMILIES = {
 }
 # The cut is over M2PO's whole token pool here (pool `all`): the derivation below counts all 32 tokens; the
 # trust-region pool, which drops the tokens whose ratio moves toward 1, has its own golden tests
-# (tests/test_algorithms_losses.py).
+# (tests/algorithms/test_algorithms_losses.py).
 FAMILY_OVERRIDES = {"m2po": ["actor_rollout_ref.actor.policy_loss.m2po_token_pool=all"]}
 # Responses (symbols of the tiny vocabulary) and their advantages; rows 0-3 go to rank 0, 4-7 to rank 1.
 RESPONSES = [

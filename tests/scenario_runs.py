@@ -101,7 +101,7 @@ def opmd_timeout(s: int, d: int) -> float:
 # configuration learns most of the task by then (benchmarks/results/staleness_e2e/grpo__s1_d0__seed0__steps40.json,
 # the same run on our trainer: train reward 0.081 over steps 1-5 -> 0.490 over steps 16-20, greedy validation
 # 0.109 -> 0.891 at step 20). Its first steps are also the stock side of the sync-trainer comparison
-# (tests/test_scheduler_e2e.py).
+# (tests/scheduler/test_scheduler_e2e.py).
 LEARN_STEPS = 20
 LEARN_TIMEOUT = 900
 
@@ -117,7 +117,7 @@ DAPO = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=r
 
 
 def dapo_run(demo_runs, mode: str):
-    """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode`` (tests/test_filter_groups.py):
+    """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode`` (tests/scheduler/test_filter_groups.py):
     :func:`opmd_overrides` + :data:`DAPO`, :data:`DAPO_STEPS` steps (the pair's two ranks, two replicas overlapped)."""
     return demo_runs.start(
         "opmd", DAPO_STEPS, opmd_overrides(*PAIR, mode) + DAPO, PRIMARY_CONFIG, opmd_timeout(*PAIR), name=f"dapo_{mode}_s2d1",

@@ -1,6 +1,6 @@
 """The staleness scheduler's shared test facts: the spec's schedule table, verl's metric names, the GPU overlapped
-overrides and the behaviour-anchored REC run at (4, 1) that several modules read (tests/test_scheduler_e2e.py,
-tests/test_ranks_e2e.py, tests/test_vllm_cpu_e2e.py, tests/test_overlapped.py, tests/test_scheduler_modes.py)."""
+overrides and the behaviour-anchored REC run at (4, 1) that several modules read (tests/scheduler/test_scheduler_e2e.py,
+tests/scheduler/test_ranks_e2e.py, tests/cpu/test_vllm_cpu_e2e.py, tests/scheduler/test_overlapped.py, tests/scheduler/test_scheduler_modes.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ OVERLAPPED = [
 # The REC runs keep the demo's 8 x 16 samples per step: enough tokens that the one-side mask finds
 # ratios outside its band on every stale step. The behaviour-anchored (4, 1) run saves a checkpoint
 # after step 3: the resume test starts from it.
-# They train on two ranks, one micro-batch of 64 samples each (tests/test_ranks_e2e.py reads the same run:
+# They train on two ranks, one micro-batch of 64 samples each (tests/scheduler/test_ranks_e2e.py reads the same run:
 # the (4, 1) schedule and the behaviour log-probs on two ranks), with twice the shared runs' timeout: two
 # training and two rollout processes start one after the other.
 RANKS, REC_TIMEOUT = 2, 2 * SHARED_RUN_TIMEOUT
@@ -42,6 +42,6 @@ REC_S4D1 = ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], P
 
 
 def start_rec_s4d1(demo_runs):
-    """The behaviour-anchored REC run at (4, 1) on two ranks (:data:`REC_S4D1`), shared with tests/test_ranks_e2e.py."""
+    """The behaviour-anchored REC run at (4, 1) on two ranks (:data:`REC_S4D1`), shared with tests/scheduler/test_ranks_e2e.py."""
     preset, overrides, config_name = REC_S4D1
     return demo_runs.start(preset, STEPS, overrides, config_name, REC_TIMEOUT, name="rec_s4d1")

@@ -264,7 +264,7 @@ def test_doctor_reports_what_workers_miss_when_verl_loads_no_plugins(doctor_no_p
     must say so with the fix (it used to register the names itself and say ok).
 
     Extended tier: in the default run, ``doctor --address`` finds the same setting in the workers of the
-    cluster's third node (tests/test_cluster_e2e.py), and main_ppo's driver stops on it
+    cluster's third node (tests/scheduler/test_cluster_e2e.py), and main_ppo's driver stops on it
     (test_plugin.py::test_main_ppo_without_our_plugin_stops_before_ray_naming_the_setting)."""
     proc, listening = doctor_no_plugins_run.result()
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -290,7 +290,7 @@ def test_doctor_reports_a_timeout_as_a_finding_and_leaves_nothing_behind():
 
 
 def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flags_other_versions():
-    """doctor --address's per-node findings (the e2e in tests/test_cluster_e2e.py runs it on a real cluster):
+    """doctor --address's per-node findings (the e2e in tests/scheduler/test_cluster_e2e.py runs it on a real cluster):
     a node is named as ``ray status`` shows it; a version that differs from the driver's is a finding naming
     both versions, one that matches is not."""
     from verl_offpolicy.doctor import node_label, version_problems
@@ -313,7 +313,7 @@ def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flag
 def test_doctor_address_flags_a_node_without_a_cpu_where_transfer_queue_may_deal_a_storage_unit():
     """TransferQueue deals its storage units (1 CPU each) round-robin over every alive node with hard node
     affinity: a node with no CPU (no ``CPU`` key, or 0) fails a run on some start-ups and not others (seen in
-    CI on tests/test_cluster_e2e.py's third node), so doctor names it with both keys of the fix; a node
+    CI on tests/scheduler/test_cluster_e2e.py's third node), so doctor names it with both keys of the fix; a node
     with a CPU is not a finding."""
     from verl_offpolicy.doctor import STORAGE_NODE_KEY, STORAGE_UNITS_KEY, storage_placement_problems
 
@@ -439,7 +439,7 @@ def test_cluster_stop_refuses_what_cluster_start_did_not_make_and_touches_nothin
 def test_cluster_stop_ends_only_the_processes_of_its_own_dir(tmp_path, capsys):
     """A cluster's Ray processes (naming its Ray temp dir or a path under it) end and the dir goes; a process naming a
     longer dir that starts with the same characters (another run) and one that merely names the cluster's dir (not a
-    process of the cluster: `tail -f D/server.log`) live on. The rest of what `stop` ends: tests/test_cluster_stop.py."""
+    process of the cluster: `tail -f D/server.log`) live on. The rest of what `stop` ends: tests/demo/test_cluster_stop.py."""
     from verl_offpolicy.demo.cluster import MARKER_NAME, MARKER_TEXT
 
     path = tmp_path / "vo-cluster-abc"

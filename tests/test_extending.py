@@ -104,8 +104,8 @@ def test_following_the_steps_literally_adds_a_working_family(tmp_path):
         proc = subprocess.run([sys.executable, *command[1:]], cwd=dest, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
     tests = [
-        "tests/algorithms/test_conformance.py", "tests/algorithms/test_sign.py", "tests/test_presets.py",
-        "tests/test_docs.py", "tests/test_algorithm_names.py", "tests/test_knobs.py",
+        "tests/algorithms/test_conformance.py", "tests/algorithms/test_sign.py", "tests/glue/test_presets.py",
+        "tests/test_docs.py", "tests/algorithms/test_algorithm_names.py", "tests/glue/test_knobs.py",
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-m", "not e2e and not slow and not extended",

@@ -161,7 +161,9 @@ TESTS = Path(__file__).resolve().parent
 
 def _test_imports() -> dict[str, set[str]]:
     """tests/ module name -> the tests/ modules it imports (``tests.x``), function-local imports too."""
-    modules = {f"tests.{p.stem}": p for p in TESTS.glob("*.py") if p.stem != "__init__"}
+    modules = {
+        "tests." + ".".join(p.relative_to(TESTS).with_suffix("").parts): p for p in TESTS.rglob("*.py") if p.stem != "__init__"
+    }
     return {name: {m for m in _imports(path) if m in modules} - {name} for name, path in modules.items()}
 
 
@@ -169,8 +171,8 @@ def test_no_test_module_is_imported_by_another_module():
     """Shared constants and runs live in the support modules (scenario_*, jobs, hydra_utils, ...): a test module
     imports those, never another test module, and a support module imports no test module."""
     graph = _test_imports()
-    assert "tests.scenario_schedule" in graph["tests.test_scheduler_e2e"]  # the scan sees the imports
-    upward = {name: sorted(m for m in deps if m.startswith("tests.test_")) for name, deps in graph.items()}
+    assert "tests.scenario_schedule" in graph["tests.scheduler.test_scheduler_e2e"]  # the scan sees the imports
+    upward = {name: sorted(m for m in deps if m.rsplit(".", 1)[-1].startswith("test_")) for name, deps in graph.items()}
     assert {name: found for name, found in upward.items() if found} == {}
 
 
@@ -179,7 +181,7 @@ def test_the_support_modules_import_no_cycle():
 
 
 def test_no_test_support_function_takes_more_than_six_positional_parameters():
-    found = {p.name: _long_signatures(p.read_text()) for p in TESTS.glob("*.py")}
+    found = {p.name: _long_signatures(p.read_text()) for p in TESTS.rglob("*.py")}
     assert {path: names for path, names in found.items() if names} == {}
 
 

@@ -61,7 +61,7 @@ def test_every_subprocess_call_has_a_timeout():
 def test_no_test_module_imports_a_private_name_of_another_test_module():
     """What tests share lives in helper modules under public names (e.g. tests/loss_helpers.py)."""
     private = []
-    for path in sorted((REPO_ROOT / "tests").glob("*.py")):
+    for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
                 private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
@@ -78,10 +78,20 @@ E2E_CALLS = {"run_demo", "demo_command", "ray_worker_state"}
 E2E_SUBCOMMANDS = {"doctor"}
 # What starts a fresh Python process (see the `slow` marker): the harness's runners, or [sys.executable, ...].
 PYTHON_RUNNERS = {"run_isolated", "isolated", "run_main_ppo"}
-HELPER_TARGET = re.compile(r"^tests\.(\w+):(\w+)$")  # run_isolated("tests.<module>:<function>")
+HELPER_TARGET = re.compile(r"^tests\.([\w.]+):(\w+)$")  # run_isolated("tests.<module>:<function>")
 
 
 @functools.lru_cache(maxsize=None)
+def test_modules() -> list[Path]:
+    """Every test module of the suite, in tests/ and its folders (which mirror the package)."""
+    return sorted((REPO_ROOT / "tests").rglob("test_*.py"))
+
+
+def _module_of(path: Path) -> str:
+    """``algorithms.test_oapl`` for tests/algorithms/test_oapl.py (the module name under tests)."""
+    return ".".join(path.relative_to(REPO_ROOT / "tests").with_suffix("").parts)
+
+
 def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.Module]:
     """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
     tree = ast.parse((REPO_ROOT / "tests" / f"{module.replace('.', '/')}.py").read_text())  # tests/<package>/<module>.py too
@@ -161,8 +171,8 @@ def _e2e_tests(starts=_starts_e2e, markers: tuple[str, ...] = ("e2e",)) -> tuple
     """(tests that start e2e work, tests marked e2e), as ``file::function``; with ``starts`` and
     ``markers``, the same for another kind of work and the markers that may carry it."""
     starting, marked = set(), set()
-    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
-        defs, _, tree = _module_defs(path.stem)
+    for path in test_modules():
+        defs, _, tree = _module_defs(_module_of(path))
         module_marked = any(
             isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in n.targets) and _marked(n, markers)
             for n in tree.body
@@ -171,7 +181,7 @@ def _e2e_tests(starts=_starts_e2e, markers: tuple[str, ...] = ("e2e",)) -> tuple
             if not name.startswith("test_"):
                 continue
             test_id = f"{path.name}::{name}"
-            if _reaches_e2e(path.stem, name, set(), starts):
+            if _reaches_e2e(_module_of(path), name, set(), starts):
                 starting.add(test_id)
             if module_marked or any(_marked(d, markers) for d in node.decorator_list):
                 marked.add(test_id)
@@ -216,8 +226,8 @@ def test_every_fixture_that_queues_shared_jobs_is_queued_at_the_sessions_start()
     ``@pytest.fixture``: conftest then queues its jobs at the session's start and they run beside the rest
     of the suite, instead of starting when the first end-to-end test asks for them."""
     queued, plain = set(), []
-    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
-        defs, _, _ = _module_defs(path.stem)
+    for path in test_modules():
+        defs, _, _ = _module_defs(_module_of(path))
         for name, node in defs.items():
             if not isinstance(node, ast.FunctionDef) or "demo_runs" not in {a.arg for a in node.args.args}:
                 continue

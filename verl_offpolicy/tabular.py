@@ -12,7 +12,7 @@ probability (μ = [0.3, 0.6, 0.1] → counts [3, 6, 1]), so verl's token-mean ov
 E_{y∼μ}[ℓ(y)] and the group mean is V^μ. With exact expectations the dynamics are deterministic, so a
 step whose gradient is exactly zero is a fixed point (:func:`train` stops there).
 
-Used by ``tests/test_algorithms_properties.py`` (the eight properties of ``docs/algorithms.md``) and by
+Used by ``tests/algorithms/test_algorithms_properties.py`` (the eight properties of ``docs/algorithms.md``) and by
 ``benchmarks/tabular_studies.py`` (the papers' bandit studies, with curves).
 """
 

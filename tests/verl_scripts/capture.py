@@ -98,7 +98,7 @@ def write_drift(label: str) -> int:
         f"Written by `python tests/verl_scripts/capture.py --drift {label}`: mostly keys that verl's scripts "
         "of that release set and this verl no longer has (verl moved or removed them), a few placeholders a script leaves "
         "for the user to fill in. These lines are kept as they were "
-        "captured; tests/test_user_scripts.py checks this list against the installed verl.", "",
+        "captured; tests/glue/test_user_scripts.py checks this list against the installed verl.", "",
         "| argv file | what composing it raises |", "|---|---|", *rows, "",
     ])
     (target / "DRIFT.md").write_text(text)

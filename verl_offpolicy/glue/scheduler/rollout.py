@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 
-# Fault injection for the negative-control test only (tests/test_overlapped.py): when set in the
+# Fault injection for the negative-control test only (tests/scheduler/test_overlapped.py): when set in the
 # trainer's environment, every weight push is tagged ``version + offset``, so the rollout reports
 # versions the schedule does not expect and the run must stop at its first step with
 # ObservedVersionError. Unset (the default) it changes nothing.

@@ -21,7 +21,7 @@ import pytest
 
 from verl_offpolicy.demo.cluster import MARKER_NAME, MARKER_TEXT, SERVER_NAME, ClusterError, LocalCluster
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alive(proc: psutil.Process) -> bool:

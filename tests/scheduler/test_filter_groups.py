@@ -6,7 +6,7 @@ from verl's fields, and the startup rules on verl's composed config. End to end 
 demo run at (2, 1) with filtering, whose logged versions equal the schedule, whose filter metrics add up and
 which trains only groups with a spread (a shared job of tests/scenario_runs.py); ``-m extended`` adds the
 overlapped run and its equality with the colocated one (the default run keeps the overlapped mode's equality
-with colocated at (2, 1) without filtering: tests/test_overlapped.py).
+with colocated at (2, 1) without filtering: tests/scheduler/test_overlapped.py).
 """
 
 from __future__ import annotations

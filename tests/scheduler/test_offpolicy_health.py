@@ -4,7 +4,7 @@
 
 Every expected value is derived by hand in the comments (powers of 2, so the arithmetic is exact); none is
 produced by the function under test. The end-to-end check that a real run logs the statistics on stale steps
-only is ``tests/test_scheduler_e2e.py`` (``test_grpo_clips_against_the_behaviour_policy_on_stale_steps``,
+only is ``tests/scheduler/test_scheduler_e2e.py`` (``test_grpo_clips_against_the_behaviour_policy_on_stale_steps``,
 ``test_behaviour_anchor_makes_rec_clip_on_stale_steps``).
 """
 

@@ -1,5 +1,5 @@
 """The trainer's metric helpers (``verl_offpolicy/glue/scheduler/metrics.py``): staleness under verl's names; ours only where verl has no name. The end-to-end check that a real run logs
-them is ``tests/test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec``."""
+them is ``tests/scheduler/test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec``."""
 
 import re
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 from verl_offpolicy.glue.scheduler import metrics
 
 VERL_TRAINER_BASE = Path(__import__("verl").__file__).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "scheduler.md"
 
 
 def test_staleness_names_are_the_ones_verl_logs():

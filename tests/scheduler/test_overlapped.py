@@ -4,7 +4,7 @@ Fast tier: the observed-version check on verl's trajectory tags (including the n
 batch the rollout reports at another version fails the run), and the startup validation of the mode.
 End to end (e2e, slow): overlapped vs colocated runs of the CPU demo at the same seed train the same
 samples with the same versions at every step (each run's trained samples from verl's rollout dumps), at
-(1, 0), (1, 1), (2, 1) and (4, 1) (the colocated runs are shared with tests/test_scheduler_e2e.py; the
+(1, 0), (1, 1), (2, 1) and (4, 1) (the colocated runs are shared with tests/scheduler/test_scheduler_e2e.py; the
 overlapped (2, 1) run is the cluster run of tests/scenario_cluster.py, on three Ray nodes); an
 overlapped run resumed from its step-2 checkpoint trains the batches of the uninterrupted run; and a
 real overlapped run whose weight pushes are deliberately mislabelled stops at its first step.

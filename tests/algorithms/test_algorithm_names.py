@@ -15,7 +15,7 @@ import yaml
 
 from verl_offpolicy.glue import registration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "verl_offpolicy" / "configs" / "algorithm"
 DOCS = [ROOT / "docs" / "algorithms.md", *sorted((ROOT / "docs" / "algo").glob("*.md"))]
 # kind -> (the preset key that selects it, the name list of glue/registration.py)

@@ -49,7 +49,7 @@ def _command(out: Path, steps: int) -> list[str]:
 
 def _env(base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
     return env
 
 

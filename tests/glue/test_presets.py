@@ -315,10 +315,10 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("opmd", [*schedule_of(4, 1), f"{THRESHOLD}=4"], f"up to 4 versions old (s + d - 1), spanning 5 versions, but {THRESHOLD}=4"),
         ("opmd", [*schedule_of(20, 10), f"{THRESHOLD}=8"], f"set {THRESHOLD} >= 30"),
         ("opmd", [f"{THRESHOLD}=0"], f"{THRESHOLD} must be an integer >= 1 or null, got 0"),
-        # overlapped mode needs a rollout pool of its own (tests/test_overlapped.py covers the rest)
+        # overlapped mode needs a rollout pool of its own (tests/scheduler/test_overlapped.py covers the rest)
         ("grpo", ["actor_rollout_ref.hybrid_engine=false"], "set actor_rollout_ref.rollout.nnodes >= 1"),
         ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
-        # a replaced loss stops as another preset's algorithm (tests/test_user_scripts.py); without the preset's
+        # a replaced loss stops as another preset's algorithm (tests/glue/test_user_scripts.py); without the preset's
         # name the pairing rule names the pair
         ("pairwise_opmd", ["actor_rollout_ref.actor.policy_loss.loss_mode=rec", NO_PRESET], "both set to pairwise_opmd"),
         ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd", NO_PRESET], "algorithm.adv_estimator=grpo and"),

@@ -54,7 +54,7 @@ def _run_across_nodes(out: Path, environ: dict[str, str]):
     command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(STEPS),
                "--output-dir", str(out), "--ray-address", cluster.address, *ACROSS_NODES,
                f"trainer.rollout_data_dir={out / 'rollouts'}", f"+{STORAGE_NODE_KEY}={node_resource(0)}"]
-    env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:

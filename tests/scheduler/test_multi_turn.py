@@ -2,7 +2,7 @@
 task (its tool, data and reward), verl's tool agent loop on the ``hf`` server (the response mask of a
 trajectory with a tool call) and the startup rules of ``actor_rollout_ref.rollout.multi_turn``.
 
-The end-to-end runs of the tool task through the scheduler are in tests/test_multi_turn_e2e.py.
+The end-to-end runs of the tool task through the scheduler are in tests/scheduler/test_multi_turn_e2e.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Checks, each against something the run could get wrong:
   sums the two sessions;
 - the held-out evaluation before training and after the last step;
 - bf16 compute: the rollout/trainer probability gap of the sampled tokens is bf16's (fp32 gives ~1e-5 here,
-  ``tests/test_smollm2_e2e.py``; bf16 ~7e-2, ``benchmarks/results/stack_smollm2_dtype.md``).
+  ``tests/demo/test_smollm2_e2e.py``; bf16 ~7e-2, ``benchmarks/results/stack_smollm2_dtype.md``).
 """
 
 import json
@@ -28,7 +28,7 @@ from verl_offpolicy.demo.results import PROBS_DIFF_MAX, read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.real_model]
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ def _timeout(overrides) -> float:
 # The run that shows each setting: grpo (1, 0) and (2, 0), the REC (4, 1) run, the shared opmd runs otherwise.
 SPEC_RUN = {(1, 0): "grpo_s1d0", (1, 1): (1, 1), (2, 0): "grpo_s2d0", (2, 1): (2, 1), (4, 1): "rec_s4d1"}
 # (1, 1) and (2, 0) in the extended tier: their runs would serve little else. The default run keeps versions
-# and verl's staleness at (1, 1) in tests/test_demo_rerun.py (its chain is opmd at (1, 1), steps 1..5) and the
+# and verl's staleness at (1, 1) in tests/demo/test_demo_rerun.py (its chain is opmd at (1, 1), steps 1..5) and the
 # whole claim at s = 1, 2, 4 and d = 0, 1 here.
 EXTENDED_SPEC = [(1, 1), (2, 0)]
 
@@ -214,8 +214,8 @@ def test_proximal_anchor_leaves_rec_inert_on_stale_steps(runs, extended_runs):
 # ------------------------------------------------------------------------------ checkpoint / resume
 
 
-@pytest.mark.extended  # the default run resumes an overlapped run exactly (tests/test_overlapped.py: the same
-# FIFO checkpoint of the shared trainer base) and a colocated one mid-version (tests/test_demo_rerun.py)
+@pytest.mark.extended  # the default run resumes an overlapped run exactly (tests/scheduler/test_overlapped.py: the same
+# FIFO checkpoint of the shared trainer base) and a colocated one mid-version (tests/demo/test_demo_rerun.py)
 def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(resumed_run):
     """Resume the (4, 1) REC run from its step-3 checkpoint (what an interruption right after step 3
     leaves) and compare with the same run uninterrupted: the queue (2 batches of version 0 for steps

@@ -12,7 +12,7 @@ from verl_offpolicy.cli import main
 from verl_offpolicy.demo.command import preset_overrides, run_overrides
 from verl_offpolicy.demo.models import get_model, model_names
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_unknown_model_is_one_clear_error(capsys, tmp_path):

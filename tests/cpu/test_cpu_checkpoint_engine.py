@@ -105,7 +105,7 @@ def test_mailbox_transport_moves_every_tensor_exactly_and_fails_loudly_without_s
     cwd = os.getcwd()
     os.chdir(REPO_ROOT)
     try:
-        r = run_isolated("tests.test_cpu_checkpoint_engine:transport_roundtrip", timeout=TIMEOUT)
+        r = run_isolated("tests.cpu.test_cpu_checkpoint_engine:transport_roundtrip", timeout=TIMEOUT)
     finally:
         os.chdir(cwd)
     # Only importing custom_backend_module registers the backend (GPU runs never import it).

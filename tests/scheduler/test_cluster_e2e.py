@@ -8,7 +8,7 @@ node to the two replicas on the other. Checked: the run
 trains the scheduled versions, which node ran what (each worker process is a child of its node's raylet),
 every socket of the cluster on loopback, the cluster still up after the run (a user's cluster outlives their
 job), and nothing left once it is stopped. The run is a shared job (tests/scenario_cluster.py), and the
-overlapped mode's (2, 1) run of tests/test_overlapped.py: the same samples as the colocated run on one node.
+overlapped mode's (2, 1) run of tests/scheduler/test_overlapped.py: the same samples as the colocated run on one node.
 
 The third node has neither CPUs nor GPUs (so no job lands on it) and workers that cannot see the plugin:
 after the run, ``verl-offpolicy doctor --address`` must name that node, and only that one (its plugin, and its

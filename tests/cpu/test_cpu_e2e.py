@@ -89,8 +89,8 @@ PRESET_RUNS = {
 }
 # The asymre case runs in the extended tier: the default run keeps the claim it shares with agro (verl's rollout
 # correction weights multiplied into our loss: one code path for every loss, glue/losses.py::_aggregate) and a
-# preset of ours on verl's stock config (rec_oneside_nois, tests/test_verl_async_modes.py); asymre's shifted
-# advantage is checked against hand-derived values in the fast tier (tests/test_algorithms_estimators.py).
+# preset of ours on verl's stock config (rec_oneside_nois, tests/scheduler/test_verl_async_modes.py); asymre's shifted
+# advantage is checked against hand-derived values in the fast tier (tests/algorithms/test_algorithms_estimators.py).
 EXTENDED_PRESET_RUNS = ["asymre-stock-config-token_tis", "rec_oneside_nois-s4d1-seq_icepop_geo_rs"]
 # Steps of a case other than STEPS: (4, 1) trains versions [0, 0, 0, 0, 0, 4], staleness [0, 1, 2, 3, 4, 1]
 CASE_STEPS = {"rec_oneside_nois-s4d1-seq_icepop_geo_rs": 6}
@@ -132,7 +132,7 @@ def _check_behaviour_corrections(result):
     On every stale step verl's rollout_corr/* describe π_behaviour against π_rollout, the two engines at the same
     weights: the KL is tiny, every weight ≈ 1 and nothing is rejected, while the same step's anchor_corr KL
     (π_proximal against π_behaviour: the staleness) is at least STALE_KL_FACTOR times larger. Computed on the
-    proximal policy (verl's decoupled pair, the negative control of tests/test_rollout_correction_anchor.py), the
+    proximal policy (verl's decoupled pair, the negative control of tests/scheduler/test_rollout_correction_anchor.py), the
     correction would carry that staleness.
     """
     stale = [m for m in result.metrics if m["training/off_policy/trajectory_staleness/mean"] > 0]
@@ -256,7 +256,7 @@ class DemoProcess:
         self.home.mkdir()
         self.out = tmp_path / "out"
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
         env["HOME"] = str(self.home)
         for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
             env[name] = str(self.home / name.lower())

@@ -1,6 +1,6 @@
 """Two training ranks on verl's real pipeline: ``trainer.n_gpus_per_node=2`` through the demo (main_ppo on the CPU).
 
-The scheduler tests' behaviour-anchored REC run at (s, d) = (4, 1) (tests/test_scheduler_e2e.py: ``rec_s4d1``,
+The scheduler tests' behaviour-anchored REC run at (s, d) = (4, 1) (tests/scheduler/test_scheduler_e2e.py: ``rec_s4d1``,
 6 steps of 8 prompts x 16 samples) trains on two ranks: two FSDP2 worker processes on gloo, two fake Ray GPUs
 (``ray_kwargs.ray_init.num_gpus`` follows ``trainer.n_gpus_per_node`` in ``+cpu=demo``: not set here), two
 colocated ``hf`` rollout replicas. The (4, 1) schedule holds (SPEC_SCHEDULE) and the stale steps train against

@@ -338,7 +338,7 @@ def test_offpolicy_keys_without_a_preset_say_where_they_come_from(capsys):
 
 # ----------------------------------------------------------------------------- the corpus of verl's scripts
 
-CORPUS = Path(__file__).parent / "verl_scripts"
+CORPUS = Path(__file__).resolve().parents[1] / "verl_scripts"
 
 
 def corpus() -> list[Path]:

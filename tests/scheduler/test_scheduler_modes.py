@@ -18,7 +18,7 @@ from tests.scenario_schedule import OVERLAPPED
 from verl_offpolicy.glue.compose import compose_preset
 from verl_offpolicy.glue.config import OffPolicyConfigError
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduler.md"
 
 
 def _trainer(preset: str, extra: list[str]):
