@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from _results import Poller  # benchmarks/_results.py
+
 from verl_offpolicy.demo.output_dir import METRICS_NAME
 
 _TICK = os.sysconf("SC_CLK_TCK")

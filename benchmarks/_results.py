@@ -37,9 +37,16 @@ def measured_commit() -> str:
 
     root = RESULTS.parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, timeout=30)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if head.returncode:
@@ -47,7 +54,9 @@ def measured_commit() -> str:
     return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
 
 
-def write_table(filename: str, title: str, command: str, setting: str, header: list[str], rows: list[list[str]], after: str = "") -> str:
+def write_table(
+    filename: str, title: str, command: str, setting: str, header: list[str], rows: list[list[str]], after: str = ""
+) -> str:
     """Write ``results/<filename>``: a title, the command and the commit it ran at, the setting, one Markdown
     table (first column left-aligned, the others right-aligned) and optional text ``after``; print it and return it."""
     lines = [f"## {title}", "", f"Command: `{command.strip()}` at commit {measured_commit()}  ", setting, ""]
@@ -65,8 +74,14 @@ def git_commit() -> str:
     import subprocess
 
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True, timeout=60).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

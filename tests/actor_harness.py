@@ -35,11 +35,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 from verl_offpolicy.configs import STOCK_CONFIGS
+from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
+from verl_offpolicy.cpu.verl_shims import activate_cpu_platform
 from verl_offpolicy.demo.command import CPU_ENGINES
 from verl_offpolicy.demo.process import run_captured
 from verl_offpolicy.glue.compose import compose_main_ppo
-from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
-from verl_offpolicy.cpu.verl_shims import activate_cpu_platform
 
 
 def _free_port() -> int:
@@ -77,7 +77,10 @@ def compose_cpu_config(model_path: str, tokenizer_path: str, overrides: Sequence
 
 
 def padded_batch(
-    pad: int, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: Sequence[float] | torch.Tensor
+    pad: int,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    advantages: Sequence[float] | torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """verl's trainer layout: left-padded prompts, right-padded responses, their masks and positions;
     ``advantages`` is one value per sequence (broadcast over its tokens) or a [B, R] tensor."""
@@ -152,7 +155,6 @@ class ActorHarness:
         activate_cpu_platform()
         init_single_process_env()
         from omegaconf import open_dict
-
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import ActorConfig, HFModelConfig, TrainingWorkerConfig
         from verl.workers.engine_workers import TrainingWorker
@@ -235,7 +237,9 @@ class ActorHarness:
 
         td = left_right_2_no_padding(batch.clone())
         # One micro-batch per call unless asked (the configured sizes are for the demo's batches).
-        tu.assign_non_tensor(td, temperature=self.temperature, micro_batch_size_per_gpu=micro_batch_size or batch.batch_size[0])
+        tu.assign_non_tensor(
+            td, temperature=self.temperature, micro_batch_size_per_gpu=micro_batch_size or batch.batch_size[0]
+        )
         return td
 
     # ------------------------------------------------------------------ engine calls
@@ -345,9 +349,7 @@ class IsolatedRunError(RuntimeError):
     """The isolated function failed or timed out; the message has its output."""
 
 
-def run_isolated(
-    target: str, kwargs: Optional[dict[str, Any]] = None, timeout: float = 300.0, cpu: bool = True
-) -> Any:
+def run_isolated(target: str, kwargs: Optional[dict[str, Any]] = None, timeout: float = 300.0, cpu: bool = True) -> Any:
     """Run ``module:function(**kwargs)`` in a fresh Python process on the CPU platform.
 
     The function's return value must be JSON-serialisable. The process gets ``VERL_PLATFORM=cpu``
@@ -415,28 +417,47 @@ def run_ranks(
                     f"result = fn(**json.loads({json.dumps(json.dumps(call))}))\n"
                     f"open({str(result_path)!r}, 'w').write(json.dumps(result))\n"
                 )
-                rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size),
-                            "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                rank_env = {
+                    **env,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(size),
+                    "LOCAL_WORLD_SIZE": str(size),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                }
                 with open(log_path, "w") as log:
-                    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=rank_env, start_new_session=True,
-                                            cwd=Path(__file__).resolve().parents[1])  # our `tests`, not verl's
+                    proc = subprocess.Popen(
+                        [sys.executable, "-c", code],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=rank_env,
+                        start_new_session=True,
+                        cwd=Path(__file__).resolve().parents[1],
+                    )  # our `tests`, not verl's
                 procs.append((size, rank, proc, result_path, log_path))
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for _, _, p, _, _ in procs):
             failed = [(s, r, log) for s, r, p, _, log in procs if p.poll() not in (None, 0)]
             if failed:
                 s, r, log = failed[0]
-                raise IsolatedRunError(f"{target} failed on rank {r} of the world of {s}; output:\n{log.read_text()[-4000:]}")
+                raise IsolatedRunError(
+                    f"{target} failed on rank {r} of the world of {s}; output:\n{log.read_text()[-4000:]}"
+                )
             if time.monotonic() > deadline:
-                raise IsolatedRunError(f"{target} did not finish within {timeout:.0f}s; rank 0's output:\n"
-                                       f"{procs[0][4].read_text()[-4000:]}")
+                raise IsolatedRunError(
+                    f"{target} did not finish within {timeout:.0f}s; rank 0's output:\n"
+                    f"{procs[0][4].read_text()[-4000:]}"
+                )
             time.sleep(0.2)
         results: dict[int, list[Any]] = {size: [] for size in world_sizes}
         for size, rank, proc, result_path, log_path in procs:
             if proc.returncode != 0 or not result_path.exists():
-                raise IsolatedRunError(f"{target} failed on rank {rank} of the world of {size} (exit {proc.returncode}); "
-                                       f"output:\n{log_path.read_text()[-4000:]}")
+                raise IsolatedRunError(
+                    f"{target} failed on rank {rank} of the world of {size} (exit {proc.returncode}); "
+                    f"output:\n{log_path.read_text()[-4000:]}"
+                )
             results[size].append(json.loads(result_path.read_text()))
         return results
     finally:

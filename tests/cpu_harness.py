@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from tests.actor_harness import run_isolated
-from verl_offpolicy.demo.process import run_captured
 from verl_offpolicy.cpu.platform import CPU_ENV, LOOPBACK_ENV
+from verl_offpolicy.demo.process import run_captured
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,10 @@ def run_main_ppo(
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vo-main-ppo-") as tmp:
         returncode, output = run_captured(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *args, f"hydra.run.dir={tmp}"], env=run_env, timeout=timeout, cwd=tmp
+            [sys.executable, "-m", "verl.trainer.main_ppo", *args, f"hydra.run.dir={tmp}"],
+            env=run_env,
+            timeout=timeout,
+            cwd=tmp,
         )
         if returncode is None:
             raise AssertionError(f"main_ppo did not exit within {timeout}s (a hang); output:\n{output[-3000:]}")

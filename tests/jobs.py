@@ -23,7 +23,6 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
-
 # (job key, start in seconds after the session began, wall seconds, "ok" | error type) of every job that
 # ran: conftest prints them at the end of the session, so a CI log shows where the suite's time went.
 TIMINGS: list[tuple[str, float, float, str]] = []
@@ -71,8 +70,13 @@ class SharedJobs:
                 ticket = next(self._tickets)
                 self._line.append(ticket)
                 self._slots.wait_for(
-                    lambda: self._closing
-                    or (self._line[0] == ticket and self._running < (self._parallel if self._waiting else max(1, self._parallel - 1)))
+                    lambda: (
+                        self._closing
+                        or (
+                            self._line[0] == ticket
+                            and self._running < (self._parallel if self._waiting else max(1, self._parallel - 1))
+                        )
+                    )
                 )
                 self._line.remove(ticket)
                 self._slots.notify_all()  # the next in line may start too (two slots while a test waits)
@@ -168,7 +172,6 @@ class SharedJobs:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-
 @dataclass(frozen=True)
 class SharedJob:
     """A job queued in :class:`SharedJobs` and its future."""
@@ -218,7 +221,10 @@ def queue_at_start(request: Any) -> None:
 
 def _describe(key: Any, width: int = 110) -> str:
     """A job's key as one short line (``("job", "run", preset, steps, overrides, ...)`` → ``run preset steps ...``)."""
-    parts = [" ".join(map(str, p)) if isinstance(p, (tuple, list)) else str(p) for p in (key if isinstance(key, tuple) else (key,))]
+    parts = [
+        " ".join(map(str, p)) if isinstance(p, (tuple, list)) else str(p)
+        for p in (key if isinstance(key, tuple) else (key,))
+    ]
     text = " ".join(p for p in parts if p and p != "job")
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -227,6 +233,12 @@ def timings_report() -> list[str]:
     """Lines for the end of the session: each shared job's start (s after the first), wall time and outcome."""
     if not TIMINGS:
         return []
-    lines = [f"shared jobs: {len(TIMINGS)}, {sum(t[2] for t in TIMINGS):.0f} s of job wall time (start s after the session began, wall s, outcome, job)"]
-    lines += [f"{start:7.0f} {wall:6.0f}  {outcome:<8} {name}" for name, start, wall, outcome in sorted(TIMINGS, key=lambda t: t[1])]
+    lines = [
+        f"shared jobs: {len(TIMINGS)}, {sum(t[2] for t in TIMINGS):.0f} s of job wall time (start s after the "
+        "session began, wall s, outcome, job)"
+    ]
+    lines += [
+        f"{start:7.0f} {wall:6.0f}  {outcome:<8} {name}"
+        for name, start, wall, outcome in sorted(TIMINGS, key=lambda t: t[1])
+    ]
     return lines

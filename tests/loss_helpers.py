@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
@@ -60,7 +59,9 @@ def call(config, old, log_prob, adv, mask, agg="token-sum", *, weights=None):
         rollout_is_weights=weights,
     )
     (grad,) = torch.autograd.grad(loss, log_prob)
-    expected = METRICS | ({FRACTIONS[config.policy_loss.loss_mode]} if config.policy_loss.loss_mode in FRACTIONS else set())
+    expected = METRICS | (
+        {FRACTIONS[config.policy_loss.loss_mode]} if config.policy_loss.loss_mode in FRACTIONS else set()
+    )
     assert set(metrics) == expected and all(type(v) is float for v in metrics.values())
     return loss.detach(), grad, metrics
 

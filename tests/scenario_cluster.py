@@ -26,9 +26,9 @@ from typing import Any
 import psutil
 
 from tests.scenario_runs import SCHEDULED_STEPS, opmd_overrides
-from verl_offpolicy.doctor import STORAGE_NODE_KEY
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
 from verl_offpolicy.demo.results import read_metrics, training_metrics
+from verl_offpolicy.doctor import STORAGE_NODE_KEY
 from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV
 
 STEPS = SCHEDULED_STEPS
@@ -45,8 +45,12 @@ def cluster_overrides(output_dir: Path) -> list[str]:
     """The run's overrides: the overlapped (2, 1) run's, its checkpoints and rollout dumps, and TransferQueue's
     storage unit (1 CPU) on the trainer's node: dealt by node id, it would land on the CPU-less third node on
     one run in three and never start (the fix doctor names)."""
-    return [*opmd_overrides(2, 1, "overlapped"), f"trainer.save_freq={SAVE_FREQ}",
-            f"trainer.rollout_data_dir={output_dir / 'rollouts'}", f"+{STORAGE_NODE_KEY}={node_resource(0)}"]
+    return [
+        *opmd_overrides(2, 1, "overlapped"),
+        f"trainer.save_freq={SAVE_FREQ}",
+        f"trainer.rollout_data_dir={output_dir / 'rollouts'}",
+        f"+{STORAGE_NODE_KEY}={node_resource(0)}",
+    ]
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,18 @@ class ClusterRun:
     def metrics(self) -> list[dict[str, Any]]:
         """The training steps' metrics (verl's file logger), as a demo result's; a failed run raises with its output."""
         if self.proc.returncode != 0:
-            raise AssertionError(f"the cluster run exited with {self.proc.returncode}:\n{self.proc.stdout[-2000:]}\n{self.proc.stderr[-3000:]}")
+            raise AssertionError(
+                "the cluster run exited with "
+                f"{self.proc.returncode}:\n{self.proc.stdout[-2000:]}\n{self.proc.stderr[-3000:]}"
+            )
         return training_metrics(read_metrics(self.output_dir / "metrics.jsonl"))
 
 
 def cluster_job(demo_runs):
     """The cluster run, a shared job queued once per session (its :class:`ClusterRun` from ``.result()``)."""
-    return demo_runs.submit(("cluster_run",), lambda: run_on_cluster(demo_runs.tmp_dir("cluster") / "out", demo_runs.environ))
+    return demo_runs.submit(
+        ("cluster_run",), lambda: run_on_cluster(demo_runs.tmp_dir("cluster") / "out", demo_runs.environ)
+    )
 
 
 def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
@@ -91,8 +100,21 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
             listening.update(_listening(cluster.processes() + [c for p in cluster.processes() for c in _children(p)]))
             time.sleep(1.0)
 
-    command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(STEPS),
-               "--output-dir", str(out), "--ray-address", cluster.address, *cluster_overrides(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "verl_offpolicy.cli",
+        "demo",
+        "--preset",
+        "opmd",
+        "--steps",
+        str(STEPS),
+        "--output-dir",
+        str(out),
+        "--ray-address",
+        cluster.address,
+        *cluster_overrides(out),
+    ]
     env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -100,15 +122,36 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
         # cwd: a job thread must not inherit the test process's working directory, which a test may have changed
         # (monkeypatch.chdir): `-m` puts it first on sys.path, and Ray passes the driver's sys.path to its workers
         out.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL,
-                              cwd=str(out))
+        proc = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(out),
+        )
         done.set()
         watcher.join(timeout=60)
         alive_after = bool(cluster.processes()) and bool(cluster.address)
         address_file = (cluster.path / "ray" / "ray_current_cluster").is_file()
         doctor = subprocess.run(
-            [sys.executable, "-m", "verl_offpolicy.cli", "doctor", "--address", cluster.address, "--timeout", str(DOCTOR_TIMEOUT)],
-            env=env, capture_output=True, text=True, timeout=2 * DOCTOR_TIMEOUT, stdin=subprocess.DEVNULL, cwd=str(out),
+            [
+                sys.executable,
+                "-m",
+                "verl_offpolicy.cli",
+                "doctor",
+                "--address",
+                cluster.address,
+                "--timeout",
+                str(DOCTOR_TIMEOUT),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=2 * DOCTOR_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(out),
         )
     finally:
         done.set()
@@ -130,7 +173,11 @@ def _listening(procs) -> set[str]:
     found = set()
     for proc in procs:
         try:
-            found |= {f"{c.laddr.ip} {proc.name()}" for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+            found |= {
+                f"{c.laddr.ip} {proc.name()}"
+                for c in proc.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN
+            }
         except psutil.Error:
             continue
     return found

@@ -20,7 +20,9 @@ LOSS_TARGET = "actor_rollout_ref.actor.policy_loss._target_=verl_offpolicy.glue.
 def _repeat_c_tokens(harness) -> tuple[list[int], list[int], list[int]]:
     """Token ids of the prompt ``repeat c`` (chat template) and the responses ``c c </s>`` and ``d d </s>``."""
     tok = harness.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True
+    )
     if hasattr(prompt, "keys"):
         prompt = prompt["input_ids"]
     return prompt, tok.convert_tokens_to_ids(["c", "c", "</s>"]), tok.convert_tokens_to_ids(["d", "d", "</s>"])
@@ -101,7 +103,6 @@ def m2po_micro_batch_updates(workdir: str, micro_batch_sizes: list[int], lr: flo
     return report
 
 
-
 def demo_vanilla_update(workdir: Optional[str] = None, lr: float = 1e-2) -> dict[str, Any]:
     """One real update with verl's ``vanilla`` loss; returns what changed (used by the tests).
 
@@ -111,7 +112,9 @@ def demo_vanilla_update(workdir: Optional[str] = None, lr: float = 1e-2) -> dict
     workdir = workdir or tempfile.mkdtemp(prefix="vo-harness-")
     harness = ActorHarness.create(workdir, loss_mode="vanilla", lr=lr)
     tok = harness.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True
+    )
     if isinstance(prompt, dict) or hasattr(prompt, "keys"):
         prompt = prompt["input_ids"]
     good = tok.convert_tokens_to_ids(["c", "c", "</s>"])
@@ -122,10 +125,7 @@ def demo_vanilla_update(workdir: Optional[str] = None, lr: float = 1e-2) -> dict
     metrics = harness.update(batch)
     after_weights = harness.state_dict()
     after_lp = harness.log_probs(batch)
-    changed = {
-        name: float((after_weights[name] - before_weights[name]).abs().max())
-        for name in before_weights
-    }
+    changed = {name: float((after_weights[name] - before_weights[name]).abs().max()) for name in before_weights}
     seq_before = before_lp.sum(-1)
     seq_after = after_lp.sum(-1)
     return {
@@ -138,4 +138,3 @@ def demo_vanilla_update(workdir: Optional[str] = None, lr: float = 1e-2) -> dict
         "bad_logp_after": float(seq_after[1::2].mean()),
         "metrics": {k: (float(v) if isinstance(v, int | float) else str(v)) for k, v in metrics.items()},
     }
-

@@ -41,7 +41,9 @@ def bf16_exact_tiny(workdir: str) -> dict[str, str]:
 
 def equivalence_batch(tokenizer) -> dict[str, Any]:
     """Four responses of different lengths (so micro-batches of 2 hold 5 and 6 tokens) and advantages ±."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "repeat c"}], add_generation_prompt=True, tokenize=True
+    )
     if hasattr(prompt, "keys"):
         prompt = prompt["input_ids"]
     words = [["c", "c", "</s>"], ["d", "</s>"], ["c", "</s>"], ["d", "d", "e", "</s>"]]
@@ -69,14 +71,18 @@ def reference_loss_and_grads(model_path: str, tokenizer_path: str, case: dict[st
     model = LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
     spec = equivalence_batch(tokenizer)
     batch = padded_batch(tokenizer.pad_token_id, spec["prompts"], spec["responses"], spec["advantages"])
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
     r_len = batch["responses"].shape[1]
     log_probs = torch.log_softmax(logits[:, -r_len - 1 : -1].float(), dim=-1)
     log_prob = log_probs.gather(-1, batch["responses"][..., None]).squeeze(-1)
     mask = batch["response_mask"].bool()
     old = _old_log_probs(log_prob.detach(), mask)
 
-    loss = whole_batch_loss(model_path, tokenizer_path, case, log_prob=log_prob, old_log_prob=old, advantages=batch["advantages"], mask=mask)
+    loss = whole_batch_loss(
+        model_path, tokenizer_path, case, log_prob=log_prob, old_log_prob=old, advantages=batch["advantages"], mask=mask
+    )
     model.zero_grad()
     loss.backward()
     return {
@@ -97,11 +103,21 @@ def whole_batch_loss(model_path, tokenizer_path, case, *, log_prob, old_log_prob
     cfg = compose_preset_actor(model_path, tokenizer_path, case, engine="fsdp")
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     actor.global_batch_info.update(
-        {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": mask.shape[0], "loss_scale_factor": None}
+        {
+            "dp_size": 1,
+            "batch_num_tokens": int(mask.sum()),
+            "global_batch_size": mask.shape[0],
+            "loss_scale_factor": None,
+        }
     )
     loss, _ = get_policy_loss_fn(actor.policy_loss.loss_mode)(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask.bool(),
-        loss_agg_mode=actor.loss_agg_mode, config=actor, rollout_is_weights=None,
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask.bool(),
+        loss_agg_mode=actor.loss_agg_mode,
+        config=actor,
+        rollout_is_weights=None,
     )
     return loss
 
@@ -118,11 +134,18 @@ def compose_preset_actor(model_path: str, tokenizer_path: str, case: dict[str, A
     """The config of ``case["preset"]`` (``+algorithm=``) on ``engine``'s stock config with our CPU overlay."""
     from tests.actor_harness import compose_cpu_config
 
-    return compose_cpu_config(model_path, tokenizer_path, [f"+algorithm={case['preset']}", *case.get("overrides", [])], engine=engine)
+    return compose_cpu_config(
+        model_path, tokenizer_path, [f"+algorithm={case['preset']}", *case.get("overrides", [])], engine=engine
+    )
 
 
 def engine_loss_and_grads(
-    workdir: str, engine: str, model_path: str, tokenizer_path: str, cases: list[dict[str, Any]], old_log_probs: dict[str, list]
+    workdir: str,
+    engine: str,
+    model_path: str,
+    tokenizer_path: str,
+    cases: list[dict[str, Any]],
+    old_log_probs: dict[str, list],
 ) -> dict[str, Any]:
     """Per case: one real ``train_mini_batch`` of the equivalence batch on ``engine`` (two micro-batches
     of two), returning verl's ``actor/pg_loss`` metric and the HF-named gradient of that step."""
@@ -141,12 +164,20 @@ def engine_loss_and_grads(
             model_path=model_path,
             tokenizer_path=tokenizer_path,
             engine=engine,
-            overrides=[f"+algorithm={case['preset']}", "actor_rollout_ref.actor.optim.clip_grad=1e9", *case.get("overrides", [])],
+            overrides=[
+                f"+algorithm={case['preset']}",
+                "actor_rollout_ref.actor.optim.clip_grad=1e9",
+                *case.get("overrides", []),
+            ],
         )
         harness.record_grads()
         spec = equivalence_batch(harness.tokenizer)
-        batch = harness.make_batch(spec["prompts"], spec["responses"], spec["advantages"],
-                                   old_log_probs=torch.tensor(old_log_probs[case["name"]]))
+        batch = harness.make_batch(
+            spec["prompts"],
+            spec["responses"],
+            spec["advantages"],
+            old_log_probs=torch.tensor(old_log_probs[case["name"]]),
+        )
         log_prob = harness.log_probs(batch)
         metrics = harness.update(batch, micro_batch_size=2)
         report[case["name"]] = {
@@ -189,9 +220,9 @@ def megatron_shim_isolation() -> dict[str, Any]:
     import sys
 
     import torch
-
     import verl.workers.engine  # noqa: F401 - imports verl's Megatron engine module, as every worker does
     from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
     from verl_offpolicy.glue.patching import is_patched
 
     facts = {
@@ -201,4 +232,3 @@ def megatron_shim_isolation() -> dict[str, Any]:
         "tensor_cuda_remapped": is_patched(torch.Tensor.cuda),
     }
     return facts
-

@@ -11,12 +11,12 @@ def platform_facts() -> dict[str, Any]:
     import psutil
     import torch
     import torch.distributed as dist
-
     from verl.plugin.platform import get_platform
-    from verl_offpolicy.cpu.platform import is_loopback
     from verl.utils import distributed
     from verl.workers.engine import EngineRegistry
+
     from tests.actor_harness import init_single_process_env
+    from verl_offpolicy.cpu.platform import is_loopback
 
     init_single_process_env()  # MASTER_ADDR=127.0.0.1
     distributed.initialize_global_process_group_ray(timeout_second=60)
@@ -24,7 +24,9 @@ def platform_facts() -> dict[str, Any]:
     tensor = torch.ones(2)
     dist.all_reduce(tensor)
     listening = [
-        f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN
+        f"{c.laddr.ip}:{c.laddr.port}"
+        for c in psutil.Process().net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
     ]
     dist.destroy_process_group()
     platform = get_platform()
@@ -51,4 +53,3 @@ def adapter_outside_cpu_platform() -> str:
     except RuntimeError as exc:
         return str(exc)
     return "no error"
-

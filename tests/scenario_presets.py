@@ -25,9 +25,18 @@ SPEC = {
     "red_weight": dict(adv="red_weight", temperature=1.0, loss="rec", clip="none", weight="none", reg="none"),
     "asymre": dict(adv="asymre", shift=-0.1, loss="rec", clip="none", weight="none", reg="none"),
     "agro": dict(adv="agro", beta=0.1, on_policy=False, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
-    "agro_onpolicy": dict(adv="agro", beta=0.1, on_policy=True, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True),
+    "agro_onpolicy": dict(
+        adv="agro", beta=0.1, on_policy=True, loss="rec", clip="none", agg="seq-mean-token-sum", kl=True
+    ),
     "m2po": dict(
-        adv="grpo", norm=True, loss="m2po", m2=0.04, pool="trust_region", agg="token-mean", anchor="behaviour", fsdp_only=True
+        adv="grpo",
+        norm=True,
+        loss="m2po",
+        m2=0.04,
+        pool="trust_region",
+        agg="token-mean",
+        anchor="behaviour",
+        fsdp_only=True,
     ),
     "topr": dict(adv="topr", loss="topr", topr_c=0.0, topr_reward="signed", agg="token-mean", anchor="behaviour"),
     "topr_group_mean": dict(adv="grpo", norm=False, loss="topr", agg="token-mean", anchor="behaviour"),

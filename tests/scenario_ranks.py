@@ -34,8 +34,14 @@ FAMILIES = {
 FAMILY_OVERRIDES = {"m2po": ["actor_rollout_ref.actor.policy_loss.m2po_token_pool=all"]}
 # Responses (symbols of the tiny vocabulary) and their advantages; rows 0-3 go to rank 0, 4-7 to rank 1.
 RESPONSES = [
-    ["c", "d"], ["c", "c", "d"], ["d", "c"], ["d", "d", "c"],
-    ["c", "c", "d", "d", "c", "c"], ["d", "c", "d", "c", "d"], ["c", "d", "c", "d", "c", "d"], ["d", "d", "c", "c", "d"],
+    ["c", "d"],
+    ["c", "c", "d"],
+    ["d", "c"],
+    ["d", "d", "c"],
+    ["c", "c", "d", "d", "c", "c"],
+    ["d", "c", "d", "c", "d"],
+    ["c", "d", "c", "d", "c", "d"],
+    ["d", "d", "c", "c", "d"],
 ]
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, -0.5, 0.5]
 PROMPT = ["a", "b"]
@@ -45,7 +51,10 @@ PROMPT = ["a", "b"]
 # extremes go. Over rank 0's 10 tokens alone the moderate one would go too: (6·0.0025 + 0.49)/7 = 0.072.
 SMALL = 0.05
 SHIFTS = [
-    [SMALL, 0.7], [1.0, 1.5, -2.0], [-SMALL, SMALL], [SMALL, -SMALL, SMALL],
+    [SMALL, 0.7],
+    [1.0, 1.5, -2.0],
+    [-SMALL, SMALL],
+    [SMALL, -SMALL, SMALL],
     *[[SMALL * (-1) ** t for t in range(len(r))] for r in RESPONSES[4:]],
 ]
 M2PO_MASKED = {(0, 1), (1, 0), (1, 1), (1, 2)}  # (row, token) not kept by a per-rank cut on rank 0 ...
@@ -61,7 +70,12 @@ def _spy_m2po_masks(log: list) -> None:
     def m2po_loss(log_prob, old_log_prob, advantages, mask, threshold):
         result = original(log_prob, old_log_prob, advantages, mask, threshold)
         keep = result[1]
-        log.append([[bool(k) for k, m in zip(row_keep.tolist(), row_mask.tolist()) if m] for row_keep, row_mask in zip(keep, mask)])
+        log.append(
+            [
+                [bool(k) for k, m in zip(row_keep.tolist(), row_mask.tolist()) if m]
+                for row_keep, row_mask in zip(keep, mask)
+            ]
+        )
         return result
 
     core.m2po_loss = m2po_loss
@@ -97,8 +111,14 @@ def rank_updates(workdir: str, rank: int, world_size: int, families: list[str], 
     for family in families:
         preset, loss_mode = FAMILIES[family]
         harness = ActorHarness.create(
-            workdir / f"w{world_size}r{rank}-{family}", loss_mode=loss_mode, lr=lr,
-            overrides=[preset_selector(preset, "ppo_trainer"), "actor_rollout_ref.actor.optim.optimizer=SGD", *FAMILY_OVERRIDES.get(family, [])],
+            workdir / f"w{world_size}r{rank}-{family}",
+            loss_mode=loss_mode,
+            lr=lr,
+            overrides=[
+                preset_selector(preset, "ppo_trainer"),
+                "actor_rollout_ref.actor.optim.optimizer=SGD",
+                *FAMILY_OVERRIDES.get(family, []),
+            ],
             **paths,
         )
         harness.record_grads()

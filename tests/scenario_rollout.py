@@ -20,6 +20,7 @@ from verl_offpolicy.cpu.platform import CPU_ENV
 
 def in_process_server(model_path: str, tokenizer_path: str, overrides: Sequence[str] = ()):
     from verl.workers.rollout.replica import RolloutMode
+
     from tests.actor_harness import compose_cpu_config
     from verl_offpolicy.cpu.hf_server import HFRolloutServer
 
@@ -67,7 +68,9 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
             *[server.generate(p, dict(greedy, max_tokens=6), request_id=f"g{i}") for i, p in enumerate(prompts)]
         )
         # ... equal one-at-a-time requests.
-        single = [await server.generate(p, dict(greedy, max_tokens=6), request_id=f"s{i}") for i, p in enumerate(prompts)]
+        single = [
+            await server.generate(p, dict(greedy, max_tokens=6), request_id=f"s{i}") for i, p in enumerate(prompts)
+        ]
         out["batched_equals_single"] = [b.token_ids for b in batched] == [s.token_ids for s in single]
         # Greedy = argmax of the reference model, step by step.
         greedy_ok = True
@@ -150,19 +153,19 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
     """
     import ray
     import torch
-
     from verl.workers.rollout.replica import RolloutMode
+
     from verl_offpolicy.cpu.hf_server import HFRolloutServer, server_actor_name
     from verl_offpolicy.cpu.rollout import HFServerAdapter
 
-    harness = ActorHarness.create(
-        workdir, lr=5e-2, overrides=[f"actor_rollout_ref.rollout.temperature={temperature}"]
-    )
+    harness = ActorHarness.create(workdir, lr=5e-2, overrides=[f"actor_rollout_ref.rollout.temperature={temperature}"])
     tok = harness.tokenizer
     symbols = list("abcdefgh")[:num_prompts]
     prompts = []
     for s in symbols:
-        ids = tok.apply_chat_template([{"role": "user", "content": f"repeat {s}"}], add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": f"repeat {s}"}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     # Move the trainer away from the checkpoint: one vanilla update.
     targets = [tok.convert_tokens_to_ids([s] * 3 + ["</s>"]) for s in symbols]
@@ -205,7 +208,9 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
             return worst
 
         before = max_diff(sample("before"))
-        adapter = HFServerAdapter(config=cfg.actor_rollout_ref.rollout, model_config=cfg.actor_rollout_ref.model, device_mesh=None)
+        adapter = HFServerAdapter(
+            config=cfg.actor_rollout_ref.rollout, model_config=cfg.actor_rollout_ref.model, device_mesh=None
+        )
         per_tensor, _ = harness.worker.engine.get_per_tensor_param()
         asyncio.run(adapter.update_weights(per_tensor, global_steps=1))
         outputs = sample("after")
@@ -224,7 +229,6 @@ def rollout_vs_trainer_after_sync(workdir: str, temperature: float = 0.7, num_pr
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-
 def rollout_priority_order(workdir: str, groups: int = 3, per_group: int = 8) -> dict[str, Any]:
     """``groups`` priorities of ``per_group`` sampled requests each, sent interleaved and at once (what the
     overlapped scheduler's streamed batches look like at the server): the order in which they complete,
@@ -234,7 +238,9 @@ def rollout_priority_order(workdir: str, groups: int = 3, per_group: int = 8) ->
     paths = build_tiny(Path(workdir) / "tiny")
     server, _ = in_process_server(paths["model_path"], paths["tokenizer_path"])
     tok = server.model_config.tokenizer
-    ids = tok.apply_chat_template([{"role": "user", "content": "repeat a b"}], add_generation_prompt=True, tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "repeat a b"}], add_generation_prompt=True, tokenize=True
+    )
     prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     # interleaved: priority groups, groups - 1, ..., 1, then again (the last group is sent first)
     requests = [(groups - (i % groups), i) for i in range(groups * per_group)]
@@ -267,7 +273,9 @@ def rollout_priority_order(workdir: str, groups: int = 3, per_group: int = 8) ->
     return asyncio.run(run())
 
 
-def rollout_batching_cost(workdir: str, batches: int = 4, per_batch: int = 128, repeats: int = 3, num_threads: int = 1) -> dict[str, Any]:
+def rollout_batching_cost(
+    workdir: str, batches: int = 4, per_batch: int = 128, repeats: int = 3, num_threads: int = 1
+) -> dict[str, Any]:
     """What streaming costs the hf rollout: the same ``batches x per_batch`` sampled requests (8-token
     responses, the demo's prompt sizes, ``num_threads`` as the overlapped mode's rollout) generated as one
     server batch (no priorities: a version's batches in one call) and as ``batches`` server batches (priority
@@ -277,12 +285,18 @@ def rollout_batching_cost(workdir: str, batches: int = 4, per_batch: int = 128, 
     from verl_offpolicy.demo.tiny import build_tiny
 
     paths = build_tiny(Path(workdir) / "tiny")
-    server, _ = in_process_server(paths["model_path"], paths["tokenizer_path"], [f"actor_rollout_ref.rollout.engine_kwargs.hf.num_threads={num_threads}"])
+    server, _ = in_process_server(
+        paths["model_path"],
+        paths["tokenizer_path"],
+        [f"actor_rollout_ref.rollout.engine_kwargs.hf.num_threads={num_threads}"],
+    )
     tok = server.model_config.tokenizer
     words = ["a", "b", "c", "d", "a b", "c d", "a b c", "b c d"]
     prompts = []
     for text in words:
-        ids = tok.apply_chat_template([{"role": "user", "content": f"repeat {text}"}], add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": f"repeat {text}"}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
 
     async def round_(streamed: bool) -> float:
@@ -302,7 +316,14 @@ def rollout_batching_cost(workdir: str, batches: int = 4, per_batch: int = 128, 
         for _ in range(repeats):
             times["one_batch"].append(await round_(False))
             times["streamed"].append(await round_(True))
-        return {"batches": batches, "per_batch": per_batch, "num_threads": num_threads, "server_batches": server.stats["batches"],
-                "one_batch_s": min(times["one_batch"]), "streamed_s": min(times["streamed"]), "all": times}
+        return {
+            "batches": batches,
+            "per_batch": per_batch,
+            "num_threads": num_threads,
+            "server_batches": server.stats["batches"],
+            "one_batch_s": min(times["one_batch"]),
+            "streamed_s": min(times["streamed"]),
+            "all": times,
+        }
 
     return asyncio.run(run())

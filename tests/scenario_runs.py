@@ -49,7 +49,11 @@ def ranks(n: int, micro_batch: int) -> list[str]:
     """The overrides of ``n`` training ranks (FSDP2 processes on gloo, one fake Ray GPU each, one colocated
     ``hf`` rollout replica each) that split every batch into micro-batches of ``micro_batch`` samples per rank
     (it must divide a rank's share: the CPU guard says so otherwise)."""
-    micro_keys = ("actor.ppo_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size_per_gpu")
+    micro_keys = (
+        "actor.ppo_micro_batch_size_per_gpu",
+        "rollout.log_prob_micro_batch_size_per_gpu",
+        "ref.log_prob_micro_batch_size_per_gpu",
+    )
     return [f"trainer.n_gpus_per_node={n}"] + [f"actor_rollout_ref.{key}={micro_batch}" for key in micro_keys]
 
 
@@ -88,7 +92,9 @@ def opmd_run(demo_runs, s: int, d: int, mode: str, extra: Sequence[str] = ()):
     per mode and setting, shared through :class:`DemoRuns`): :func:`opmd_overrides` + ``extra``, 6
     steps, on our primary config."""
     overrides = opmd_overrides(s, d, mode) + list(extra)
-    return demo_runs.start("opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, opmd_timeout(s, d), name=f"opmd_{mode}_s{s}d{d}")
+    return demo_runs.start(
+        "opmd", SCHEDULED_STEPS, overrides, PRIMARY_CONFIG, opmd_timeout(s, d), name=f"opmd_{mode}_s{s}d{d}"
+    )
 
 
 def opmd_timeout(s: int, d: int) -> float:
@@ -113,14 +119,24 @@ def learn_run(demo_runs):
 
 
 DAPO_STEPS = 4  # (2, 1): versions 0 0 0 2, two versions that generate
-DAPO = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward", "algorithm.filter_groups.max_num_gen_batches=8"]
+DAPO = [
+    "algorithm.filter_groups.enable=true",
+    "algorithm.filter_groups.metric=reward",
+    "algorithm.filter_groups.max_num_gen_batches=8",
+]
 
 
 def dapo_run(demo_runs, mode: str):
-    """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode`` (tests/scheduler/test_filter_groups.py):
+    """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode``
+    (tests/scheduler/test_filter_groups.py):
     :func:`opmd_overrides` + :data:`DAPO`, :data:`DAPO_STEPS` steps (the pair's two ranks, two replicas overlapped)."""
     return demo_runs.start(
-        "opmd", DAPO_STEPS, opmd_overrides(*PAIR, mode) + DAPO, PRIMARY_CONFIG, opmd_timeout(*PAIR), name=f"dapo_{mode}_s2d1",
+        "opmd",
+        DAPO_STEPS,
+        opmd_overrides(*PAIR, mode) + DAPO,
+        PRIMARY_CONFIG,
+        opmd_timeout(*PAIR),
+        name=f"dapo_{mode}_s2d1",
     )
 
 
@@ -145,7 +161,12 @@ def dumped_uid_groups(rollout_dir: Path, steps) -> set[str]:
 
 
 def demo_run_command(
-    out: Path, preset: str, steps: int, overrides: Sequence[str], config_name: Optional[str] = None, model: Optional[str] = None,
+    out: Path,
+    preset: str,
+    steps: int,
+    overrides: Sequence[str],
+    config_name: Optional[str] = None,
+    model: Optional[str] = None,
 ) -> list[str]:
     """The ``main_ppo`` command of a demo run of ``model`` (default: the demo's) in ``out`` (seed 0, verl's rollout
     dumps in ``out/rollouts``) with a Ray session dir of its own: what :func:`run_resumed` starts."""
@@ -154,11 +175,16 @@ def demo_run_command(
     out.mkdir(parents=True, exist_ok=True)
     model = model or DEFAULT_MODEL
     return demo_command(
-        build_inputs(out, seed=0, model=model), output_dir=out, preset=preset, steps=steps, seed=0,
+        build_inputs(out, seed=0, model=model),
+        output_dir=out,
+        preset=preset,
+        steps=steps,
+        seed=0,
         overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
-        config_name=config_name or DEFAULT_CONFIG_NAME, ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"), model=model,
+        config_name=config_name or DEFAULT_CONFIG_NAME,
+        ray_temp_dir=tempfile.mkdtemp(prefix="vo-ray-", dir="/tmp"),
+        model=model,
     )
-
 
 
 class DemoRuns(SharedJobs):
@@ -172,8 +198,18 @@ class DemoRuns(SharedJobs):
         self._run_demo = run_demo  # bound now: a test may monkeypatch the module's attribute while jobs run
 
     def start(
-        self, preset: str, steps: int, overrides: Sequence[str], config_name: str, timeout: float, *, name: str = "run",
-        plot: bool = False, env: Optional[dict[str, str]] = None, console: bool = False, model: Optional[str] = None,
+        self,
+        preset: str,
+        steps: int,
+        overrides: Sequence[str],
+        config_name: str,
+        timeout: float,
+        *,
+        name: str = "run",
+        plot: bool = False,
+        env: Optional[dict[str, str]] = None,
+        console: bool = False,
+        model: Optional[str] = None,
     ) -> QueuedRun:
         """Queue the demo run (once per configuration). ``env``: variables set on top of :attr:`environ`;
         ``console``: keep the run's console lines (``run_demo(stream=...)``) in :attr:`QueuedRun.console`;
@@ -188,14 +224,23 @@ class DemoRuns(SharedJobs):
         def queue() -> QueuedRun:
             out, stream = self.tmp_dir(name), io.StringIO() if console else None
             job = self.submit(
-                ("job",) + key, self._run_demo, preset=preset, steps=steps, seed=0, output_dir=out, timeout=timeout,
-                overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"], config_name=config_name,
-                stream=stream or False, plot=plot, env={**self.environ, **env}, model=model,
+                ("job",) + key,
+                self._run_demo,
+                preset=preset,
+                steps=steps,
+                seed=0,
+                output_dir=out,
+                timeout=timeout,
+                overrides=[*overrides, f"trainer.rollout_data_dir={out / 'rollouts'}"],
+                config_name=config_name,
+                stream=stream or False,
+                plot=plot,
+                env={**self.environ, **env},
+                model=model,
             )
             return QueuedRun(self, job.future, out, stream)
 
         return self.once(key, queue)
-
 
 
 @dataclass(frozen=True)
@@ -206,7 +251,6 @@ class QueuedRun(SharedJob):
 
     output_dir: Path = None
     console: Optional[Any] = None
-
 
 
 def checkpoint_of(result, step: int) -> Path:
@@ -237,8 +281,12 @@ def run_resumed(
     before = shared_memory_listing()
     try:
         returncode, _, _ = run_subprocess(
-            command, env=cpu_env(out / "metrics.jsonl", base=env), log_path=out / "train.log",
-            timeout=timeout, ray_marker=ray_dir, cwd=str(out),
+            command,
+            env=cpu_env(out / "metrics.jsonl", base=env),
+            log_path=out / "train.log",
+            timeout=timeout,
+            ray_marker=ray_dir,
+            cwd=str(out),
         )
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
@@ -249,8 +297,16 @@ def run_resumed(
 
 
 def start_resumed(
-    demo_runs: DemoRuns, reference: QueuedRun, step: int, *, preset: str, steps: int, overrides: Sequence[str],
-    config_name: str, timeout: float, name: str,
+    demo_runs: DemoRuns,
+    reference: QueuedRun,
+    step: int,
+    *,
+    preset: str,
+    steps: int,
+    overrides: Sequence[str],
+    config_name: str,
+    timeout: float,
+    name: str,
 ):
     """Queue a run that resumes ``reference``'s configuration (``overrides``, without its checkpointing) from
     its step-``step`` checkpoint, once ``reference`` is done; its future gives (output dir, log, metrics by
@@ -284,7 +340,6 @@ def _ray_temp_dir(command: Sequence[str]) -> str:
     raise ValueError("the command has no Ray temp dir: build it with demo_command(..., ray_temp_dir=...)")
 
 
-
 def check_stopped_before_training_on_a_wrong_version(run) -> None:
     """The negative control of the observed-version check: ``run`` (a :class:`QueuedRun` whose weight pushes are
     tagged one version ahead, ``PUSH_VERSION_FAULT_ENV=1``) failed, saying step 1's batch came from version 1,
@@ -298,5 +353,7 @@ def check_stopped_before_training_on_a_wrong_version(run) -> None:
     else:
         raise AssertionError("the run whose pushes are tagged a version ahead did not fail")
     log = (run.output_dir / "train.log").read_text(errors="replace")
-    assert "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log, log[-3000:]
+    assert (
+        "step 1 is scheduled to train on a batch generated at version 0, but the rollout reports versions 1..1" in log
+    ), log[-3000:]
     assert "step:1 - " not in log  # nothing was trained

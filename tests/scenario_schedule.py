@@ -1,6 +1,7 @@
 """The staleness scheduler's shared test facts: the spec's schedule table, verl's metric names, the GPU overlapped
 overrides and the behaviour-anchored REC run at (4, 1) that several modules read (tests/scheduler/test_scheduler_e2e.py,
-tests/scheduler/test_ranks_e2e.py, tests/cpu/test_vllm_cpu_e2e.py, tests/scheduler/test_overlapped.py, tests/scheduler/test_scheduler_modes.py)."""
+tests/scheduler/test_ranks_e2e.py, tests/cpu/test_vllm_cpu_e2e.py, tests/scheduler/test_overlapped.py,
+tests/scheduler/test_scheduler_modes.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ REC_S4D1 = ("rec_oneside_nois", REC_41 + [f"trainer.save_freq={RESUME_STEP}"], P
 
 
 def start_rec_s4d1(demo_runs):
-    """The behaviour-anchored REC run at (4, 1) on two ranks (:data:`REC_S4D1`), shared with tests/scheduler/test_ranks_e2e.py."""
+    """The behaviour-anchored REC run at (4, 1) on two ranks (:data:`REC_S4D1`), shared with
+    tests/scheduler/test_ranks_e2e.py."""
     preset, overrides, config_name = REC_S4D1
     return demo_runs.start(preset, STEPS, overrides, config_name, REC_TIMEOUT, name="rec_s4d1")

@@ -31,13 +31,14 @@ def tool_trajectories(workdir: str, samples: int = 24) -> dict[str, Any]:
 
     from verl_offpolicy.demo.models import _tool_task_overrides
     from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
-    from verl_offpolicy.demo.tool_task import TOOL_CONFIG, TOOL_NAME, QUESTION
+    from verl_offpolicy.demo.tool_task import QUESTION, TOOL_CONFIG, TOOL_NAME
     from verl_offpolicy.glue.registration import SEEDED_TOOL_AGENT_LOOP
 
     paths = build_tiny(Path(workdir) / "tiny_tool", TinyModelSpec(task="tool"))
     overrides = [o for o in _tool_task_overrides() if not o.startswith(("reward.", "trainer."))]
     server, cfg = in_process_server(paths["model_path"], paths["tokenizer_path"], overrides)
     tokenizer = server.model_config.tokenizer
+
     async def one(loop, index: int):
         params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
         return await loop.run(

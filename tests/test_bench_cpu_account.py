@@ -40,7 +40,7 @@ def test_a_known_cpu_burn_between_two_steps_is_counted(tmp_path, monkeypatch):
                 assert not burner.is_alive()
             with metrics.open("a") as f:
                 f.write(f'{{"step": {step}}}\n')
-            _wait_for(lambda: step in account.snapshots, f"step {step}'s snapshot")
+            _wait_for(lambda step=step: step in account.snapshots, f"step {step}'s snapshot")
 
     result = account.result(first_step=1)
     assert result["steps"] == 1

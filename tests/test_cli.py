@@ -63,8 +63,16 @@ def test_schedule_with_a_huge_interval_generates_only_the_steps_asked_for(capsys
 @pytest.mark.slow  # check's worker probe: a fresh process imports verl
 def test_check_accepts_options_between_hydra_overrides(capsys):
     """As main_ppo does: `check algorithm=opmd --config-name offpolicy_trainer ...` (options anywhere)."""
-    argv = ["check", "algorithm=opmd", "--config-name", "offpolicy_trainer", *VALID_SIZES[:3], "--config-name",
-            "offpolicy_trainer", *VALID_SIZES[3:]]
+    argv = [
+        "check",
+        "algorithm=opmd",
+        "--config-name",
+        "offpolicy_trainer",
+        *VALID_SIZES[:3],
+        "--config-name",
+        "offpolicy_trainer",
+        *VALID_SIZES[3:],
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     assert "ok: offpolicy_trainer | adv_estimator=opmd" in capsys.readouterr().out
 
@@ -120,11 +128,16 @@ def test_check_accepts_the_cpu_overlay(capsys, cpu_model_dirs):
 @pytest.mark.parametrize(
     "override,expected",
     [
-        ("actor_rollout_ref.actor.strategy=fsdp", "FSDP1 does not run on the CPU; set actor_rollout_ref.actor.strategy=fsdp2"),
+        (
+            "actor_rollout_ref.actor.strategy=fsdp",
+            "FSDP1 does not run on the CPU; set actor_rollout_ref.actor.strategy=fsdp2",
+        ),
         ("actor_rollout_ref.rollout.name=vllm", "set actor_rollout_ref.rollout.name=hf"),
         ("ray_kwargs.ray_init.num_cpus=2", "Ray would have 2 and wait forever"),
-        ("actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora.merge=false",
-         "lora.merge=False: with actor_rollout_ref.model.lora_rank=8 the rollout must receive merged weights"),
+        (
+            "actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora.merge=false",
+            "lora.merge=False: with actor_rollout_ref.model.lora_rank=8 the rollout must receive merged weights",
+        ),
     ],
 )
 def test_check_runs_the_cpu_guards_of_main_ppo(capsys, cpu_model_dirs, override, expected):
@@ -149,7 +162,10 @@ def test_check_rejects_a_trainer_mode_verl_does_not_know(capsys, config_name):
 def test_check_rejects_a_cpu_rollout_overlay_without_the_cpu_path(capsys, overlay):
     """+cpu_rollout=standalone on a GPU config caps Ray's GPUs and selects the CPU weight transport; a list of
     overlays (verl's vLLM rollout on its own pool) is not among Hydra's recorded choices, and caught too."""
-    assert main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", f"+cpu_rollout={overlay}", *VALID_SIZES]) == 1
+    assert (
+        main(["check", "--config-name", "offpolicy_trainer", "algorithm=opmd", f"+cpu_rollout={overlay}", *VALID_SIZES])
+        == 1
+    )
     captured = capsys.readouterr()
     assert "ok:" not in captured.out
     assert f"+cpu_rollout={overlay} is part of verl-offpolicy's CPU path" in captured.err
@@ -166,11 +182,25 @@ def test_check_accepts_a_users_own_preset_on_their_search_path(capsys, tmp_path)
         "actor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: opmd\n"
     )
     search = f"hydra.searchpath=[file://{tmp_path}]"
-    assert main(["check", "--config-name", "offpolicy_trainer", search, "algorithm=my_opmd", *VALID_SIZES]) == 0, capsys.readouterr().err
+    assert main(["check", "--config-name", "offpolicy_trainer", search, "algorithm=my_opmd", *VALID_SIZES]) == 0, (
+        capsys.readouterr().err
+    )
     assert "adv_estimator=opmd loss_mode=opmd" in capsys.readouterr().out
     # ... and validated like ours.
-    assert main(["check", "--config-name", "offpolicy_trainer", search, "algorithm=my_opmd", "algorithm.offpolicy.baseline=max",
-                 *VALID_SIZES]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--config-name",
+                "offpolicy_trainer",
+                search,
+                "algorithm=my_opmd",
+                "algorithm.offpolicy.baseline=max",
+                *VALID_SIZES,
+            ]
+        )
+        == 1
+    )
     assert "algorithm.offpolicy.baseline='max' is not valid" in capsys.readouterr().err
 
 
@@ -206,8 +236,13 @@ def run_doctor(*args: str, env: dict | None = None) -> tuple[subprocess.Complete
 
     from verl_offpolicy.demo.process import listening_addresses
 
-    proc = subprocess.Popen([EXE, "doctor", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ if env is None else env))
+    proc = subprocess.Popen(
+        [EXE, "doctor", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ if env is None else env),
+    )
     listening: set[str] = set()
     deadline = time.monotonic() + DOCTOR_TIMEOUT
     try:
@@ -295,9 +330,20 @@ def test_doctor_address_names_a_node_by_id_address_and_custom_resources_and_flag
     both versions, one that matches is not."""
     from verl_offpolicy.doctor import node_label, version_problems
 
-    node = {"node_id": "b828e61747d3aa01", "ip": "127.0.0.1",
-            "resources": {"CPU": 8.0, "GPU": 1.0, "memory": 1e9, "object_store_memory": 1e8, "node:127.0.0.1": 1.0,
-                          "accelerator_type:A100": 1.0, "vo_node_1": 1.0, "big_disk": 1.0}}
+    node = {
+        "node_id": "b828e61747d3aa01",
+        "ip": "127.0.0.1",
+        "resources": {
+            "CPU": 8.0,
+            "GPU": 1.0,
+            "memory": 1e9,
+            "object_store_memory": 1e8,
+            "node:127.0.0.1": 1.0,
+            "accelerator_type:A100": 1.0,
+            "vo_node_1": 1.0,
+            "big_disk": 1.0,
+        },
+    }
     assert node_label(node) == "node b828e61747d3 at 127.0.0.1 (big_disk, vo_node_1)"
     assert node_label({**node, "resources": {"CPU": 1.0}}) == "node b828e61747d3 at 127.0.0.1"
     here = {"verl-offpolicy": "0.1.0", "verl": "0.9.1"}
@@ -334,7 +380,9 @@ def test_doctors_ray_probe_keeps_its_token_in_its_own_dir(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
     token = Path(ray_probe_env(env, str(tmp_path))["RAY_AUTH_TOKEN_PATH"])
     assert token.parent == tmp_path and token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
-    assert ray_probe_env({**env, "RAY_AUTH_MODE": "disabled"}, str(tmp_path / "other")).get("RAY_AUTH_TOKEN_PATH") is None
+    assert (
+        ray_probe_env({**env, "RAY_AUTH_MODE": "disabled"}, str(tmp_path / "other")).get("RAY_AUTH_TOKEN_PATH") is None
+    )
 
 
 @pytest.mark.e2e
@@ -439,7 +487,8 @@ def test_cluster_stop_refuses_what_cluster_start_did_not_make_and_touches_nothin
 def test_cluster_stop_ends_only_the_processes_of_its_own_dir(tmp_path, capsys):
     """A cluster's Ray processes (naming its Ray temp dir or a path under it) end and the dir goes; a process naming a
     longer dir that starts with the same characters (another run) and one that merely names the cluster's dir (not a
-    process of the cluster: `tail -f D/server.log`) live on. The rest of what `stop` ends: tests/demo/test_cluster_stop.py."""
+    process of the cluster: `tail -f D/server.log`) live on. The rest of what `stop` ends:
+    tests/demo/test_cluster_stop.py."""
     from verl_offpolicy.demo.cluster import MARKER_NAME, MARKER_TEXT
 
     path = tmp_path / "vo-cluster-abc"

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from verl_offpolicy.cli import main as cli_main
-from verl_offpolicy.configs import README_BEGIN, README_END, main as configs_main, parse_preset_header, with_preset_table
+from verl_offpolicy.configs import (
+    README_BEGIN,
+    README_END,
+    parse_preset_header,
+    with_preset_table,
+)
+from verl_offpolicy.configs import (
+    main as configs_main,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -34,7 +42,9 @@ def readme_table_presets(text: str) -> list[str]:
 
 def test_readme_is_short():
     lines = README.read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail to docs/"
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail to docs/"
+    )
 
 
 def test_readme_first_code_block_is_the_setup_and_the_test_command():
@@ -49,7 +59,9 @@ def test_readme_first_code_block_is_the_setup_and_the_test_command():
 
 def test_readme_preset_table_is_the_generated_one():
     text = README.read_text()
-    assert with_preset_table(text) == text, "README.md's preset table is stale: python -m verl_offpolicy.configs --write-readme"
+    assert with_preset_table(text) == text, (
+        "README.md's preset table is stale: python -m verl_offpolicy.configs --write-readme"
+    )
     assert configs_main(["--check", str(README)]) == 0
 
 
@@ -118,8 +130,10 @@ def test_the_family_table_reads_the_pages_as_written():
     assert (red.short, red.presets, red.source) == ("RED", ("red_drop", "red_weight"), "the REC paper")
     rows = (ROOT / "docs" / "README.md").read_text()
     assert "| [algo/red.md](algo/red.md) | `red_drop`, `red_weight` | the REC paper |" in rows
-    assert "| `red_trainer/` | RED | `red_drop`, `red_weight` | [docs/algo/red.md](../docs/algo/red.md) |" in (
-        ROOT / "examples" / "README.md").read_text()
+    assert (
+        "| `red_trainer/` | RED | `red_drop`, `red_weight` | [docs/algo/red.md](../docs/algo/red.md) |"
+        in (ROOT / "examples" / "README.md").read_text()
+    )
 
 
 def test_a_table_edited_by_hand_is_stale_and_written_back(tmp_path):
@@ -150,7 +164,10 @@ def test_a_preset_on_no_page_or_on_two_is_named(tmp_path, capsys):
 def test_preset_header_fields_are_read_as_written():
     """Two headers read by hand: a one-line and a two-line ``# Reproduces:`` paragraph."""
     header = parse_preset_header("grpo_proximal")
-    assert header.setting == "GRPO with verl's default proximal anchor: under staleness, unclipped std-normalised REINFORCE."
+    assert (
+        header.setting
+        == "GRPO with verl's default proximal anchor: under staleness, unclipped std-normalised REINFORCE."
+    )
     assert header.reproduces == "verl's built-in GRPO with verl's proximal ratio anchor (not a paper setting)."
     assert parse_preset_header("rec_oneside_nois").reproduces == (
         "the REC paper's REC-OneSide-NoIS on GSM8K (K = 8, batch 96, lr 1e-6; off-policy runs: "
@@ -161,7 +178,12 @@ def test_preset_header_fields_are_read_as_written():
 # ------------------------------------------------------------------------------------------- links
 
 DOC_FILES = sorted(
-    {README, ROOT / "examples" / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks" / "results").glob("*.md")}
+    {
+        README,
+        ROOT / "examples" / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "benchmarks" / "results").glob("*.md"),
+    }
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -220,4 +242,7 @@ def test_the_link_check_sees_links_anchors_and_breaks(tmp_path):
         "[ok](#a-code-heading-twice-1) [ok](page.md#title) [web](https://example.org/x)\n"
         "[missing](nowhere.md) [bad anchor](#no-such-heading) `[in code](nowhere.md)`\n"
     )
-    assert broken_links(page) == ["nowhere.md: no such file", "#no-such-heading: no heading with anchor #no-such-heading in page.md"]
+    assert broken_links(page) == [
+        "nowhere.md: no such file",
+        "#no-such-heading: no heading with anchor #no-such-heading in page.md",
+    ]

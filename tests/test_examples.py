@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.hydra_utils import compose_and_check
-from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.cli import run_startup_callbacks
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.rewards.math_verify_reward import compute_score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,15 @@ DOCS_ALGO = ROOT / "docs" / "algo"
 # train backend the last token, no inference-backend / platform / machine / quantization token.
 FORBIDDEN_TOKENS = ("vllm", "sglang", "trtllm", "npu", "amd", "gb200", "b200", "blackwell", "fp8")
 ALLOWED_BACKENDS = (
-    "fsdp", "fsdp2", "fsdp_turbo", "megatron", "megatron_lite", "mindspeed", "automodel", "veomni", "torchtitan",
+    "fsdp",
+    "fsdp2",
+    "fsdp_turbo",
+    "megatron",
+    "megatron_lite",
+    "mindspeed",
+    "automodel",
+    "veomni",
+    "torchtitan",
 )
 # The checker's DEFAULT_IGNORE_DIRS that can occur here (relative to examples/).
 IGNORED_DIRS = ("data_preprocess", "profile", "tutorial")
@@ -134,7 +142,10 @@ def _run(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
     """Run an example as in an activated environment: this python's bin directory first on PATH."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.run(
-        ["bash", str(EXAMPLES / script)], capture_output=True, text=True, timeout=timeout,
+        ["bash", str(EXAMPLES / script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "PATH": path, **env},
     )
 
@@ -187,7 +198,9 @@ def test_family_wrapper_rejects_a_preset_of_another_family():
 
 
 def test_inference_backend_is_an_environment_toggle():
-    assert "actor_rollout_ref.rollout.name=sglang" in _argv("rec_trainer/run_qwen2_5_1_5b_fsdp.sh", INFER_BACKEND="sglang")
+    assert "actor_rollout_ref.rollout.name=sglang" in _argv(
+        "rec_trainer/run_qwen2_5_1_5b_fsdp.sh", INFER_BACKEND="sglang"
+    )
     proc = _run("rec_trainer/run_qwen2_5_1_5b_fsdp.sh", {"DRY_RUN": "print", "INFER_BACKEND": "trtllm"})
     assert proc.returncode == 2 and "unknown INFER_BACKEND 'trtllm'; allowed: vllm sglang" in proc.stderr
 
@@ -227,7 +240,9 @@ def test_dry_run_checks_the_paper_off_policy_setting_in_a_fresh_process():
 REC_TABLE_1 = {
     "rec_trainer/run_qwen2_5_1_5b_fsdp.sh": dict(lr=1e-6, batch=96, k=8, weight_decay=0.01, warmup=0, eval=(1.0, 1.0)),
     "rec_trainer/run_qwen2_5_7b_fsdp.sh": dict(lr=1e-6, batch=64, k=16, weight_decay=0.1, warmup=80, eval=None),
-    "rec_trainer/run_llama3_1_8b_megatron.sh": dict(lr=5e-7, batch=64, k=16, weight_decay=0.1, warmup=40, eval=(0.6, 1.0)),
+    "rec_trainer/run_llama3_1_8b_megatron.sh": dict(
+        lr=5e-7, batch=64, k=16, weight_decay=0.1, warmup=40, eval=(0.6, 1.0)
+    ),
 }
 
 
@@ -237,7 +252,11 @@ def test_example_uses_the_rec_paper_table_1_setting(script):
     training sampling at temperature 1.0 / top-p 1.0; one optimizer step per batch (Trinity-RFT)."""
     want = REC_TABLE_1[script]
     cfg = _checked(script, PRESET="rec_oneside_nois")
-    actor, rollout, optim = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.optim
+    actor, rollout, optim = (
+        cfg.actor_rollout_ref.actor,
+        cfg.actor_rollout_ref.rollout,
+        cfg.actor_rollout_ref.actor.optim,
+    )
     assert optim.lr == want["lr"] and optim.weight_decay == want["weight_decay"]
     assert cfg.data.train_batch_size == want["batch"] and rollout.n == want["k"]
     assert list(optim.betas) == [0.9, 0.999]
@@ -251,7 +270,9 @@ def test_example_uses_the_rec_paper_table_1_setting(script):
     assert (rollout.temperature, rollout.top_p) == (1.0, 1.0)
     assert actor.ppo_mini_batch_size == want["batch"] and actor.ppo_epochs == 1
     if want["eval"] is not None:
-        assert rollout.val_kwargs.do_sample and (rollout.val_kwargs.temperature, rollout.val_kwargs.top_p) == want["eval"]
+        assert (
+            rollout.val_kwargs.do_sample and (rollout.val_kwargs.temperature, rollout.val_kwargs.top_p) == want["eval"]
+        )
 
 
 @pytest.mark.parametrize("script", sorted(REC_TABLE_1))
@@ -286,7 +307,9 @@ def test_opmd_example_uses_trinity_rft_opmd_gsm8k_setting():
 def test_prepare_data_rejects_unknown_dataset():
     proc = subprocess.run(
         ["bash", str(EXAMPLES / "data_preprocess" / "prepare_data.sh"), "imagenet", "/tmp/unused"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "allowed: gsm8k, math, guru_math" in proc.stderr
 

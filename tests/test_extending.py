@@ -21,7 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "extending.md"
 SECTION = "## A new family, step by step"
-FILE_BLOCK = re.compile(r"\*\*File\*\* `(?P<path>[^`]+)` \((?P<how>new|append|edit)\):\n\n(?P<fence> *)```\w*\n(?P<body>.*?)\n(?P=fence)```", re.S)
+FILE_BLOCK = re.compile(
+    r"\*\*File\*\* `(?P<path>[^`]+)` \((?P<how>new|append|edit)\):\n\n"
+    r"(?P<fence> *)```\w*\n(?P<body>.*?)\n(?P=fence)```",
+    re.S,
+)
 
 
 def _section() -> str:
@@ -81,7 +85,9 @@ def test_the_section_is_read_as_written():
 
 def _copy_repository(dest: Path) -> None:
     """The repository's files as they stand (``git ls-files``), in a fresh git repository at ``dest``."""
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
     for relative in files:
         if (ROOT / relative).is_file():
             (dest / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -101,27 +107,67 @@ def test_following_the_steps_literally_adds_a_working_family(tmp_path):
         apply(dest, path, how, content)
     env = {**os.environ, "PYTHONPATH": str(dest)}
     for command in commands(section):
-        proc = subprocess.run([sys.executable, *command[1:]], cwd=dest, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, *command[1:]], cwd=dest, env=env, capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
     tests = [
-        "tests/algorithms/test_conformance.py", "tests/algorithms/test_sign.py", "tests/glue/test_presets.py",
-        "tests/test_docs.py", "tests/algorithms/test_algorithm_names.py", "tests/glue/test_knobs.py",
+        "tests/algorithms/test_conformance.py",
+        "tests/algorithms/test_sign.py",
+        "tests/glue/test_presets.py",
+        "tests/test_docs.py",
+        "tests/algorithms/test_algorithm_names.py",
+        "tests/glue/test_knobs.py",
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-m", "not e2e and not slow and not extended",
-         "-k", "sign or docs or names or knobs or every_registered"],
-        cwd=dest, env=env, capture_output=True, text=True, timeout=1500,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *tests,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not e2e and not slow and not extended",
+            "-k",
+            "sign or docs or names or knobs or every_registered",
+        ],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert int(re.search(r"(\d+) passed", proc.stdout.strip().splitlines()[-1]).group(1)) >= 20, proc.stdout[-2000:]
     # the conformance suite picked the new estimator's example up (its four estimator checks and more)
     listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/algorithms/test_conformance.py", "--collect-only", "-q", "-p", "no:cacheprovider"],
-        cwd=dest, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/algorithms/test_conformance.py",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     ).stdout
     assert len(re.findall(r"\[(?:\w+-)?sign\]", listed)) >= 4, listed[-2000:]
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=dest, capture_output=True, text=True,
-                             check=True, timeout=120).stdout.splitlines()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.splitlines()
     changed = sorted(line[3:] for line in changed if "__pycache__" not in line)
     stated = int(re.search(r"counts the files changed: \*\*(\d+)\*\*", section).group(1))
     assert len(changed) == stated, changed

@@ -114,7 +114,8 @@ def _session_log(pytester, monkeypatch, *args: str) -> list[str]:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))  # our `tests`
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\nmarkers =\n    e2e: end to end\n")
     pytester.makeconftest(
-        "from tests.conftest import _queue_long_jobs, _restore_environment, demo_runs, pytest_collection_modifyitems  # noqa: F401\n"
+        "from tests.conftest import _queue_long_jobs, _restore_environment, demo_runs, "
+        "pytest_collection_modifyitems  # noqa: F401\n"
     )
     pytester.makepyfile(test_queueing=textwrap.dedent(QUEUEING_MODULE))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=300)

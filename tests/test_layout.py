@@ -56,7 +56,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_is_acyclic():
     graph = _graph()
-    assert len(graph) >= 25 and "verl_offpolicy.demo.process" in graph["verl_offpolicy.demo.run"]  # the scan sees imports
+    assert (
+        len(graph) >= 25 and "verl_offpolicy.demo.process" in graph["verl_offpolicy.demo.run"]
+    )  # the scan sees imports
     assert _cycles(graph) == []
 
 
@@ -65,11 +67,15 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_the_cpu_backend_imports_nothing_of_the_demo_tooling():
-    """What runs inside verl's processes (verl_offpolicy.cpu*) never needs the tooling that drives main_ppo from outside."""
+    """What runs inside verl's processes (verl_offpolicy.cpu*) never needs the tooling that drives main_ppo from
+    outside."""
     graph = _graph()
     backend = {name for name in graph if name == "verl_offpolicy.cpu" or name.startswith("verl_offpolicy.cpu.")}
     assert len(backend) >= 10 and "verl_offpolicy.demo.run" in graph  # the scan sees both parts
-    upward = {name: sorted(n for n in graph[name] if n == "verl_offpolicy.demo" or n.startswith("verl_offpolicy.demo.")) for name in backend}
+    upward = {
+        name: sorted(n for n in graph[name] if n == "verl_offpolicy.demo" or n.startswith("verl_offpolicy.demo."))
+        for name in backend
+    }
     assert {name: found for name, found in upward.items() if found} == {}
 
 
@@ -96,8 +102,13 @@ def test_the_scheduler_part_imports_nothing_of_the_cpu_backend_or_the_demo():
 
 
 # The floors below the verl adapters: what glue may import of the package (the rest stands above it).
-BELOW_GLUE = ("verl_offpolicy.glue", "verl_offpolicy.core", "verl_offpolicy.configs", "verl_offpolicy.rewards",
-              "verl_offpolicy.verl_pin")
+BELOW_GLUE = (
+    "verl_offpolicy.glue",
+    "verl_offpolicy.core",
+    "verl_offpolicy.configs",
+    "verl_offpolicy.rewards",
+    "verl_offpolicy.verl_pin",
+)
 
 
 def test_the_verl_adapters_import_nothing_above_them():
@@ -106,7 +117,9 @@ def test_the_verl_adapters_import_nothing_above_them():
     graph = _graph()
     glue = sorted(name for name in graph if name.startswith("verl_offpolicy.glue"))
     assert "verl_offpolicy.glue.validation" in glue and "verl_offpolicy.startup" in graph  # the scan sees both floors
-    upward = {name: sorted(m for m in graph[name] if m != "verl_offpolicy" and not m.startswith(BELOW_GLUE)) for name in glue}
+    upward = {
+        name: sorted(m for m in graph[name] if m != "verl_offpolicy" and not m.startswith(BELOW_GLUE)) for name in glue
+    }
     assert {name: found for name, found in upward.items() if found} == {}
 
 
@@ -122,7 +135,15 @@ def test_process_management_imports_no_verl_torch_or_other_package_module():
 
 # verl's policy-loss registry calls fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
 # config, rollout_is_weights): our registered losses must take those seven positionally.
-VERL_LOSS_SIGNATURE = ("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights")
+VERL_LOSS_SIGNATURE = (
+    "old_log_prob",
+    "log_prob",
+    "advantages",
+    "response_mask",
+    "loss_agg_mode",
+    "config",
+    "rollout_is_weights",
+)
 MAX_POSITIONAL = 6
 
 
@@ -162,7 +183,9 @@ TESTS = Path(__file__).resolve().parent
 def _test_imports() -> dict[str, set[str]]:
     """tests/ module name -> the tests/ modules it imports (``tests.x``), function-local imports too."""
     modules = {
-        "tests." + ".".join(p.relative_to(TESTS).with_suffix("").parts): p for p in TESTS.rglob("*.py") if p.stem != "__init__"
+        "tests." + ".".join(p.relative_to(TESTS).with_suffix("").parts): p
+        for p in TESTS.rglob("*.py")
+        if p.stem != "__init__"
     }
     return {name: {m for m in _imports(path) if m in modules} - {name} for name, path in modules.items()}
 
@@ -189,5 +212,7 @@ def test_the_scheduler_reaches_transfer_queue_through_its_store_module_only():
     """Everything the scheduler keeps in TransferQueue (the FIFO's tags, its resume state, the fields it rewrites)
     goes through glue/scheduler/store.py: a verl without TransferQueue is one module to port."""
     scheduler = PACKAGE / "glue" / "scheduler"
-    users = sorted(p.name for p in scheduler.glob("*.py") if any(m.split(".")[0] == "transfer_queue" for m in _imports(p)))
+    users = sorted(
+        p.name for p in scheduler.glob("*.py") if any(m.split(".")[0] == "transfer_queue" for m in _imports(p))
+    )
     assert users == ["store.py"]

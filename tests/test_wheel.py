@@ -23,9 +23,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import verl
 from omegaconf import OmegaConf
 
-import verl
 import verl_offpolicy
 from verl_offpolicy.configs import preset_names
 
@@ -92,18 +92,27 @@ def venv(dist, tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
 
 def test_wheel_and_sdist_pass_twine_check_and_carry_everything(dist):
     wheel, sdist = next(dist.glob("*.whl")), next(dist.glob("*.tar.gz"))
-    assert wheel.name == f"verl_offpolicy-{VERSION}-py3-none-any.whl" and sdist.name == f"verl_offpolicy-{VERSION}.tar.gz"
+    assert (
+        wheel.name == f"verl_offpolicy-{VERSION}-py3-none-any.whl" and sdist.name == f"verl_offpolicy-{VERSION}.tar.gz"
+    )
     proc = _run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)])
     assert proc.stdout.count("PASSED") == 2
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "hydra_plugins/verl_offpolicy_searchpath/__init__.py" in names
     assert {f"verl_offpolicy/configs/algorithm/{p}.yaml" for p in preset_names()} <= names
-    assert {"verl_offpolicy/configs/offpolicy_trainer.yaml", "verl_offpolicy/configs/cpu/demo.yaml", "verl_offpolicy/register.py"} <= names
+    assert {
+        "verl_offpolicy/configs/offpolicy_trainer.yaml",
+        "verl_offpolicy/configs/cpu/demo.yaml",
+        "verl_offpolicy/register.py",
+    } <= names
     entry_points = zipfile.ZipFile(wheel).read(f"verl_offpolicy-{VERSION}.dist-info/entry_points.txt").decode()
     assert "[verl.plugins]\nverl_offpolicy = verl_offpolicy.glue.plugin" in entry_points
     assert "verl-offpolicy = verl_offpolicy.cli:main" in entry_points
     members = set(tarfile.open(sdist).getnames())
-    assert {f"verl_offpolicy-{VERSION}/{f}" for f in ("pyproject.toml", "README.md", "verl_offpolicy/configs/algorithm/opmd.yaml")} <= members
+    assert {
+        f"verl_offpolicy-{VERSION}/{f}"
+        for f in ("pyproject.toml", "README.md", "verl_offpolicy/configs/algorithm/opmd.yaml")
+    } <= members
 
 
 def test_fresh_venv_imports_the_wheel_not_a_checkout(venv):
@@ -111,10 +120,13 @@ def test_fresh_venv_imports_the_wheel_not_a_checkout(venv):
     code = (
         "import json, os, sys, verl_offpolicy, hydra_plugins.verl_offpolicy_searchpath as h\n"
         "from importlib import metadata\n"
-        "print(json.dumps({'pkg': verl_offpolicy.__file__, 'plugin': h.__file__, 'version': metadata.version('verl-offpolicy'),"
+        "print(json.dumps({'pkg': verl_offpolicy.__file__, 'plugin': h.__file__, 'version': "
+        "metadata.version('verl-offpolicy'),"
         " 'holders': [p for p in sys.path if os.path.isdir(os.path.join(p or '.', 'verl_offpolicy'))]}))"
     )
-    info = json.loads(_run([str(env_dir / "bin" / "python"), "-c", code], cwd=work, env=env).stdout.strip().splitlines()[-1])
+    info = json.loads(
+        _run([str(env_dir / "bin" / "python"), "-c", code], cwd=work, env=env).stdout.strip().splitlines()[-1]
+    )
     site = str(env_dir / "lib")
     assert info["pkg"].startswith(site) and info["plugin"].startswith(site), info
     assert info["version"] == VERSION
@@ -123,7 +135,11 @@ def test_fresh_venv_imports_the_wheel_not_a_checkout(venv):
 
 def test_fresh_venv_composes_a_preset_on_stock_main_ppo(venv):
     env_dir, env, work = venv
-    proc = _run([str(env_dir / "bin" / "python"), "-m", "verl.trainer.main_ppo", "+algorithm=opmd", "--cfg", "job"], cwd=work, env=env)
+    proc = _run(
+        [str(env_dir / "bin" / "python"), "-m", "verl.trainer.main_ppo", "+algorithm=opmd", "--cfg", "job"],
+        cwd=work,
+        env=env,
+    )
     cfg = OmegaConf.create(proc.stdout)
     assert cfg.algorithm.adv_estimator == "opmd" and cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "opmd"
     assert cfg.algorithm.offpolicy.tau == 1.0
@@ -132,7 +148,8 @@ def test_fresh_venv_composes_a_preset_on_stock_main_ppo(venv):
 def test_fresh_venv_registers_through_the_register_module_alone(venv):
     env_dir, env, work = venv
     proc = _run(
-        [str(env_dir / "bin" / "python"), "-m", "verl_offpolicy.glue.diagnose"], cwd=work,
+        [str(env_dir / "bin" / "python"), "-m", "verl_offpolicy.glue.diagnose"],
+        cwd=work,
         env={**env, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "verl_offpolicy.register"},
     )
     state = json.loads(proc.stdout.strip().splitlines()[-1].removeprefix("VERL_OFFPOLICY_STATE "))
@@ -143,7 +160,11 @@ def test_fresh_venv_registers_through_the_register_module_alone(venv):
 @pytest.mark.extended  # minutes of Ray probe; the checkout's doctor runs in the default tier (tests/test_cli.py)
 def test_fresh_venv_passes_doctor(venv):
     env_dir, env, work = venv
-    proc = _run([str(env_dir / "bin" / "verl-offpolicy"), "doctor", "--timeout", "600"], cwd=work, env=env, timeout=1500)
+    proc = _run(
+        [str(env_dir / "bin" / "verl-offpolicy"), "doctor", "--timeout", "600"], cwd=work, env=env, timeout=1500
+    )
     assert "verl-offpolicy doctor: everything is registered and visible." in proc.stdout
     assert re.search(rf"^  verl-offpolicy +{re.escape(VERSION)}$", proc.stdout, flags=re.M)
-    assert proc.stdout.count("MISSING") == 0 and f"offpolicy_trainer: {len(preset_names())} presets checked" in proc.stdout
+    assert (
+        proc.stdout.count("MISSING") == 0 and f"offpolicy_trainer: {len(preset_names())} presets checked" in proc.stdout
+    )

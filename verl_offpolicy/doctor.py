@@ -18,8 +18,6 @@ from importlib import metadata
 
 from verl_offpolicy.configs import preset_names
 
-
-
 # Generous: a fresh process imports torch and verl, a Ray worker also starts a cluster; a busy CI
 # machine needs minutes for that (a fixed two-minute limit failed there).
 DEFAULT_PROBE_TIMEOUT = 600.0
@@ -53,7 +51,12 @@ def fresh_process_state(env: dict[str, str], timeout: float) -> dict:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "verl_offpolicy.glue.diagnose"],
-            env=env, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
         raise ProbeError(
@@ -62,7 +65,9 @@ def fresh_process_state(env: dict[str, str], timeout: float) -> dict:
         ) from exc
     report = parse_report(proc.stdout)
     if report is None:
-        raise ProbeError(f"a fresh `import verl` process failed: {_probe_failure(proc.stdout + proc.stderr, proc.returncode)}")
+        raise ProbeError(
+            f"a fresh `import verl` process failed: {_probe_failure(proc.stdout + proc.stderr, proc.returncode)}"
+        )
     return report
 
 
@@ -76,8 +81,9 @@ def ray_probe_env(env: dict[str, str], temp_dir: str) -> dict[str, str]:
     return {**env, **ray_token_env(temp_dir, env)}
 
 
-def _diagnose_in_child(args: list[str], env: dict[str, str], timeout: float, ray_marker: str | None,
-                       too_slow: str, failed: str) -> dict:
+def _diagnose_in_child(
+    args: list[str], env: dict[str, str], timeout: float, ray_marker: str | None, too_slow: str, failed: str
+) -> dict:
     """The report of ``python -m verl_offpolicy.glue.diagnose ARGS`` run with ``env``, ended (with the Ray
     session named by ``ray_marker``, if any) within ``timeout`` seconds; ``too_slow`` + the advice and
     ``failed`` + the cause are the :class:`ProbeError` messages of a timeout and of a run without a report."""
@@ -112,8 +118,12 @@ def ray_worker_state(env: dict[str, str], timeout: float) -> dict:
     temp_dir = tempfile.mkdtemp(prefix="vo-doctor-", dir="/tmp")
     try:
         return _diagnose_in_child(
-            ["--ray", temp_dir], ray_probe_env(env, temp_dir), timeout, temp_dir,
-            too_slow=f"the fresh Ray worker did not answer within {timeout:g} s (starting Ray and a worker that imports "
+            ["--ray", temp_dir],
+            ray_probe_env(env, temp_dir),
+            timeout,
+            temp_dir,
+            too_slow=f"the fresh Ray worker did not answer within {timeout:g} s (starting Ray and a worker that "
+            "imports "
             "verl): the machine may be overloaded by other jobs",
             failed="Ray could not start a worker",
         )
@@ -191,8 +201,11 @@ def _token_hint(env: dict[str, str]) -> str:
     missing = [name for name in TOKEN_VARIABLES if not env.get(name)]
     if not missing:
         return ""
-    return (f"; this environment lacks {', '.join(missing)}: a cluster with token authentication (every "
-            "`verl-offpolicy cluster start` cluster) refuses a driver without them, so export the values `cluster start` printed")
+    return (
+        f"; this environment lacks {', '.join(missing)}: a cluster with token authentication (every "
+        "`verl-offpolicy cluster start` cluster) refuses a driver without them, so export the values `cluster "
+        "start` printed"
+    )
 
 
 def cluster_worker_states(env: dict[str, str], address: str, timeout: float) -> list[dict]:
@@ -205,7 +218,10 @@ def cluster_worker_states(env: dict[str, str], address: str, timeout: float) -> 
     check_cluster_reachable(address, env)
     hint = _token_hint(env)
     report = _diagnose_in_child(
-        ["--cluster", address], {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"}, timeout, None,
+        ["--cluster", address],
+        {**env, **LOOPBACK_ENV, "RAY_USAGE_STATS_ENABLED": "0"},
+        timeout,
+        None,
         too_slow=f"the Ray workers of the cluster at {address} did not all answer within {timeout:g} s (a worker on "
         f"each node imports verl): a node may be overloaded{hint}",
         failed=f"could not probe the Ray cluster at {address}{hint}",
@@ -218,7 +234,11 @@ _STANDARD_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 def node_label(node: dict) -> str:
     """A node as a user finds it in ``ray status``: its id (start), address and custom resources."""
-    custom = sorted(k for k in node["resources"] if k not in _STANDARD_RESOURCES and not k.startswith(("node:", "accelerator_type:")))
+    custom = sorted(
+        k
+        for k in node["resources"]
+        if k not in _STANDARD_RESOURCES and not k.startswith(("node:", "accelerator_type:"))
+    )
     return f"node {node['node_id'][:12]} at {node['ip']}" + (f" ({', '.join(custom)})" if custom else "")
 
 
@@ -228,7 +248,8 @@ def version_problems(label: str, versions: dict, here: dict) -> list[str]:
     return [
         f"{label}: {dist} {versions.get(dist) or 'not installed'} on the node, {here[dist] or 'not installed'} here; "
         "install the same version on every node"
-        for dist in here if versions.get(dist) != here[dist]
+        for dist in here
+        if versions.get(dist) != here[dist]
     ]
 
 
@@ -246,10 +267,12 @@ def storage_placement_problems(label: str, resources: dict) -> list[str]:
     """
     if resources.get("CPU", 0) >= 1:
         return []
-    return [f"{label}: no CPU, and verl's TransferQueue deals its storage units ({STORAGE_UNITS_KEY}, 1 CPU each) "
-            "round-robin over every alive node with hard node affinity, so a unit dealt to this node never starts "
-            "(ActorUnschedulableError at start-up); give every node a CPU, or add "
-            f"+{STORAGE_NODE_KEY}=<a custom resource that only nodes with CPUs have> to the run"]
+    return [
+        f"{label}: no CPU, and verl's TransferQueue deals its storage units ({STORAGE_UNITS_KEY}, 1 CPU each) "
+        "round-robin over every alive node with hard node affinity, so a unit dealt to this node never starts "
+        "(ActorUnschedulableError at start-up); give every node a CPU, or add "
+        f"+{STORAGE_NODE_KEY}=<a custom resource that only nodes with CPUs have> to the run"
+    ]
 
 
 def _cluster_problems(address: str, timeout: float) -> list[str]:
@@ -310,7 +333,12 @@ def doctor(args: argparse.Namespace) -> int:
     if args.address:
         probes.append((f"Ray cluster at {args.address}", lambda: _cluster_problems(args.address, args.timeout)))
     else:
-        probes.append(("fresh Ray worker", lambda: _print_registry("fresh Ray worker", ray_worker_state(dict(os.environ), args.timeout))))
+        probes.append(
+            (
+                "fresh Ray worker",
+                lambda: _print_registry("fresh Ray worker", ray_worker_state(dict(os.environ), args.timeout)),
+            )
+        )
     for where, probe in probes:
         try:
             problems += probe()

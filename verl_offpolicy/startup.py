@@ -32,12 +32,13 @@ from omegaconf import DictConfig, OmegaConf
 from verl_offpolicy.configs import PRESET_GROUP, preset_names
 from verl_offpolicy.glue.broken_install import BrokenInstallError, import_failure_message
 
+
 def import_validation():
     """``validate_offpolicy_config``, or :class:`BrokenInstallError` with one readable line."""
     module = "verl_offpolicy.glue.validation"
     try:
         from verl_offpolicy.glue.validation import validate_offpolicy_config
-    except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, or whatever the module raised
+    except Exception as exc:
         raise BrokenInstallError(import_failure_message(module, exc)) from exc
     return validate_offpolicy_config
 
@@ -71,7 +72,8 @@ WORKER_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 
 def workers_environment(config: DictConfig) -> dict[str, str]:
-    """The environment of this run's Ray workers: this process's plus the config's ``ray_kwargs.ray_init.runtime_env.env_vars``."""
+    """The environment of this run's Ray workers: this process's plus the config's
+    ``ray_kwargs.ray_init.runtime_env.env_vars``."""
     extra = OmegaConf.select(config, WORKER_ENV_KEY, default=None)
     if OmegaConf.is_config(extra):
         extra = OmegaConf.to_container(extra, resolve=True)
@@ -82,7 +84,9 @@ def selected_names(config: DictConfig) -> list[str]:
     """``key=name`` for every name of ours the config selects (``algorithm.adv_estimator=opmd``, ...)."""
     from verl_offpolicy.glue.registration import expected_names
 
-    return sorted({f"{e.config_key}={e.name}" for e in expected_names() if OmegaConf.select(config, e.config_key) == e.name})
+    return sorted(
+        {f"{e.config_key}={e.name}" for e in expected_names() if OmegaConf.select(config, e.config_key) == e.name}
+    )
 
 
 def check_workers_plugin_setting(config: DictConfig) -> None:
@@ -97,7 +101,9 @@ def check_workers_plugin_setting(config: DictConfig) -> None:
     problem = plugin_setting_problem(workers_environment(config))
     if problem:
         used = ", ".join(selected_names(config))
-        raise ValueError(f"the Ray workers of this run will not have verl-offpolicy{f' ({used})' if used else ''}: {problem}")
+        raise ValueError(
+            f"the Ray workers of this run will not have verl-offpolicy{f' ({used})' if used else ''}: {problem}"
+        )
 
 
 CLUSTER_ADDRESS_KEY = "ray_kwargs.ray_init.address"
@@ -115,7 +121,10 @@ def check_cluster_nodes(config: DictConfig) -> None:
     from verl_offpolicy.doctor import ProbeError, cluster_run_problems
 
     extra = OmegaConf.select(config, WORKER_ENV_KEY, default=None)
-    env_vars = {str(k): str(v) for k, v in (OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra or {}).items()}
+    env_vars = {
+        str(k): str(v)
+        for k, v in (OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra or {}).items()
+    }
     try:
         problems = cluster_run_problems(str(address), dict(os.environ), env_vars, CLUSTER_CHECK_TIMEOUT_S)
     except ProbeError as exc:
@@ -123,8 +132,10 @@ def check_cluster_nodes(config: DictConfig) -> None:
     if problems:
         raise ValueError(
             f"{CLUSTER_ADDRESS_KEY}={address}: the Ray workers of these nodes will not have verl-offpolicy ("
-            f"{', '.join(selected_names(config))}): " + "; ".join(problems)
-            + ". Start those nodes' raylets with verl-offpolicy installed and loadable (`verl-offpolicy doctor --address`)"
+            f"{', '.join(selected_names(config))}): "
+            + "; ".join(problems)
+            + ". Start those nodes' raylets with verl-offpolicy installed and loadable (`verl-offpolicy doctor "
+            "--address`)"
         )
 
 
@@ -147,9 +158,14 @@ class StartupValidation(Callback):
             check_workers_plugin_setting(config)
         except BrokenInstallError as exc:
             raise SystemExit(f"verl-offpolicy: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
+        except Exception as exc:
             raise SystemExit(f"verl-offpolicy: invalid configuration: {exc}") from exc
-        from verl_offpolicy.glue.preset_overrides import caused_by_command_line, check_defining_keys, override_notes, replaced_keys
+        from verl_offpolicy.glue.preset_overrides import (
+            caused_by_command_line,
+            check_defining_keys,
+            override_notes,
+            replaced_keys,
+        )
 
         replaced = replaced_keys(config)  # the selected preset's keys the command line replaced, read once
 
@@ -160,7 +176,9 @@ class StartupValidation(Callback):
 
             check_filter_metric(config)
             check_cluster_nodes(config)
-        except Exception as exc:  # noqa: BLE001 - re-raised as SystemExit with the full message
-            raise SystemExit(f"verl-offpolicy: invalid configuration: {caused_by_command_line(exc, config, replaced)}") from exc
+        except Exception as exc:
+            raise SystemExit(
+                f"verl-offpolicy: invalid configuration: {caused_by_command_line(exc, config, replaced)}"
+            ) from exc
         for note in override_notes(config, replaced):
             print(f"verl-offpolicy: note: {note}", file=sys.stderr, flush=True)

@@ -23,11 +23,11 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import agg_loss, get_adv_estimator_fn, get_policy_loss_fn, kl_penalty
 from verl.workers.config import ActorConfig
+
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig, OffPolicyLossConfig
 from verl_offpolicy.glue.validation import validate_parts
 
@@ -358,7 +358,9 @@ def agro_onpolicy_run(
             token_level_rewards=token_rewards, response_mask=torch.ones_like(token_rewards), index=uids, config=algo
         )
         weights = (len(groups) * pi[groups].prod(-1)).repeat_interleave(k).unsqueeze(-1)
-        theta = theta - lr * loss_gradient(config, theta, arms, pi, advantages, agg="seq-mean-token-sum", weights=weights)
+        theta = theta - lr * loss_gradient(
+            config, theta, arms, pi, advantages, agg="seq-mean-token-sum", weights=weights
+        )
         if history is not None:
             history.append(torch.softmax(theta, 0))
     return torch.softmax(theta, 0)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
 from tests.hydra_utils import VALID_SIZES
 from verl_offpolicy.glue.compose import compose_main_ppo
-from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 from verl_offpolicy.tabular import agro_config, agro_onpolicy_run, all_groups
 

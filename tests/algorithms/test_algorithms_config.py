@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
-
-import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import ActorConfig
+
 from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.config import OffPolicyConfig, OffPolicyLossConfig
 from verl_offpolicy.glue.validation import validate_parts
@@ -198,7 +198,9 @@ def test_tau_is_one_hyperparameter_for_estimator_and_loss(estimator, baseline, a
     if accepted:
         check_tau_coupling(offpolicy, estimator, loss)
     else:
-        with pytest.raises(ValueError, match=rf"{LOSS}.tau={loss_tau} \(loss_mode={loss_mode}\) and {ALGO}.tau={algo_tau}"):
+        with pytest.raises(
+            ValueError, match=rf"{LOSS}.tau={loss_tau} \(loss_mode={loss_mode}\) and {ALGO}.tau={algo_tau}"
+        ):
             check_tau_coupling(offpolicy, estimator, loss)
 
 

@@ -14,14 +14,14 @@ import sys
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, kl_penalty
 from verl.utils import as_torch_index
+
 from verl_offpolicy.core.advantages import red_drop_advantage
-from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig
 from verl_offpolicy.glue.algorithms.red import _layout
+from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyConfig
 
 F64 = torch.float64
 
@@ -126,8 +126,13 @@ def test_topr_raw_reward_advantage_of_all_correct_and_all_wrong_groups():
 
 @pytest.mark.parametrize(
     "rewards, found",
-    [([1.0, -1.0, -1.0, 1.0], r"2 of 4 rewards are outside \{0, 1\} \(range found: \[-1, 1\]\)"),  # verl's ±1 math reward
-     ([0.25, 0.0, 1.0, 0.5], r"2 of 4 rewards are outside \{0, 1\} \(range found: \[0, 1\]\)")],  # partial credit
+    [
+        (
+            [1.0, -1.0, -1.0, 1.0],
+            r"2 of 4 rewards are outside \{0, 1\} \(range found: \[-1, 1\]\)",
+        ),  # verl's ±1 math reward
+        ([0.25, 0.0, 1.0, 0.5], r"2 of 4 rewards are outside \{0, 1\} \(range found: \[0, 1\]\)"),
+    ],  # partial credit
     ids=["plus-minus-one", "fractions"],
 )
 def test_topr_signed_reward_refuses_rewards_outside_zero_one(rewards, found):
@@ -135,38 +140,59 @@ def test_topr_signed_reward_refuses_rewards_outside_zero_one(rewards, found):
     with pytest.raises(ValueError, match=r"algorithm\.offpolicy\.topr_reward=signed: .*" + found + r".*'raw'"):
         run("topr", rewards, ["a", "a", "b", "b"])
     # the same rewards with topr_reward=raw are R = r (c = 0)
-    torch.testing.assert_close(run("topr", rewards, ["a", "a", "b", "b"], topr_reward="raw"), torch.tensor(rewards, dtype=F64))
+    torch.testing.assert_close(
+        run("topr", rewards, ["a", "a", "b", "b"], topr_reward="raw"), torch.tensor(rewards, dtype=F64)
+    )
 
 
-PLUS_MINUS_ONE = "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 1.0 if solution_str == ground_truth else -1.0\n"
+PLUS_MINUS_ONE = (
+    "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+    "    return 1.0 if solution_str == ground_truth else -1.0\n"
+)
 
 
 def _topr_config(tmp_path, reward, *overrides):
-    """The topr preset on a one-row repeat task (symbol "a", 4 response tokens): ``reward`` names the reward function."""
+    """The topr preset on a one-row repeat task (symbol "a", 4 response tokens): ``reward`` names the reward
+    function."""
     from tests.hydra_utils import VALID_SIZES, compose_main_ppo
     from verl_offpolicy.demo.repeat_task import make_row, write_splits
 
     files = write_splits(tmp_path, [make_row("a", 0, "train", 4)], [make_row("a", 0, "test", 4)])
     if reward == "plus_minus_one":
         (tmp_path / "reward.py").write_text(PLUS_MINUS_ONE)
-        function = [f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.custom_reward_function.name=score"]
+        function = [
+            f"reward.custom_reward_function.path={tmp_path / 'reward.py'}",
+            "reward.custom_reward_function.name=score",
+        ]
     else:  # the repeat task's fractional compute_score or its 0/1 compute_score_binary
-        function = ["reward.custom_reward_function.path=pkg://verl_offpolicy.cpu.task", f"reward.custom_reward_function.name={reward}"]
-    return compose_main_ppo("offpolicy_trainer", ["algorithm=topr", *VALID_SIZES, f"data.train_files={files['train_files']}",
-                                                  *function, *overrides])
+        function = [
+            "reward.custom_reward_function.path=pkg://verl_offpolicy.cpu.task",
+            f"reward.custom_reward_function.name={reward}",
+        ]
+    return compose_main_ppo(
+        "offpolicy_trainer",
+        ["algorithm=topr", *VALID_SIZES, f"data.train_files={files['train_files']}", *function, *overrides],
+    )
 
 
-@pytest.mark.parametrize("reward, found", [
-    # ±1: the ground truth "a" scores 1 (an all-correct batch passes the per-batch check), "" scores −1
-    ("plus_minus_one", "gives -1 for an empty response on the first training row"),
-    # the repeat task: "a" repeats the symbol in 1 of the 4 response tokens: 1/4; "" scores 0
-    ("compute_score", "gives 0.25 for its ground truth on the first training row"),
-])
+@pytest.mark.parametrize(
+    "reward, found",
+    [
+        # ±1: the ground truth "a" scores 1 (an all-correct batch passes the per-batch check), "" scores −1
+        ("plus_minus_one", "gives -1 for an empty response on the first training row"),
+        # the repeat task: "a" repeats the symbol in 1 of the 4 response tokens: 1/4; "" scores 0
+        ("compute_score", "gives 0.25 for its ground truth on the first training row"),
+    ],
+)
 def test_topr_signed_reward_is_refused_at_startup_when_the_reward_function_leaves_zero_one(tmp_path, reward, found):
     from verl_offpolicy.glue.validation import validate_offpolicy_config
 
-    with pytest.raises(ValueError, match=r"algorithm\.offpolicy\.topr_reward=signed maps 0/1 rewards to TOPR's ±1 .* "
-                       + re.escape(found) + r": set algorithm\.offpolicy\.topr_reward=raw"):
+    with pytest.raises(
+        ValueError,
+        match=r"algorithm\.offpolicy\.topr_reward=signed maps 0/1 rewards to TOPR's ±1 .* "
+        + re.escape(found)
+        + r": set algorithm\.offpolicy\.topr_reward=raw",
+    ):
         validate_offpolicy_config(_topr_config(tmp_path, reward))
     validate_offpolicy_config(_topr_config(tmp_path, reward, "algorithm.offpolicy.topr_reward=raw"))
 
@@ -191,7 +217,9 @@ def test_topr_all_wrong_group_is_pushed_down_with_the_tapered_weight():
     rewards = torch.tensor([[0.0, 0.0], [0.0, 0.0]], dtype=F64)
     mask = torch.ones(2, 2, dtype=torch.bool)
     advantages, _ = get_adv_estimator_fn("topr")(
-        token_level_rewards=rewards, response_mask=mask.to(F64), index=np.array(["g", "g"], dtype=object),
+        token_level_rewards=rewards,
+        response_mask=mask.to(F64),
+        index=np.array(["g", "g"], dtype=object),
         config=OmegaConf.create({"adv_estimator": "topr", "offpolicy": {}}),
     )
     old = torch.full((2, 2), -1.0, dtype=F64)
@@ -236,7 +264,9 @@ def test_agro_rejects_config_without_kl_in_reward():
         kl_ctrl={"type": "fixed", "kl_coef": 0.2},
         offpolicy=OffPolicyConfig(beta=0.1),
     )
-    with pytest.raises(ValueError, match=r"algorithm.kl_ctrl.kl_coef=0.1 to equal algorithm.offpolicy.beta \(got kl_coef=0.2\)"):
+    with pytest.raises(
+        ValueError, match=r"algorithm.kl_ctrl.kl_coef=0.1 to equal algorithm.offpolicy.beta \(got kl_coef=0.2\)"
+    ):
         validate_parts(algorithm=config)
 
 

@@ -22,18 +22,17 @@ import re
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.workers.utils.losses import ppo_loss
-from verl_offpolicy.core.losses import m2po_mask, token_log_ratio
-from verl_offpolicy.glue.algorithms.rec import CLIP_MODES, REGULARIZERS, WEIGHTS
-from verl_offpolicy.glue.algorithms.m2po import mini_batch_scope
-from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
-from verl_offpolicy.tabular import actor
 
 from tests.loss_helpers import LOSS, RESPONSE_LENS, call, compose_actor, engine_batch, nested
+from verl_offpolicy.core.losses import m2po_mask, token_log_ratio
+from verl_offpolicy.glue.algorithms.m2po import mini_batch_scope
+from verl_offpolicy.glue.algorithms.rec import CLIP_MODES, REGULARIZERS, WEIGHTS
+from verl_offpolicy.glue.registration import ADV_ESTIMATORS, POLICY_LOSSES
+from verl_offpolicy.tabular import actor
 
 F64 = torch.float64
 E20 = math.exp(20.0)  # the largest ratio: log-ratios are clamped to [−20, 20] before exp
@@ -318,8 +317,11 @@ def test_extreme_rewards_that_fit_give_the_exact_advantage():
 
 def test_red_weight_gap_beyond_float32_is_a_clear_error():
     # r = [0, 2e30]: d = ±1e30, A_1 = 1e30·e^20 ≈ 4.85e38 > float32's 3.4e38
-    with pytest.raises(ValueError, match=r"adv_estimator=red_weight: 1 sample\(s\) .*float32.*batch position 1 "
-                       r"\(uid 'g'\): reward 2e\+30, advantage 4\.85165e\+38"):
+    with pytest.raises(
+        ValueError,
+        match=r"adv_estimator=red_weight: 1 sample\(s\) .*float32.*batch position 1 "
+        r"\(uid 'g'\): reward 2e\+30, advantage 4\.85165e\+38",
+    ):
         estimate("red_weight", _column([0.0, 2e30], torch.float32), ["g", "g"])
     # in float64 it fits: A = [−1e30·e^(−1e30) = −0, 1e30·e^20]
     a = estimate("red_weight", _column([0.0, 2e30], F64), ["g", "g"])[:, 0]

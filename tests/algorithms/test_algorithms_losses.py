@@ -11,13 +11,12 @@ import math
 import numpy as np
 import pytest
 import torch
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
 from verl.workers.config import ActorConfig, PolicyLossConfig
-from verl_offpolicy.glue.config import OffPolicyLossConfig
-from verl_offpolicy.tabular import actor
 
 from tests.loss_helpers import call
+from verl_offpolicy.glue.config import OffPolicyLossConfig
+from verl_offpolicy.tabular import actor
 
 F64 = torch.float64
 RHO = [0.5, 0.79, 0.8, 1.0, 1.2, 1.21, 2.9, 3.0, 3.1]
@@ -190,6 +189,7 @@ def test_rollout_is_weights_multiply_the_per_token_loss():
 
 # ---------------------------------------------------------------- robustness, aggregation, errors
 
+
 @pytest.mark.parametrize("loss_mode", ["opmd", "pmd", "rec"])
 def test_plain_verl_policy_loss_config_is_a_clear_error(loss_mode):
     config = ActorConfig(
@@ -234,7 +234,9 @@ def test_rec_sequence_level_k2_value_and_gradient():
     expected = torch.tensor([[0.2 * math.log(2) / 3] * 3, [-0.05, -0.05, 0.0]], dtype=F64)
     torch.testing.assert_close(grad, expected)
     # token-level k2 on the same data: c·Σ_t (log π_t − log π_old,t)² = 0.1·(ln 2)² + 0.1·(0.25 + 1)
-    token_loss, token_grad, _ = call(actor("rec", regularizer="k2", regularizer_coef=0.1), old, log_prob, adv, mask, "token-sum")
+    token_loss, token_grad, _ = call(
+        actor("rec", regularizer="k2", regularizer_coef=0.1), old, log_prob, adv, mask, "token-sum"
+    )
     torch.testing.assert_close(token_loss, torch.tensor(0.1 * math.log(2) ** 2 + 0.125, dtype=F64))
     torch.testing.assert_close(token_grad, torch.tensor([[0.2 * math.log(2), 0.0, 0.0], [0.1, -0.2, 0.0]], dtype=F64))
 
@@ -283,7 +285,9 @@ def test_m2po_all_pool_masks_the_largest_squared_log_ratios_until_the_mean_fits(
     loss, grad, metrics = call(actor("m2po", m2po_token_pool="all"), old, old + log_ratio, adv, mask, "token-sum")
     expected = torch.tensor([[-math.exp(0.1), -math.exp(-0.1), -math.exp(0.05), 0.0, 0.0]], dtype=F64)
     torch.testing.assert_close(grad, expected)
-    torch.testing.assert_close(loss, torch.tensor(-(math.exp(0.1) * 0.1 - math.exp(-0.1) * 0.1 + math.exp(0.05) * 0.05), dtype=F64))
+    torch.testing.assert_close(
+        loss, torch.tensor(-(math.exp(0.1) * 0.1 - math.exp(-0.1) * 0.1 + math.exp(0.05) * 0.05), dtype=F64)
+    )
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.4)
     assert metrics["actor/pg_clipfrac_upper"] == pytest.approx(0.2)  # ρ = e dropped above, e^−2 below
 
@@ -339,15 +343,21 @@ def test_m2po_keeps_everything_within_the_budget_and_removes_ties_one_at_a_time(
     # later token (index 3) goes first.
     ties = torch.tensor([[0.1, 0.3, 0.1, 0.3, 0.1]], dtype=F64)
     mask5 = torch.ones(1, 5, dtype=torch.bool)
-    _, grad, metrics = call(actor("m2po"), torch.zeros(1, 5, dtype=F64), ties, torch.ones(1, 5, dtype=F64), mask5, "token-sum")
-    torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.1), -math.exp(0.3), -math.exp(0.1), 0.0, -math.exp(0.1)]], dtype=F64))
+    _, grad, metrics = call(
+        actor("m2po"), torch.zeros(1, 5, dtype=F64), ties, torch.ones(1, 5, dtype=F64), mask5, "token-sum"
+    )
+    torch.testing.assert_close(
+        grad, torch.tensor([[-math.exp(0.1), -math.exp(0.3), -math.exp(0.1), 0.0, -math.exp(0.1)]], dtype=F64)
+    )
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.2)
     # a tie that must go whole: log ρ = [0.1, 0.3, 0.3], (log ρ)² = 0.01, 0.09, 0.09; prefix means 0.01, 0.05,
     # 0.0633 → only the 0.01 fits, both 0.09 go; with a budget of 0.3 nothing goes (mean 0.0633)
     ties = torch.tensor([[0.1, 0.3, 0.3]], dtype=F64)
     _, grad, _ = call(actor("m2po"), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum")
     torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.1), 0.0, 0.0]], dtype=F64))
-    _, grad, _ = call(actor("m2po", m2po_threshold=0.3), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum")
+    _, grad, _ = call(
+        actor("m2po", m2po_threshold=0.3), old, old + ties, torch.ones(1, 3, dtype=F64), mask, "token-sum"
+    )
     torch.testing.assert_close(grad, -torch.exp(ties))
 
 
@@ -389,7 +399,9 @@ def test_m2po_pre_pass_masks_are_the_same_for_one_or_four_micro_batches(pool):
     }
     for budget, removed in expected.items():
         whole = micro_batch_masks([(log_ratio, adv, mask)], budget, pool)
-        split = micro_batch_masks([(log_ratio[i : i + 2], adv[i : i + 2], mask[i : i + 2]) for i in range(0, 8, 2)], budget, pool)
+        split = micro_batch_masks(
+            [(log_ratio[i : i + 2], adv[i : i + 2], mask[i : i + 2]) for i in range(0, 8, 2)], budget, pool
+        )
         assert len(whole) == 1 and len(split) == 4
         torch.testing.assert_close(torch.cat(split), whole[0])
         assert {tuple(index) for index in (~whole[0]).nonzero().tolist()} == removed, (budget, pool)
@@ -435,9 +447,7 @@ def test_pairwise_opmd_gradient_is_the_literal_pairwise_sum(tau):
     rewards, log_prob, ref, mask, uids, lengths = _pairwise_batch()
     lp = log_prob.clone().requires_grad_(True)
     a = rewards - tau * ((lp - ref) * mask).sum(-1)
-    literal = sum(
-        (a[i] - a[j]) ** 2 for i in range(6) for j in range(i + 1, 6) if uids[i] == uids[j]
-    ) / (1 + tau) ** 2
+    literal = sum((a[i] - a[j]) ** 2 for i in range(6) for j in range(i + 1, 6) if uids[i] == uids[j]) / (1 + tau) ** 2
     (expected,) = torch.autograd.grad(literal, lp)
 
     token_rewards = torch.zeros(6, 4, dtype=F64)

@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+
 from verl_offpolicy.tabular import (  # the shared tabular testbed (also used by benchmarks/tabular_studies.py)
     F64,
     MU,
@@ -32,7 +32,6 @@ from verl_offpolicy.tabular import (  # the shared tabular testbed (also used by
 )
 from verl_offpolicy.tabular import kl as _kl
 from verl_offpolicy.tabular import sync_run as _sync_run
-
 
 # ---------------------------------------------------------------- 1. REINFORCE / OPMD → the 0.8 arm
 
@@ -66,7 +65,8 @@ def test_2_rec_importance_sampling_reaches_the_best_arm():
 @pytest.mark.parametrize("lr", [0.1, 1.0])
 def test_3_clip_modes_stop_inside_the_trust_region(clip_mode, weight, lr):
     config = actor("rec", clip=(0.2, 0.2), clip_mode=clip_mode, weight=weight)
-    # gspo's sequence ratio needs a sequence-level aggregation (a startup rule); one-token responses: equal to token-mean
+    # gspo's sequence ratio needs a sequence-level aggregation (a startup rule); one-token responses: equal to
+    # token-mean
     agg = "seq-mean-token-mean" if clip_mode == "gspo-one-side" else "token-mean"
     theta, steps = train(config, estimate("grpo", MU_ARMS), steps=5000, lr=lr, agg=agg)
     assert steps < 5000, "the masked gradient never reached exactly zero"
@@ -76,6 +76,7 @@ def test_3_clip_modes_stop_inside_the_trust_region(clip_mode, weight, lr):
 
 
 # ---------------------------------------------------------------- 4. behaviour refreshed every s = 1000 steps
+
 
 @pytest.mark.parametrize(
     "algorithm, config, estimator, offpolicy",
@@ -221,7 +222,9 @@ def test_topr_on_fixed_stale_data_does_not_collapse_to_a_deterministic_wrong_arm
     # growing: the unseen wrong arm 3 takes all the mass. TOPR tapers the negatives to w_i = π_i/μ_i once
     # π_i < μ_i, so S = 0.1 − π_0 − π_1 → 0.1 and the positive arm 2 (g_2 − g_3 = 0.1·(1 − π_2 + π_3) > 0) wins.
     adv = STALE_REWARD[STALE_ARMS].unsqueeze(-1)
-    theta, _ = train(actor(loss_mode), adv, steps=2000, lr=1.0, behaviour=STALE_MU, theta=STALE_PI0.log(), arms=STALE_ARMS)
+    theta, _ = train(
+        actor(loss_mode), adv, steps=2000, lr=1.0, behaviour=STALE_MU, theta=STALE_PI0.log(), arms=STALE_ARMS
+    )
     pi = torch.softmax(theta, 0)
     if loss_mode == "rec":
         assert pi[3] > 0.99, pi  # plain REINFORCE collapses onto the unseen −1 arm
@@ -238,7 +241,7 @@ def test_m2po_drops_exactly_the_extreme_pool_tokens_and_fits_the_second_moment(p
     # extremes are masked (zero gradient), every other token keeps −ρ_t·A (non-zero), and the kept pool
     # tokens' second moment is ≤ 0.04 (through the registered loss).
     g = torch.Generator().manual_seed(0)
-    log_ratio = (torch.rand(1, 43, generator=g, dtype=F64) * 0.2 - 0.1)
+    log_ratio = torch.rand(1, 43, generator=g, dtype=F64) * 0.2 - 0.1
     extreme = torch.tensor([5, 17, 38])
     log_ratio[0, extreme] = torch.tensor([2.0, -3.0, 2.5], dtype=F64)
     old = -torch.rand(1, 43, generator=g, dtype=F64) - 1.0
@@ -272,7 +275,8 @@ def test_pairwise_opmd_from_fixed_reference_data_converges_to_the_regularised_op
         # π* ∝ π_ref·exp(r/τ) with r = [0, 1]: p* = p·e^{1/τ}/(p·e^{1/τ} + 1 − p) = 0.01·e^10/(0.01·e^10 + 0.99)
         # = 220.2647/221.2647 = 0.995526
         (0.1, [99, 1], 4.0, 0.01 * math.exp(10) / (0.01 * math.exp(10) + 0.99)),
-        # τ = 1 (the report's §3 step size, the preset's former τ): p = 0.3 → 0.3·e/(0.3·e + 0.7) = 0.8155/1.5155 = 0.538
+        # τ = 1 (the report's §3 step size, the preset's former τ): p = 0.3 → 0.3·e/(0.3·e + 0.7) =
+        # 0.8155/1.5155 = 0.538
         (1.0, [7, 3], 0.5, 0.3 * math.e / (0.3 * math.e + 0.7)),
     ],
 )
@@ -280,7 +284,12 @@ def test_pairwise_opmd_fixed_point_lifts_a_prompts_success_rate_as_derived(tau, 
     # one prompt, arms [wrong (r = 0), correct (r = 1)], data from π_ref only, registered estimator and loss
     # (verl_offpolicy.tabular.regularised_run): the fixed point's success rate is the hand-derived p*
     theta, grad = regularised_run(
-        "pairwise_opmd", tau, steps=2000, lr=lr, rewards=torch.tensor([0.0, 1.0], dtype=F64), ref_counts=torch.tensor(ref_counts)
+        "pairwise_opmd",
+        tau,
+        steps=2000,
+        lr=lr,
+        rewards=torch.tensor([0.0, 1.0], dtype=F64),
+        ref_counts=torch.tensor(ref_counts),
     )
     assert float(torch.softmax(theta, 0)[1]) == pytest.approx(p_star, abs=1e-9)
     assert float(grad.abs().max()) < 1e-12

@@ -56,7 +56,9 @@ def test_m2po_mask_is_the_same_for_one_or_four_micro_batches_on_a_real_fsdp2_act
     """
     from tests.scenario_losses import M2PO_MASKED_TOKENS
 
-    report = isolated("tests.scenario_losses:m2po_micro_batch_updates", timeout=900, workdir=str(tmp_path), micro_batch_sizes=[8, 2])
+    report = isolated(
+        "tests.scenario_losses:m2po_micro_batch_updates", timeout=900, workdir=str(tmp_path), micro_batch_sizes=[8, 2]
+    )
     one, four = report["8"], report["2"]
     assert one["max_abs_change"] > 1e-4
     for r in (one, four):

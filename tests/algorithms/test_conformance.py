@@ -18,18 +18,23 @@ import math
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
-from tests.cpu_harness import isolated
-from tests.loss_helpers import LOSS, PROMPT_LENS, call, compose_actor, engine_batch
-from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, get_adv_estimator_fn, get_policy_loss_fn
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import (
+    ADV_ESTIMATOR_REGISTRY,
+    POLICY_LOSS_REGISTRY,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+)
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
-from verl_offpolicy.glue.compose import compose_main_ppo
+
+from tests.cpu_harness import isolated
+from tests.loss_helpers import LOSS, PROMPT_LENS, call, compose_actor, engine_batch
 from verl_offpolicy.core.losses import m2po_mask, token_log_ratio
 from verl_offpolicy.glue import algorithms
 from verl_offpolicy.glue.algorithms.m2po import mini_batch_scope
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.config import OffPolicyLossConfig
 from verl_offpolicy.glue.registration import is_ours
 
@@ -38,11 +43,15 @@ ACTOR = "actor_rollout_ref.actor"
 FAMILIES = algorithms.families()
 LOSSES = {
     f"{name}-{example.label}" if example.label else name: (name, example)
-    for family in FAMILIES for name, examples in family.losses.items() for example in examples
+    for family in FAMILIES
+    for name, examples in family.losses.items()
+    for example in examples
 }
 ESTIMATORS = {
     f"{name}-{i}" if i else name: (name, example)
-    for family in FAMILIES for name, examples in family.estimators.items() for i, example in enumerate(examples)
+    for family in FAMILIES
+    for name, examples in family.estimators.items()
+    for i, example in enumerate(examples)
 }
 
 
@@ -51,7 +60,9 @@ def test_every_registered_name_has_an_example():
     families' names, each with at least one example."""
     losses = [name for family in FAMILIES for name in family.losses]
     estimators = [name for family in FAMILIES for name in family.estimators]
-    assert sorted(losses) == sorted(algorithms.declared_names(algorithms.LOSS_DECORATOR)) and len(set(losses)) == len(losses)
+    assert sorted(losses) == sorted(algorithms.declared_names(algorithms.LOSS_DECORATOR)) and len(set(losses)) == len(
+        losses
+    )
     assert sorted(estimators) == sorted(algorithms.declared_names(algorithms.ESTIMATOR_DECORATOR))
     assert all(examples for family in FAMILIES for examples in (*family.losses.values(), *family.estimators.values()))
     assert all(is_ours(POLICY_LOSS_REGISTRY[name]) for name in losses)
@@ -87,8 +98,13 @@ def _micro_masks(config, old, log_prob, adv, mask, parts):
     """m2po's whole-mini-batch masks split by micro-batch (what the engine's pre-pass hands each call); [] else."""
     if config.policy_loss.loss_mode != "m2po":
         return None
-    keep = m2po_mask(token_log_ratio(log_prob, old, mask), adv, mask, config.policy_loss.m2po_threshold,
-                     config.policy_loss.m2po_token_pool)
+    keep = m2po_mask(
+        token_log_ratio(log_prob, old, mask),
+        adv,
+        mask,
+        config.policy_loss.m2po_threshold,
+        config.policy_loss.m2po_token_pool,
+    )
     return [keep[s] for s in parts]
 
 
@@ -104,12 +120,16 @@ def test_loss_through_verls_ppo_loss_equals_the_registered_function(case):
 
     direct_values = values.detach().clone().requires_grad_(True)
     width = padded["old"].shape[1]
-    log_prob = torch.stack([torch.nn.functional.pad(direct_values[pos], (0, width - pos.numel())) for pos in padded["positions"]])
+    log_prob = torch.stack(
+        [torch.nn.functional.pad(direct_values[pos], (0, width - pos.numel())) for pos in padded["positions"]]
+    )
     config.global_batch_info.clear()
-    config.global_batch_info.update(dp_size=1, batch_num_tokens=padded["num_tokens"], global_batch_size=len(PROMPT_LENS),
-                                    loss_scale_factor=None)
-    direct, direct_metrics = get_policy_loss_fn(config.policy_loss.loss_mode)(padded["old"], log_prob, padded["adv"], padded["mask"],
-                                                                              agg, config)
+    config.global_batch_info.update(
+        dp_size=1, batch_num_tokens=padded["num_tokens"], global_batch_size=len(PROMPT_LENS), loss_scale_factor=None
+    )
+    direct, direct_metrics = get_policy_loss_fn(config.policy_loss.loss_mode)(
+        padded["old"], log_prob, padded["adv"], padded["mask"], agg, config
+    )
     (direct_grad,) = torch.autograd.grad(direct, direct_values)
 
     torch.testing.assert_close(loss, direct)
@@ -228,8 +248,9 @@ def _estimate(case: str, rewards, uids, dtype=F64, mask=None):
     token_rewards = token_rewards.unsqueeze(-1) if token_rewards.dim() == 1 else token_rewards
     mask = torch.ones_like(token_rewards) if mask is None else mask
     config = OmegaConf.create({"adv_estimator": name, "offpolicy": dict(example.offpolicy)})
-    advantages, returns = get_adv_estimator_fn(name)(token_level_rewards=token_rewards, response_mask=mask,
-                                                     index=np.array(uids, dtype=object), config=config)
+    advantages, returns = get_adv_estimator_fn(name)(
+        token_level_rewards=token_rewards, response_mask=mask, index=np.array(uids, dtype=object), config=config
+    )
     assert advantages.shape == token_rewards.shape and torch.equal(advantages, returns)
     return advantages
 

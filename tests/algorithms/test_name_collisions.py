@@ -18,7 +18,7 @@ TIMEOUT = 300
 
 # A module that verl imports before its plugins (VERL_USE_EXTERNAL_MODULES), as verl itself or another
 # plugin would define the names first: a loss and an estimator under two of our names.
-FOREIGN = '''
+FOREIGN = """
 from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 
 @register_policy_loss("topr")
@@ -28,14 +28,15 @@ def their_topr(*args, **kwargs):
 @register_adv_est("opmd")
 def their_opmd(*args, **kwargs):
     raise AssertionError("not ours")
-'''
+"""
 
 
 @pytest.fixture
 def foreign_first(tmp_path):
     (tmp_path / "their_losses.py").write_text(FOREIGN)
     return {
-        **os.environ, "VERL_USE_EXTERNAL_MODULES": "their_losses",
+        **os.environ,
+        "VERL_USE_EXTERNAL_MODULES": "their_losses",
         "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p),
     }
 
@@ -46,9 +47,14 @@ import json, verl
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 print(json.dumps([POLICY_LOSS_REGISTRY["topr"].__module__, ADV_ESTIMATOR_REGISTRY["opmd"].__module__]))
 """
-    proc = subprocess.run([sys.executable, "-c", code], env=foreign_first, capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=foreign_first, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == ["verl_offpolicy.glue.algorithms.topr", "verl_offpolicy.glue.algorithms.opmd"]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [
+        "verl_offpolicy.glue.algorithms.topr",
+        "verl_offpolicy.glue.algorithms.opmd",
+    ]
     assert "replaces the policy_loss 'topr' registered earlier by their_losses.their_topr" in proc.stderr
 
     state = fresh_process_state(foreign_first, TIMEOUT)  # doctor's probe of a fresh `import verl` process
@@ -93,6 +99,8 @@ print(json.dumps({"error": error, "collisions": collisions()}))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
-    assert out["error"].startswith("RegistrationError: verl-offpolicy: policy_loss 'rec' in verl's registry is __main__.late_rec")
+    assert out["error"].startswith(
+        "RegistrationError: verl-offpolicy: policy_loss 'rec' in verl's registry is __main__.late_rec"
+    )
     assert "actor_rollout_ref.actor.policy_loss.loss_mode=rec would not run verl-offpolicy's" in out["error"]
     assert [(c["kind"], c["name"], c["fatal"]) for c in out["collisions"]] == [("policy_loss", "rec", True)]

@@ -11,13 +11,12 @@ import math
 
 import pytest
 import torch
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+
+from tests.loss_helpers import call
 from verl_offpolicy.core.losses import m2po_keep, token_log_ratio
 from verl_offpolicy.glue.registration import POLICY_LOSSES
 from verl_offpolicy.tabular import actor
-
-from tests.loss_helpers import call
 
 F64 = torch.float64
 NAN, NINF = math.nan, -math.inf
@@ -101,5 +100,3 @@ def test_every_loss_raises_on_a_nan_log_prob(loss_mode):
     log_prob[2, 0] = NAN
     with pytest.raises(ValueError, match=r"batch position 2, token 0: log_prob nan, old_log_prob -0.3"):
         call(actor(loss_mode), old, log_prob, adv, mask)
-
-

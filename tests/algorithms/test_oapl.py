@@ -12,17 +12,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-from verl_offpolicy.glue.knobs import OffPolicyConfigError
-from verl_offpolicy.glue.validation import validate_parts
-from verl_offpolicy.tabular import actor
 
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.loss_helpers import call
-from verl_offpolicy.glue.validation import validate_offpolicy_config
+from verl_offpolicy.glue.knobs import OffPolicyConfigError
+from verl_offpolicy.glue.validation import validate_offpolicy_config, validate_parts
+from verl_offpolicy.tabular import actor
 
 F64 = torch.float64
 
@@ -102,7 +100,10 @@ def test_fresh_batch_gradient_is_reinforce_with_the_value_baseline():
 @pytest.mark.parametrize("adv_estimator, loss_mode", [("oapl", "vanilla"), ("grpo", "oapl")])
 def test_estimator_and_loss_go_together(adv_estimator, loss_mode):
     algorithm = OmegaConf.create({"adv_estimator": adv_estimator, "offpolicy": {}})
-    with pytest.raises(OffPolicyConfigError, match=r"algorithm\.adv_estimator=.* and actor_rollout_ref\.actor\.policy_loss\.loss_mode=.*OAPL needs both"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"algorithm\.adv_estimator=.* and actor_rollout_ref\.actor\.policy_loss\.loss_mode=.*OAPL needs both",
+    ):
         validate_parts(algorithm=algorithm, actor=actor(loss_mode))
     accepted = OmegaConf.create({"adv_estimator": "oapl", "offpolicy": {"ratio_anchor": "behaviour"}})
     validate_parts(algorithm=accepted, actor=actor("oapl", rollout_n=2))
@@ -123,22 +124,30 @@ def _oapl(*overrides):
 
 def test_one_response_per_group_is_refused():
     # K = 1: V̂* = β1·log exp(r/β1) = r, so A = r − r = 0 for every response (the estimator's singleton case above)
-    with pytest.raises(OffPolicyConfigError, match=r"algorithm\.adv_estimator=oapl estimates V̂\* from the prompt's group, but "
-                       r"actor_rollout_ref\.rollout\.n=1 gives one response per group: V̂\* = r, every advantage is 0 .*"
-                       r"set actor_rollout_ref\.rollout\.n >= 2"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"algorithm\.adv_estimator=oapl estimates V̂\* from the prompt's group, but "
+        r"actor_rollout_ref\.rollout\.n=1 gives one response per group: V̂\* = r, every advantage is 0 .*"
+        r"set actor_rollout_ref\.rollout\.n >= 2",
+    ):
         validate_offpolicy_config(_oapl("actor_rollout_ref.rollout.n=1"))
     validate_offpolicy_config(_oapl("actor_rollout_ref.rollout.n=2"))
 
 
 def test_the_proximal_anchor_is_refused():
     # Δ must be against π_lag, the weights that generated the group: behaviour (the preset's) or rollout
-    with pytest.raises(OffPolicyConfigError, match=r"algorithm\.adv_estimator=oapl regresses β2·log\(π/π_lag\) against the "
-                       r"policy that generated the group \(π_lag\), but algorithm\.offpolicy\.ratio_anchor=proximal .*"
-                       r"set algorithm\.offpolicy\.ratio_anchor to one of behaviour, rollout"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"algorithm\.adv_estimator=oapl regresses β2·log\(π/π_lag\) against the "
+        r"policy that generated the group \(π_lag\), but algorithm\.offpolicy\.ratio_anchor=proximal .*"
+        r"set algorithm\.offpolicy\.ratio_anchor to one of behaviour, rollout",
+    ):
         validate_offpolicy_config(_oapl("algorithm.offpolicy.ratio_anchor=proximal"))
     assert _oapl().algorithm.offpolicy.ratio_anchor == "behaviour"
     validate_offpolicy_config(_oapl())
-    validate_offpolicy_config(_oapl("algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"))
+    validate_offpolicy_config(
+        _oapl("algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true")
+    )
 
 
 # ------------------------------------------------------------------ the value estimate's numerics at large β1

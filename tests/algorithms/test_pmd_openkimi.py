@@ -12,14 +12,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
-from tests.hydra_utils import VALID_SIZES
-from verl_offpolicy.glue.compose import compose_main_ppo
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+from tests.hydra_utils import VALID_SIZES
+from verl_offpolicy.glue.compose import compose_main_ppo
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
 F64 = torch.float64
@@ -80,8 +80,12 @@ def test_clamped_estimator_matches_openkimi_ploo():
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5", "-1e-8"])
 def test_partition_clamp_outside_the_open_unit_interval_is_rejected(value):
-    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pmd_partition", *VALID_SIZES, f"algorithm.offpolicy.partition_clamp={value}"])
-    with pytest.raises(ValueError, match=r"algorithm\.offpolicy\.partition_clamp must be null \(exact form\) or a number in \(0, 1\)"):
+    cfg = compose_main_ppo(
+        "offpolicy_trainer", ["algorithm=pmd_partition", *VALID_SIZES, f"algorithm.offpolicy.partition_clamp={value}"]
+    )
+    with pytest.raises(
+        ValueError, match=r"algorithm\.offpolicy\.partition_clamp must be null \(exact form\) or a number in \(0, 1\)"
+    ):
         validate_offpolicy_config(cfg)
 
 
@@ -89,7 +93,9 @@ def test_preset_sets_openkimis_clamp_and_null_restores_the_exact_form():
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pmd_partition", *VALID_SIZES])
     assert cfg.algorithm.offpolicy.partition_clamp == 1e-8
     validate_offpolicy_config(cfg)
-    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pmd_partition", *VALID_SIZES, "algorithm.offpolicy.partition_clamp=null"])
+    cfg = compose_main_ppo(
+        "offpolicy_trainer", ["algorithm=pmd_partition", *VALID_SIZES, "algorithm.offpolicy.partition_clamp=null"]
+    )
     validate_offpolicy_config(cfg)
     assert cfg.algorithm.offpolicy.partition_clamp is None
 
@@ -164,9 +170,15 @@ def test_delta_is_nonzero_on_the_later_updates_of_a_batch():
 
 def test_preset_mini_batch_that_verl_cannot_split_into_micro_batches_is_rejected():
     # train 16 → 1 prompt per update × rollout.n 4 = 4 responses over 2 GPUs = 2 per rank: micro-batch 4 cannot split it
-    overrides = ["algorithm=pmd_mean", *SIZES_WITHOUT_MINI_BATCH, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+    overrides = [
+        "algorithm=pmd_mean",
+        *SIZES_WITHOUT_MINI_BATCH,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    ]
     cfg = compose_main_ppo("offpolicy_trainer", overrides)
     with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu to a divisor of 2"):
         validate_offpolicy_config(cfg)
     # the same micro-batch with a mini-batch that splits: accepted
-    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [*overrides, "actor_rollout_ref.actor.ppo_mini_batch_size=16"]))
+    validate_offpolicy_config(
+        compose_main_ppo("offpolicy_trainer", [*overrides, "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+    )

@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+
 from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS
-
 
 F64 = torch.float64
 NAN, NINF = math.nan, -math.inf
@@ -127,5 +126,3 @@ def test_integer_rewards_through_verls_registry():
         config=OmegaConf.create({"adv_estimator": "opmd", "offpolicy": {}}),
     )
     assert advantages[:, 0].tolist() == [2.25, -0.75, -0.75, -0.75]
-
-

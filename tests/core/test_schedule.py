@@ -54,7 +54,14 @@ def test_fifo_never_exceeds_s_plus_d_and_rollout_calls_every_s_steps(s, d):
 
 
 @pytest.mark.parametrize(
-    "s,d,key", [(0, 0, "sync_interval"), (1, -1, "sync_offset"), (1.5, 0, "sync_interval"), (True, 0, "sync_interval"), (2, "1", "sync_offset")]
+    "s,d,key",
+    [
+        (0, 0, "sync_interval"),
+        (1, -1, "sync_offset"),
+        (1.5, 0, "sync_interval"),
+        (True, 0, "sync_interval"),
+        (2, "1", "sync_offset"),
+    ],
 )
 def test_invalid_schedule_names_the_key(s, d, key):
     with pytest.raises(ValueError, match=f"algorithm.offpolicy.{key} must be an integer"):
@@ -107,7 +114,9 @@ def _queued_at_checkpoint(schedule: Schedule, saved: int, run_steps: int) -> set
     """The FIFO in the checkpoint of step ``saved`` of a run of ``run_steps`` steps that saves checkpoints: the
     batches generated at versions 0 .. saved - 1 (the versions that generate before that checkpoint, in both
     modes) for steps after ``saved``, as the trainer selects them (``generation_steps(..., past_end=True)``)."""
-    return {t for v in range(saved) for t in schedule.generation_steps(v, total_steps=run_steps, past_end=True) if t > saved}
+    return {
+        t for v in range(saved) for t in schedule.generation_steps(v, total_steps=run_steps, past_end=True) if t > saved
+    }
 
 
 @pytest.mark.parametrize("s,d", [(1, 0), (1, 1), (2, 0), (2, 1), (4, 1), (3, 5), (1, 3)])
@@ -126,7 +135,10 @@ def test_a_checkpointing_run_can_be_extended_at_the_scheduled_versions(s, d, run
         assert all(schedule.version(t) < run_steps for t in queued)
     # an intermediate checkpoint too (the run goes on past it; the extended run has more steps)
     for saved in range(1, run_steps):
-        assert schedule.steps_lost_at_resume(saved, run_steps + 5, _queued_at_checkpoint(schedule, saved, run_steps)) == [] or s + d > run_steps
+        assert (
+            schedule.steps_lost_at_resume(saved, run_steps + 5, _queued_at_checkpoint(schedule, saved, run_steps)) == []
+            or s + d > run_steps
+        )
 
 
 def test_past_end_generation_is_the_schedules_and_bounded():
@@ -164,15 +176,21 @@ def test_resuming_without_the_batches_says_why_and_what_to_do():
     message = str(failure.value)
     for part in (
         "resuming from the checkpoint of step 3 with trainer.total_training_steps=5",
-        "steps [4] train on batches generated at versions [2]", "sync_interval=1, sync_offset=1",
-        "those versions' weights are gone", "resume from an earlier checkpoint (one of step 2 or before)",
+        "steps [4] train on batches generated at versions [2]",
+        "sync_interval=1, sync_offset=1",
+        "those versions' weights are gone",
+        "resume from an earlier checkpoint (one of step 2 or before)",
         "trainer.resume_mode=disable",
     ):
         assert part in message, message
     with pytest.raises(RuntimeError, match=r"train to step 4 at most from this one \(trainer.total_training_steps=4\)"):
         Schedule(1, 2).check_resume(3, 6, queued={4: 1})  # v(5) = 2: lost; step 4 is queued
     # a checkpoint saved with another schedule: its queued batches are at other versions
-    with pytest.raises(RuntimeError, match=r"\(step, version\) \[\(4, 2\)\] were scheduled with another algorithm.offpolicy.sync_interval/sync_offset"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"\(step, version\) \[\(4, 2\)\] were scheduled with another "
+        r"algorithm.offpolicy.sync_interval/sync_offset",
+    ):
         Schedule(1, 0).check_resume(3, 6, queued={4: 2})  # (1, 0): v(4) = 3
 
 

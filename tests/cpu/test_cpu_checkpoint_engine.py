@@ -23,10 +23,10 @@ def transport_roundtrip() -> dict:
 
     import ray
     import torch
-
     import verl  # noqa: F401  (plugins first, as in a worker)
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
     from verl.utils.import_utils import import_external_libs
+
     from verl_offpolicy.glue.registration import CPU_CHECKPOINT_BACKEND, CPU_CHECKPOINT_MODULE
 
     registered_before_import = CPU_CHECKPOINT_BACKEND in CheckpointEngineRegistry._registry
@@ -47,8 +47,13 @@ def transport_roundtrip() -> dict:
         results = {"registered_before_import": registered_before_import}
 
         async def one_sync(scale: float, bucket_bytes: int):
-            actors = [CheckpointEngineRegistry.new(CPU_CHECKPOINT_BACKEND, bucket_size=bucket_bytes, is_master=r == 0) for r in range(2)]
-            rollouts = [CheckpointEngineRegistry.new(CPU_CHECKPOINT_BACKEND, bucket_size=bucket_bytes) for _ in range(2)]
+            actors = [
+                CheckpointEngineRegistry.new(CPU_CHECKPOINT_BACKEND, bucket_size=bucket_bytes, is_master=r == 0)
+                for r in range(2)
+            ]
+            rollouts = [
+                CheckpointEngineRegistry.new(CPU_CHECKPOINT_BACKEND, bucket_size=bucket_bytes) for _ in range(2)
+            ]
             metadata = [e.prepare() for e in actors + rollouts]
             actor_kw, rollout_kw = type(actors[0]).build_topology(2, 2, metadata)
             for i, e in enumerate(actors):

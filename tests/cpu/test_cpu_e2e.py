@@ -77,15 +77,31 @@ RC = "algorithm.rollout_correction"
 
 PRESET_RUNS = {
     # +algorithm=asymre on verl's config, with token-level TIS (weights π_old/π_rollout truncated at 2)
-    "asymre-stock-config-token_tis": ("asymre", "ppo_trainer", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),
+    "asymre-stock-config-token_tis": (
+        "asymre",
+        "ppo_trainer",
+        [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"],
+    ),
     # algorithm=agro on ours, with sequence-level MIS (IcePop bounds: sequence weights outside [0.5, 2] are zeroed)
-    "agro-primary-config-seq_mis": ("agro", "offpolicy_trainer", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),
+    "agro-primary-config-seq_mis": (
+        "agro",
+        "offpolicy_trainer",
+        [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"],
+    ),
     # the behaviour-anchored rec_oneside_nois at (4, 1) with sequence IS in IcePop's band and geometric rejection:
     # on stale batches verl's correction compares π_behaviour with π_rollout (glue/scheduler/correction.py)
-    "rec_oneside_nois-s4d1-seq_icepop_geo_rs": ("rec_oneside_nois", "offpolicy_trainer", [
-        f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0", f"{RC}.rollout_rs=seq_mean_k1",
-        f"{RC}.rollout_rs_threshold=0.9_1.1", "algorithm.offpolicy.sync_interval=4", "algorithm.offpolicy.sync_offset=1",
-    ]),
+    "rec_oneside_nois-s4d1-seq_icepop_geo_rs": (
+        "rec_oneside_nois",
+        "offpolicy_trainer",
+        [
+            f"{RC}.rollout_is=sequence",
+            f"{RC}.rollout_is_threshold=0.5_2.0",
+            f"{RC}.rollout_rs=seq_mean_k1",
+            f"{RC}.rollout_rs_threshold=0.9_1.1",
+            "algorithm.offpolicy.sync_interval=4",
+            "algorithm.offpolicy.sync_offset=1",
+        ],
+    ),
 }
 # The asymre case runs in the extended tier: the default run keeps the claim it shares with agro (verl's rollout
 # correction weights multiplied into our loss: one code path for every loss, glue/losses.py::_aggregate) and a
@@ -110,7 +126,9 @@ def _start_preset_runs(demo_runs, cases):
     for case in cases:
         preset, config_name, correction = PRESET_RUNS[case]
         steps = CASE_STEPS.get(case, STEPS)
-        runs[case] = demo_runs.start(preset, steps, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True)
+        runs[case] = demo_runs.start(
+            preset, steps, ["trainer.test_freq=-1", *correction], config_name, TIMEOUT, name=case, plot=True
+        )
     return lambda case: runs[case].result()
 
 
@@ -132,7 +150,8 @@ def _check_behaviour_corrections(result):
     On every stale step verl's rollout_corr/* describe π_behaviour against π_rollout, the two engines at the same
     weights: the KL is tiny, every weight ≈ 1 and nothing is rejected, while the same step's anchor_corr KL
     (π_proximal against π_behaviour: the staleness) is at least STALE_KL_FACTOR times larger. Computed on the
-    proximal policy (verl's decoupled pair, the negative control of tests/scheduler/test_rollout_correction_anchor.py), the
+    proximal policy (verl's decoupled pair, the negative control of
+    tests/scheduler/test_rollout_correction_anchor.py), the
     correction would carry that staleness.
     """
     stale = [m for m in result.metrics if m["training/off_policy/trajectory_staleness/mean"] > 0]
@@ -144,7 +163,9 @@ def _check_behaviour_corrections(result):
         assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05), m["rollout_corr/rollout_is_mean"]
         assert m["rollout_corr/rollout_rs_masked_fraction"] == 0.0, m["rollout_corr/rollout_rs_masked_fraction"]
     # the schedule held: step t trains version 4·max(0, ⌊(t − 2)/4⌋)
-    assert [m["offpolicy/version"] for m in result.metrics] == [4 * max(0, (m["step"] - 2) // 4) for m in result.metrics]
+    assert [m["offpolicy/version"] for m in result.metrics] == [
+        4 * max(0, (m["step"] - 2) // 4) for m in result.metrics
+    ]
 
 
 @pytest.mark.timeout(LEARN_TIMEOUT + 300)
@@ -194,7 +215,9 @@ def test_our_presets_train_through_main_ppo_with_our_estimator_loss_and_trainer_
 def _check_preset_run(case, result):
     """The claim of the two tests above on the run of ``case``."""
     preset = PRESET_RUNS[case][0]
-    if case in CASE_STEPS:  # a stale run: verl's rollout_probs_diff compares the proximal policy, check_completed's 1e-3 is for fresh
+    if (
+        case in CASE_STEPS
+    ):  # a stale run: verl's rollout_probs_diff compares the proximal policy, check_completed's 1e-3 is for fresh
         assert [m["step"] for m in result.metrics] == list(range(1, CASE_STEPS[case] + 1))
         _check_behaviour_corrections(result)
         return
@@ -256,7 +279,9 @@ class DemoProcess:
         self.home.mkdir()
         self.out = tmp_path / "out"
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
+        )
         env["HOME"] = str(self.home)
         for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
             env[name] = str(self.home / name.lower())
@@ -280,7 +305,9 @@ class DemoProcess:
     def wait_for(self, predicate, what: str, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
-            assert self.proc.poll() is None, f"the demo exited ({self.proc.returncode}) before {what}:\n" + "\n".join(self.lines[-40:])
+            assert self.proc.poll() is None, f"the demo exited ({self.proc.returncode}) before {what}:\n" + "\n".join(
+                self.lines[-40:]
+            )
             assert time.monotonic() < deadline, f"no {what} within {timeout}s:\n" + "\n".join(self.lines[-40:])
             time.sleep(0.5)
 
@@ -334,7 +361,10 @@ class DemoProcess:
             problems.append("a traceback was printed")
         name = signal.Signals(signum).name
         last = self.lines[-1] if self.lines else ""
-        if not (last.startswith(f"verl-offpolicy demo: interrupted by {name}: ") and f"partial output in {self.out} " in last):
+        if not (
+            last.startswith(f"verl-offpolicy demo: interrupted by {name}: ")
+            and f"partial output in {self.out} " in last
+        ):
             problems.append(f"last line: {last!r}")
         _, alive = psutil.wait_procs(self.recorded, timeout=5)
         alive = [" ".join(p.cmdline()) for p in alive if _running(p)]
@@ -413,8 +443,14 @@ def test_sigkill_of_the_demo_ends_its_run_and_the_next_start_removes_what_it_lef
         assert Path(demo.ray_dir).is_dir()  # left behind: the demo could not remove it
         a_file = tmp_path / "a_file"  # a start refused at once (its output dir is a file), after the clean-up
         a_file.write_text("x")
-        second = subprocess.run([CLI, "demo", "--output-dir", str(a_file)], capture_output=True, text=True, timeout=300,
-                                env=demo.env, stdin=subprocess.DEVNULL)
+        second = subprocess.run(
+            [CLI, "demo", "--output-dir", str(a_file)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=demo.env,
+            stdin=subprocess.DEVNULL,
+        )
         assert second.returncode == 2 and "is not a directory" in second.stderr, second.stderr
         assert not Path(demo.ray_dir).exists()
         _, alive = psutil.wait_procs(procs, timeout=KILLED_RUN_ENDS_S)  # the clean-up waits for what it ends

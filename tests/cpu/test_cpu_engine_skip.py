@@ -19,14 +19,17 @@ PROBE = """
 import json, sys
 import verl.workers.engine as engines
 from verl_offpolicy.glue.registration import registration_failure
-print(json.dumps({"megatron_imported": "megatron.core" in sys.modules, "megatron_engine": engines.MegatronEngine is not None,
+print(json.dumps({"megatron_imported": "megatron.core" in sys.modules,
+                  "megatron_engine": engines.MegatronEngine is not None,
                   "fsdp_engine": engines.FSDPEngine is not None, "failure": registration_failure()}))
 """
 
 
 def _probe(**env: str) -> dict:
     base = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_OFFPOLICY_CPU_SKIP_ENGINES")}
-    proc = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -46,7 +49,10 @@ def test_the_variable_does_nothing_outside_the_cpu_platform():
 @pytest.mark.slow
 def test_an_unknown_engine_name_is_a_registration_failure_naming_the_variable():
     failure = _probe(VERL_PLATFORM="cpu", VERL_OFFPOLICY_CPU_SKIP_ENGINES="megatron,fsdp")["failure"]
-    assert "VERL_OFFPOLICY_CPU_SKIP_ENGINES=megatron,fsdp: unknown engine(s) ['fsdp']; allowed: megatron, mindspeed" in failure
+    assert (
+        "VERL_OFFPOLICY_CPU_SKIP_ENGINES=megatron,fsdp: unknown engine(s) ['fsdp']; allowed: megatron, mindspeed"
+        in failure
+    )
 
 
 def test_the_fsdp_overlay_sets_it_for_the_workers_and_the_megatron_overlay_does_not():

@@ -73,8 +73,11 @@ from verl.checkpoint_engine import CheckpointEngineRegistry
 print(json.dumps({
     "platform": get_platform().device_name,
     "gloo_wrapper": is_patched(d.initialize_global_process_group_ray),
-    "hf_rollout_imported": any(m in sys.modules for m in ("verl_offpolicy.cpu.rollout", "verl_offpolicy.cpu.hf_server")),
-    "cpu_transport": "verl_offpolicy.cpu.checkpoint_engine" in sys.modules or "cpu_mailbox" in CheckpointEngineRegistry._registry,
+    "hf_rollout_imported": any(
+        m in sys.modules for m in ("verl_offpolicy.cpu.rollout", "verl_offpolicy.cpu.hf_server")
+    ),
+    "cpu_transport": "verl_offpolicy.cpu.checkpoint_engine" in sys.modules
+    or "cpu_mailbox" in CheckpointEngineRegistry._registry,
     "separate_async_logger": type(separate_async.logger).__name__,
 }))
 """,

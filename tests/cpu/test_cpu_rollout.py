@@ -77,7 +77,11 @@ def test_sample_next_reports_what_vllm_reports_for_each_logprobs_mode():
     # greedy with a penalty of 10 on token 1: logits [0, 0.3, 1, 2.9] pick token 3; raw modes ignore the penalty
     greedy, seen = _key(temperature=0, repetition_penalty=10.0), torch.tensor([[1]])
     z_penalised = math.log(1 + math.exp(0.3) + math.exp(1) + math.exp(2.9))
-    for mode, value in (("processed_logprobs", 2.9 - z_penalised), ("raw_logprobs", 2.9 - z_raw), ("processed_logits", 2.9)):
+    for mode, value in (
+        ("processed_logprobs", 2.9 - z_penalised),
+        ("raw_logprobs", 2.9 - z_raw),
+        ("processed_logits", 2.9),
+    ):
         t, got = sample_next(logits, greedy, torch.Generator(), seen, logprobs_mode=mode)
         assert t.tolist() == [3] and got.item() == pytest.approx(value, abs=1e-5), mode
     with pytest.raises(ValueError, match="logprobs_mode='logprobs'; allowed values: processed_logprobs, raw_logprobs"):
@@ -151,7 +155,9 @@ def test_sampling_of_a_request_does_not_depend_on_its_batch():
     key = _key(temperature=0.9, top_k=5)
     seeds = [3, 14, 15, 92, 65, 35]
     batched, _ = sample_next(logits, key, [torch.Generator().manual_seed(s) for s in seeds])
-    alone = [sample_next(logits[i : i + 1], key, [torch.Generator().manual_seed(s)])[0].item() for i, s in enumerate(seeds)]
+    alone = [
+        sample_next(logits[i : i + 1], key, [torch.Generator().manual_seed(s)])[0].item() for i, s in enumerate(seeds)
+    ]
     assert batched.tolist() == alone
     reordered, _ = sample_next(logits.flip(0), key, [torch.Generator().manual_seed(s) for s in reversed(seeds)])
     assert reordered.flip(0).tolist() == batched.tolist()

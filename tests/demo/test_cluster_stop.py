@@ -69,8 +69,10 @@ def test_stop_under_timeout_with_a_relative_dir_ends_the_recorded_cluster_and_sp
     process: the dir went, all of them lived on). A process that merely names the dir, and another dir's, live on."""
     path, logs = _cluster_dir(tmp_path)
     # the server outlives `cluster start`, an orphan of init
-    server = _orphan(f"{sys.executable} -c 'import subprocess, time; subprocess.Popen([\"sleep\", \"300\"]); time.sleep(300)' "
-                     ">/dev/null 2>&1")
+    server = _orphan(
+        f'{sys.executable} -c \'import subprocess, time; subprocess.Popen(["sleep", "300"]); time.sleep(300)\' '
+        ">/dev/null 2>&1"
+    )
     ray_proc = _sleeper(f"--session-dir={path}/ray/session_1")
     with open(logs / "dashboard_agent.out", "w") as log:  # its command line is `sleep 300`: no dir in it
         agent = subprocess.Popen(["sleep", "300"], stdout=log)
@@ -81,9 +83,27 @@ def test_stop_under_timeout_with_a_relative_dir_ends_the_recorded_cluster_and_sp
     _record_server(path, server)
     procs = [psutil.Process(p.pid) for p in (ray_proc, agent, bystander, other)] + [server, child]
     try:
-        proc = subprocess.run(["timeout", "120", "env", f"VO_CLUSTER={path}", f"VO_RAY_DIR={path}/ray", sys.executable, "-m",
-                               "verl_offpolicy.cli", "cluster", "stop", "--dir", path.name],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=180, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"})
+        proc = subprocess.run(
+            [
+                "timeout",
+                "120",
+                "env",
+                f"VO_CLUSTER={path}",
+                f"VO_RAY_DIR={path}/ray",
+                sys.executable,
+                "-m",
+                "verl_offpolicy.cli",
+                "cluster",
+                "stop",
+                "--dir",
+                path.name,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         for p in (ray_proc, agent):
             assert p.wait(timeout=60) is not None
@@ -141,12 +161,16 @@ def test_the_next_start_ends_a_killed_runs_retitled_agents_found_by_their_sessio
     live = Path(make_owned_temp_dir("vo-ray-", str(tmp_path)))
     (live / "ray" / "session_2" / "logs").mkdir(parents=True)
     logs = killed / "ray" / "session_1" / "logs"
-    agents = [_orphan(f"sleep 300 >{logs}/dashboard_agent.out 2>{logs}/dashboard_agent.err"),
-              _orphan(f"sleep 301 >{logs}/runtime_env_agent.out 2>&1")]
+    agents = [
+        _orphan(f"sleep 300 >{logs}/dashboard_agent.out 2>{logs}/dashboard_agent.err"),
+        _orphan(f"sleep 301 >{logs}/runtime_env_agent.out 2>&1"),
+    ]
     bystander = _orphan(f"sleep 302 >{live}/ray/session_2/logs/dashboard_agent.out 2>&1")
     try:
         assert all(a.ppid() != os.getpid() for a in agents)  # orphans: no parent to find them by
-        assert {p.pid for p in session_processes(str(killed))} & {a.pid for a in agents} == set()  # the old sweep's blind spot
+        assert {p.pid for p in session_processes(str(killed))} & {
+            a.pid for a in agents
+        } == set()  # the old sweep's blind spot
         assert remove_dead_owners_dirs("vo-ray-", str(tmp_path), grace_s=2.0) == [str(killed)]
         _, alive = psutil.wait_procs(agents, timeout=60)
         assert alive == [] and not killed.exists()
@@ -185,16 +209,29 @@ def test_a_sigkilled_ray_driver_leaves_its_agents_and_the_next_sweep_ends_them()
 
     from verl_offpolicy.cpu.platform import LOOPBACK_ENV
     from verl_offpolicy.demo.environment import ray_token_env
-    from verl_offpolicy.demo.process import OWNER_NAME, dir_processes, ray_dir_in, remove_dead_owners_dirs, session_processes
+    from verl_offpolicy.demo.process import (
+        OWNER_NAME,
+        dir_processes,
+        ray_dir_in,
+        remove_dead_owners_dirs,
+        session_processes,
+    )
 
     path = Path(tempfile.mkdtemp(prefix="vo-sweep-e2e-", dir="/tmp"))  # Ray's socket paths must stay short
     env = {**os.environ, **LOOPBACK_ENV, **ray_token_env(path, {}), "RAY_USAGE_STATS_ENABLED": "0"}
     for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
         env.pop(key, None)
-    driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, ray_dir_in(path)], env=env, cwd=str(path),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", RAY_DRIVER, ray_dir_in(path)],
+        env=env,
+        cwd=str(path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     (path / OWNER_NAME).write_text(f"{driver.pid} {psutil.Process(driver.pid).create_time()}\n")
     try:
+
         def agents():
             procs = [p for p in dir_processes(str(path)) if _alive(p) and p.name() in AGENT_TITLES]
             return procs if {p.name() for p in procs} == set(AGENT_TITLES) else None
@@ -203,8 +240,11 @@ def test_a_sigkilled_ray_driver_leaves_its_agents_and_the_next_sweep_ends_them()
         assert all(" ".join(p.cmdline()).strip() in AGENT_TITLES for p in found)  # retitled: no dir in the cmdline
         driver.kill()
         driver.wait(timeout=60)
-        _wait_for(lambda: not any(_alive(p) and p.name() in ("raylet", "gcs_server") for p in dir_processes(str(path))),
-                  120, "the raylet and GCS end with their driver")
+        _wait_for(
+            lambda: not any(_alive(p) and p.name() in ("raylet", "gcs_server") for p in dir_processes(str(path))),
+            120,
+            "the raylet and GCS end with their driver",
+        )
         assert [p for p in found if _alive(p)] == found, "the agents ended with the raylet: nothing to sweep here"
         assert {p.pid for p in session_processes(str(path))} & {p.pid for p in found} == set()
         assert remove_dead_owners_dirs("vo-sweep-e2e-", "/tmp", grace_s=10.0) == [str(path)]

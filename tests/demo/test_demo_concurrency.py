@@ -25,9 +25,23 @@ QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 
 def _demo(out: Path, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--steps", "2", "--output-dir", str(out),
-               "--timeout", str(RUN_TIMEOUT), *args, *QUIET]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    command = [
+        sys.executable,
+        "-m",
+        "verl_offpolicy.cli",
+        "demo",
+        "--steps",
+        "2",
+        "--output-dir",
+        str(out),
+        "--timeout",
+        str(RUN_TIMEOUT),
+        *args,
+        *QUIET,
+    ]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL
+    )
 
 
 def test_two_demos_at_once_both_finish_and_leave_nothing(tmp_path):

@@ -59,7 +59,12 @@ def test_the_study_model_composes_to_its_setting(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import smollm2_study
 
-    tail = run_overrides("rec_oneside_nois", "offpolicy_trainer", smollm2_study.MODEL, smollm2_study.study_overrides((4, 4), tmp_path / "run"))
+    tail = run_overrides(
+        "rec_oneside_nois",
+        "offpolicy_trainer",
+        smollm2_study.MODEL,
+        smollm2_study.study_overrides((4, 4), tmp_path / "run"),
+    )
     keys = [o.lstrip("+").split("=", 1)[0] for o in get_model(smollm2_study.MODEL).overrides]
     assert len(keys) == len(set(keys))  # each setting once
     cfg = compose_and_check("offpolicy_trainer", ["+cpu=demo", f"actor_rollout_ref.model.path={tmp_path}", *tail])
@@ -82,7 +87,9 @@ def test_the_studys_noise_yardstick_is_the_largest_drop_within_one_run(monkeypat
 
     records = {
         ("a", (1, 0)): {"validation": {"0": 0.2, "10": 0.5, "20": 0.3, "30": 0.6}},
-        ("b", (4, 4)): {"validation": {"20": 0.2, "0": 0.2, "10": 0.25, "30": 0.65}},  # keys out of order, as JSON may hold them
+        ("b", (4, 4)): {
+            "validation": {"20": 0.2, "0": 0.2, "10": 0.25, "30": 0.65}
+        },  # keys out of order, as JSON may hold them
     }
     drop, where = smollm2_study.largest_drop(records)
     assert drop == pytest.approx(0.2) and where == "a (1, 0), steps 10 -> 20"

@@ -10,13 +10,17 @@ REAL_LINES = [
     "ray init kwargs: {'num_cpus': 16}",
     "2026-11-23 16:33:12,527\tINFO worker.py:2038 -- Started a local Ray instance.",
     "\x1b[36m(TaskRunnerV1 pid=19104)\x1b[0m INFO:2026-11-23 16:33:20,139:Platform override from VERL_PLATFORM: cpu",
-    "\x1b[36m(TaskRunnerV1 pid=19104)\x1b[0m {'actor_rollout_ref': {'actor': {'_target_': 'verl.workers.config.FSDPActorConfig',",
+    "\x1b[36m(TaskRunnerV1 pid=19104)\x1b[0m {'actor_rollout_ref': {'actor': {'_target_': "
+    "'verl.workers.config.FSDPActorConfig',",
     "\x1b[36m(WorkerDict pid=19257)\x1b[0m INFO:2026-11-23 16:33:36,025:Platform override from VERL_PLATFORM: cpu",
     "\x1b[36m(WorkerDict pid=19257)\x1b[0m LlamaForCausalLM contains 77.12K parameters",
-    "\x1b[36m(HFRolloutServer pid=19306)\x1b[0m INFO:2026-11-23 16:33:44,059:hf rollout server 0 ready: model /x/tiny/model (torch.float32), 2 threads, max_model_len 16",
-    "\x1b[36m(WorkerDict pid=19257)\x1b[0m INFO:2026-11-23 16:33:44,192:hf rollout: synced 21 tensors to replica 0 (global_steps=0) in 0.05s",
+    "\x1b[36m(HFRolloutServer pid=19306)\x1b[0m INFO:2026-11-23 16:33:44,059:hf rollout server 0 ready: model "
+    "/x/tiny/model (torch.float32), 2 threads, max_model_len 16",
+    "\x1b[36m(WorkerDict pid=19257)\x1b[0m INFO:2026-11-23 16:33:44,192:hf rollout: synced 21 tensors to replica "
+    "0 (global_steps=0) in 0.05s",
     "(TaskRunnerV1 pid=19104) ('Initial validation metrics: {...}')",
-    "\x1b[36m(WorkerDict pid=19257)\x1b[0m INFO:2026-11-23 16:33:54,208:hf rollout: synced 21 tensors to replica 0 (global_steps=1) in 0.02s",
+    "\x1b[36m(WorkerDict pid=19257)\x1b[0m INFO:2026-11-23 16:33:54,208:hf rollout: synced 21 tensors to replica "
+    "0 (global_steps=1) in 0.02s",
     "(TaskRunnerV1 pid=19104) step:1 - critic/score/mean:0.109 - timing_s/step:9.87",
     "(TaskRunnerV1 pid=19104) step:2 - critic/score/mean:0.2 - timing_s/step:2.3",
 ]
@@ -29,7 +33,9 @@ def test_every_phase_reported_once_in_order_with_elapsed_seconds():
     assert shown[0] == "[cpu-demo]    1.0 s  configuration composed and checked"
     assert shown[1] == "[cpu-demo]    3.0 s  Ray started (127.0.0.1)"
     assert shown[4] == "[cpu-demo]    7.0 s  model loaded in the training worker: LlamaForCausalLM, 77.12K parameters"
-    assert shown[6] == "[cpu-demo]    9.0 s  weights synced trainer -> rollout"  # global_steps=0 only, not the step-1 sync
+    assert (
+        shown[6] == "[cpu-demo]    9.0 s  weights synced trainer -> rollout"
+    )  # global_steps=0 only, not the step-1 sync
     assert shown[-1] == "[cpu-demo]   12.0 s  first training step done"
 
 

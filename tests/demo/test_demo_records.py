@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from verl_offpolicy.demo.errors import DemoInputError
-from verl_offpolicy.demo.records import PART_NAME, RESTART_KEY, continued_step, log_banner, merge_part, resume_step, start_records
+from verl_offpolicy.demo.records import (
+    PART_NAME,
+    RESTART_KEY,
+    continued_step,
+    log_banner,
+    merge_part,
+    resume_step,
+    start_records,
+)
 from verl_offpolicy.demo.results import read_metrics, restarts, training_metrics
 
 
@@ -42,7 +50,11 @@ def test_nothing_left_to_train_is_refused_with_what_to_do(tmp_path):
     _checkpoint(tmp_path / "checkpoints", 4)
     assert continued_step(tmp_path, [], steps=6) == 4
     for steps in (4, 3):
-        with pytest.raises(DemoInputError, match=r"holds a checkpoint of step 4: a run of \d steps resumed from it has nothing to train\. Pass --steps > 4"):
+        with pytest.raises(
+            DemoInputError,
+            match=r"holds a checkpoint of step 4: a run of \d steps resumed from it has nothing to train\. "
+            r"Pass --steps > 4",
+        ):
             continued_step(tmp_path, [], steps=steps)
     assert continued_step(tmp_path, ["trainer.resume_mode=disable"], steps=3) == 0
 
@@ -60,7 +72,12 @@ def test_a_resumed_rerun_keeps_every_record_and_reads_back_steps_1_to_n(tmp_path
     assert lines[:3] == earlier  # nothing lost
     assert json.loads(lines[3]) == {"step": 2, "data": {RESTART_KEY: 2}}  # the resume, visible
     by_step = read_metrics(tmp_path / "metrics.jsonl")
-    assert [(m["step"], m["critic/score/mean"]) for m in training_metrics(by_step)] == [(1, 0.1), (2, 0.2), (3, 0.33), (4, 0.4)]
+    assert [(m["step"], m["critic/score/mean"]) for m in training_metrics(by_step)] == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.33),
+        (4, 0.4),
+    ]
     assert restarts(tmp_path / "metrics.jsonl") == [2]
 
 
@@ -69,7 +86,9 @@ def test_a_fresh_rerun_keeps_the_earlier_records_but_reads_only_its_own(tmp_path
     start_records(tmp_path, resumed=0).write_text(_record(1, 0.5) + "\n")
     merge_part(tmp_path)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
-    assert [(m["step"], m["critic/score/mean"]) for m in training_metrics(read_metrics(tmp_path / "metrics.jsonl"))] == [(1, 0.5)]
+    assert [
+        (m["step"], m["critic/score/mean"]) for m in training_metrics(read_metrics(tmp_path / "metrics.jsonl"))
+    ] == [(1, 0.5)]
 
 
 def test_the_first_run_writes_metrics_jsonl_itself_and_a_killed_reruns_records_are_merged_next_time(tmp_path):
@@ -95,5 +114,7 @@ def test_a_start_that_failed_before_logging_and_its_retry_mark_one_restart(tmp_p
 def test_the_log_banner_marks_a_rerun(tmp_path):
     assert log_banner(tmp_path, 2, 6) == ""  # no earlier log: written anew
     (tmp_path / "train.log").write_text("step:2 - ...\n")
-    assert "a new run in this directory, resumed from the checkpoint of step 2: steps 3..6" in log_banner(tmp_path, 2, 6)
+    assert "a new run in this directory, resumed from the checkpoint of step 2: steps 3..6" in log_banner(
+        tmp_path, 2, 6
+    )
     assert "started from scratch" in log_banner(tmp_path, 0, 6)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,12 +43,26 @@ TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def _command(out: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(steps), "--output-dir", str(out), *OVERRIDES]
+    return [
+        sys.executable,
+        "-m",
+        "verl_offpolicy.cli",
+        "demo",
+        "--preset",
+        "opmd",
+        "--steps",
+        str(steps),
+        "--output-dir",
+        str(out),
+        *OVERRIDES,
+    ]
 
 
 def _env(base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
+    )
     return env
 
 
@@ -60,7 +73,9 @@ def _checkpointed(out: Path) -> int:
         return 0
 
 
-def _run(out: Path, steps: int, env: dict[str, str], interrupt_at_checkpoint: int | None = None) -> tuple[int, str, float]:
+def _run(
+    out: Path, steps: int, env: dict[str, str], interrupt_at_checkpoint: int | None = None
+) -> tuple[int, str, float]:
     """One demo run to its end (or SIGINT to its process group once the checkpoint of that step is complete);
     (exit code, its output, seconds). Killed with its process tree if it overruns :data:`RUN_TIMEOUT`."""
     start = time.monotonic()
@@ -68,7 +83,9 @@ def _run(out: Path, steps: int, env: dict[str, str], interrupt_at_checkpoint: in
     try:
         if interrupt_at_checkpoint is not None:
             while proc.poll() is None and _checkpointed(out) < interrupt_at_checkpoint:
-                assert time.monotonic() - start < RUN_TIMEOUT, f"no step-{interrupt_at_checkpoint} checkpoint within {RUN_TIMEOUT}s"
+                assert time.monotonic() - start < RUN_TIMEOUT, (
+                    f"no step-{interrupt_at_checkpoint} checkpoint within {RUN_TIMEOUT}s"
+                )
                 time.sleep(0.5)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
@@ -94,7 +111,9 @@ def _chain(out: Path, env: dict[str, str]) -> dict:
 @queued_at_start()
 def rerun_chain(demo_runs):
     """The chain of the module docstring, a shared job queued at the session's start (its output dir: ``["out"]``)."""
-    return demo_runs.submit(("demo_rerun_chain",), lambda: _chain(demo_runs.tmp_dir("rerun") / "out", demo_runs.environ))
+    return demo_runs.submit(
+        ("demo_rerun_chain",), lambda: _chain(demo_runs.tmp_dir("rerun") / "out", demo_runs.environ)
+    )
 
 
 def test_a_rerun_continues_at_the_scheduled_versions_and_keeps_every_record(rerun_chain):
@@ -112,7 +131,9 @@ def test_a_rerun_continues_at_the_scheduled_versions_and_keeps_every_record(reru
     code, output, _ = runs["rerun"]
     assert code == 0, output[-3000:]
     assert f"[cpu-demo] resuming from the checkpoint of step {resumed} " in output
-    assert f"[cpu-demo] finished {STEPS} training steps (steps 1..{resumed} by the earlier run(s)" in output, output[-3000:]
+    assert f"[cpu-demo] finished {STEPS} training steps (steps 1..{resumed} by the earlier run(s)" in output, output[
+        -3000:
+    ]
 
     # metrics.jsonl: every record of every run, in order, the restarts marked; read back: steps 1..3, each
     # trained at the version the schedule gives it ((1, 1): v(t) = max(0, t - 2)), step 2 by the resumed run 2
@@ -130,14 +151,23 @@ def test_a_rerun_continues_at_the_scheduled_versions_and_keeps_every_record(reru
     metrics = training_metrics(read_metrics(out / "metrics.jsonl"))
     assert [m["step"] for m in metrics] == [s for s in range(1, STEPS + 1) if s not in unlogged]
     version = {1: 0, 2: 0, 3: 1, 4: 2, 5: 3}  # (1, 1): v(t) = max(0, t - 2)
-    assert {m["step"]: int(m["offpolicy/version"]) for m in metrics} == {s: version[s] for s in version if s not in unlogged}
+    assert {m["step"]: int(m["offpolicy/version"]) for m in metrics} == {
+        s: version[s] for s in version if s not in unlogged
+    }
     # verl's own staleness (from the rollout's version tags) agrees: (t − 1) − v(t), 0 1 1 1 1
     staleness = {1: 0, 2: 1, 3: 1, 4: 1, 5: 1}
-    assert {m["step"]: int(m["training/off_policy/trajectory_staleness/max"]) for m in metrics} == {s: staleness[s] for s in staleness if s not in unlogged}
+    assert {m["step"]: int(m["training/off_policy/trajectory_staleness/max"]) for m in metrics} == {
+        s: staleness[s] for s in staleness if s not in unlogged
+    }
     assert not (out / PART_NAME).exists()
 
     # train.log: run 1's lines first, then a banner per re-run
     log = (out / "train.log").read_text(errors="replace")
     banner = log.index(f"a new run in this directory, resumed from the checkpoint of step 1: steps 2..{STEPS}")
     assert "step:1 - " in log[:banner]
-    assert log.index(f"a new run in this directory, resumed from the checkpoint of step {resumed}: steps {resumed + 1}..{STEPS}") > banner
+    assert (
+        log.index(
+            f"a new run in this directory, resumed from the checkpoint of step {resumed}: steps {resumed + 1}..{STEPS}"
+        )
+        > banner
+    )

@@ -21,8 +21,16 @@ RECORDS = [
     {"step": 0, "data": {VAL: 0.05, "val-core/verl_offpolicy/repeat/acc/mean@1": 0.05}},  # before training
     {"step": 1, "data": {"critic/score/mean": 0.1, "timing_s/step": 10.0}},
     {"step": 1, "data": {"training/rollout_probs_diff_max": 0.002, "training/rollout_probs_diff_mean": 0.001}},
-    {"step": 2, "data": {"critic/score/mean": 0.3, "timing_s/step": 4.0, VAL: 0.5,
-                         "training/rollout_probs_diff_max": 0.004, "training/rollout_probs_diff_mean": 0.003}},
+    {
+        "step": 2,
+        "data": {
+            "critic/score/mean": 0.3,
+            "timing_s/step": 4.0,
+            VAL: 0.5,
+            "training/rollout_probs_diff_max": 0.004,
+            "training/rollout_probs_diff_mean": 0.003,
+        },
+    },
 ]
 
 
@@ -68,7 +76,10 @@ def test_progress_line_of_verls_step_line():
         "(TaskRunnerV1 pid=19104) step:3 - actor/pg_loss:np.float64(-0.0123456) - critic/score/mean:0.109375 - "
         f"timing_s/step:2.4956220470 - training/rollout_probs_diff_max:0.00012345 - {VAL}:0.75"
     )
-    assert progress_line(line) == "[cpu-demo] step 3: reward=0.1094 step_s=2.496 pg_loss=-0.01235 |p_rollout-p_actor|max=0.0001234 val=0.75"
+    assert (
+        progress_line(line)
+        == "[cpu-demo] step 3: reward=0.1094 step_s=2.496 pg_loss=-0.01235 |p_rollout-p_actor|max=0.0001234 val=0.75"
+    )
     assert progress_line("ValueError: bad key") == "[cpu-demo] ValueError: bad key"
     assert progress_line("UserWarning: FutureWarning: something") is None
     assert progress_line("INFO: nothing to see") is None
@@ -102,8 +113,13 @@ def test_a_run_ended_by_a_dead_actor_names_it_in_one_line(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(DEAD_SERVER_LOG)
     message = failure_message(1, log)
-    assert message.startswith("main_ppo exited with status 1: the Ray actor hf_server_0_0 (HFRolloutServer, pid 6959) died: ")
+    assert message.startswith(
+        "main_ppo exited with status 1: the Ray actor hf_server_0_0 (HFRolloutServer, pid 6959) died: "
+    )
     assert "Worker unexpectedly exits with a connection error code 2." in message and f"traceback: {log}" in message
     assert "\n" not in message
     log.write_text("Traceback (most recent call last):\nValueError: bad key\n")
-    assert failure_message(2, log) == f"main_ppo exited with status 2; end of {log}:\nTraceback (most recent call last):\nValueError: bad key"
+    assert (
+        failure_message(2, log)
+        == f"main_ppo exited with status 2; end of {log}:\nTraceback (most recent call last):\nValueError: bad key"
+    )

@@ -24,7 +24,9 @@ READ_ONLY_DIR = "/sys/kernel"
 
 def _cli_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p
+    )
     env.update(extra)
     return env
 
@@ -187,18 +189,25 @@ def test_only_temp_dirs_whose_owner_died_are_removed(tmp_path):
     # the killed run's orphans (Ray's agents outlive its raylet; reparented, as here, to init): one ends on
     # SIGTERM, one ignores it (only SIGKILL ends it); a live run's process stays
     script = tmp_path / "sleeper.py"
-    script.write_text("import signal, sys, time\nif sys.argv[1] == 'stubborn':\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n")
+    script.write_text(
+        "import signal, sys, time\nif sys.argv[1] == 'stubborn':\n    signal.signal(signal.SIGTERM, "
+        "signal.SIG_IGN)\ntime.sleep(600)\n"
+    )
 
     def orphan(kind: str, temp_dir: Path) -> psutil.Process:
         shell = f"{sys.executable} {script} {kind} --temp-dir={temp_dir} >/dev/null 2>&1 & echo $!"
-        return psutil.Process(int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60).stdout))
+        return psutil.Process(
+            int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60).stdout)
+        )
 
     orphans = [orphan("polite", killed), orphan("stubborn", killed)]
     bystander = orphan("polite", live)
     try:
         time.sleep(1.0)  # the handlers are installed
         assert remove_dead_owners_dirs("vo-ray-", str(tmp_path), grace_s=2.0) == [str(killed)]
-        assert sorted(p.name for p in tmp_path.iterdir() if p != script) == sorted([live.name, "vo-ray-unknown", "not-ours"])
+        assert sorted(p.name for p in tmp_path.iterdir() if p != script) == sorted(
+            [live.name, "vo-ray-unknown", "not-ours"]
+        )
         _, alive = psutil.wait_procs(orphans, timeout=60)
         assert alive == []
         assert bystander.is_running()
@@ -220,12 +229,31 @@ def test_a_finished_run_without_matplotlib_skips_the_plot_with_a_note(tmp_path, 
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without matplotlib gives: ImportError
-    run = DemoRun(preset="grpo", steps=2, seed=0, output_dir=tmp_path, timeout=60.0, overrides=(), config_name="ppo_trainer",
-                  model="tiny", plot=True, base_env={})
+    run = DemoRun(
+        preset="grpo",
+        steps=2,
+        seed=0,
+        output_dir=tmp_path,
+        timeout=60.0,
+        overrides=(),
+        config_name="ppo_trainer",
+        model="tiny",
+        plot=True,
+        base_env={},
+    )
     run.metrics_path.write_text("".join(json.dumps({"step": s, "data": {TRAIN_SCORE: 0.5}}) + "\n" for s in (1, 2)))
     console = io.StringIO()
-    result = _collect(run, ["main_ppo"], t0=0.0, wall=1.0, first_step_s=None, ray_temp_dir="/tmp/none", listening=[],
-                      shared_memory={}, console=console)
+    result = _collect(
+        run,
+        ["main_ppo"],
+        t0=0.0,
+        wall=1.0,
+        first_step_s=None,
+        ray_temp_dir="/tmp/none",
+        listening=[],
+        shared_memory={},
+        console=console,
+    )
     assert result.plot_path is None and [m["step"] for m in result.metrics] == [1, 2]
     note = console.getvalue().strip()
     assert note.startswith("[cpu-demo] reward curve skipped: matplotlib is not installed") and "\n" not in note
@@ -242,7 +270,9 @@ def test_verls_checkpoint_locks_stay_in_the_runs_temp_dir(tmp_path):
     base = {k: v for k, v in _cli_env().items() if k != "TMPDIR"}
     env = {**base, **run_files_env(tmp_path / "out", str(ray_dir), base)}
     code = "import sys; from verl.utils.fs import local_mkdir_safe; local_mkdir_safe(sys.argv[1])"
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt" / "global_step_1")], check=True, timeout=CLI_TIMEOUT, env=env)
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "ckpt" / "global_step_1")], check=True, timeout=CLI_TIMEOUT, env=env
+    )
     assert (tmp_path / "ckpt" / "global_step_1").is_dir()
     assert [p.name.startswith("ckpt_") and p.name.endswith(".lock") for p in ray_dir.rglob("*.lock")] == [True]
     kept = run_files_env(tmp_path / "out", str(ray_dir), {"TMPDIR": "/mine"})
@@ -313,13 +343,17 @@ def test_ray_start_is_retried_only_on_rays_start_up_timeout_and_at_most_three_ti
             if isinstance(outcome, Exception):
                 raise outcome
             return outcome
+
         return attempt
 
     timeout = RuntimeError(f"main_ppo exited: Exception: {RAY_START_TIMED_OUT}. This could happen ...")
     assert retry_ray_start(start([timeout, timeout, "ok"]), RuntimeError, said.append, "[x]") == "ok"
     assert calls == [1, 2, 3]
-    assert said == [f"[x] Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; nothing ran yet): "
-                    f"starting again, attempt {n} of 3" for n in (2, 3)]
+    assert said == [
+        f"[x] Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; nothing ran yet): "
+        f"starting again, attempt {n} of 3"
+        for n in (2, 3)
+    ]
     calls.clear()
     with pytest.raises(RuntimeError, match="timed out during startup"):
         retry_ray_start(start([timeout, timeout, timeout, "never"]), RuntimeError, said.append, "[x]")
@@ -341,8 +375,9 @@ def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_no
     from verl_offpolicy.demo.process import SHM_DIR, orphaned_since, shared_memory_listing
 
     tag = f"votest{os.getpid()}"
-    old, left, live, other = (f"{SHM_DIR}/{name}" for name in
-                              (f"psm_{tag}_old", f"sem.mp-{tag}", f"psm_{tag}_live", f"{tag}_other"))
+    old, left, live, other = (
+        f"{SHM_DIR}/{name}" for name in (f"psm_{tag}_old", f"sem.mp-{tag}", f"psm_{tag}_live", f"{tag}_other")
+    )
     holder = None
     try:
         Path(old).write_bytes(b"\0" * 4096)
@@ -350,7 +385,10 @@ def test_shared_memory_a_run_left_unmapped_is_found_and_anothers_live_file_is_no
         for path in (left, live, other):
             Path(path).write_bytes(b"\0" * 4096)
         # a live process that maps `live`, as a semaphore's or segment's holder does
-        code = f"import mmap, sys, time\nf = open({live!r}, 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\ntime.sleep(600)"
+        code = (
+            f"import mmap, sys, time\nf = open({live!r}, 'r+b')\nm = mmap.mmap(f.fileno(), 4096)\n"
+            "print('mapped', flush=True)\ntime.sleep(600)"
+        )
         holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "mapped"
         found = [p for p in orphaned_since(before) if tag in p]
@@ -375,8 +413,10 @@ def test_a_live_spawn_context_semaphore_of_another_process_is_never_orphaned():
     from verl_offpolicy.demo.process import SHM_DIR, orphaned_since, shared_memory_listing
 
     before = shared_memory_listing()
-    code = ("import multiprocessing as mp, sys, time\nlock = mp.get_context('spawn').Lock()\n"
-            "print(lock._semlock.name, flush=True)\ntime.sleep(600)")
+    code = (
+        "import multiprocessing as mp, sys, time\nlock = mp.get_context('spawn').Lock()\n"
+        "print(lock._semlock.name, flush=True)\ntime.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         name = holder.stdout.readline().strip()  # e.g. /mp-abc123: the file is /dev/shm/sem.mp-abc123
@@ -397,8 +437,10 @@ def test_a_runs_clean_up_takes_only_files_its_own_processes_mapped(tmp_path):
     tag = f"votest{os.getpid()}"
     ours, theirs = f"{SHM_DIR}/psm_{tag}_ours", f"{SHM_DIR}/psm_{tag}_theirs"
     before = shared_memory_listing()
-    code = (f"import mmap, time\nf = open({ours!r}, 'w+b'); f.write(bytes(4096)); f.flush()\n"
-            "m = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\ntime.sleep(600)")
+    code = (
+        f"import mmap, time\nf = open({ours!r}, 'w+b'); f.write(bytes(4096)); f.flush()\n"
+        "m = mmap.mmap(f.fileno(), 4096)\nprint('mapped', flush=True)\ntime.sleep(600)"
+    )
     run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         Path(theirs).write_bytes(b"\0" * 4096)
@@ -440,10 +482,16 @@ def test_ending_a_run_stops_its_ray_session_while_the_driver_still_shuts_down(tm
         "time.sleep(300)\n"
     )
     driver = subprocess.Popen(
-        [sys.executable, "-c", handler.format(events=str(events), name="driver", linger=3)], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", handler.format(events=str(events), name="driver", linger=3)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     worker = subprocess.Popen(
-        [sys.executable, "-c", handler.format(events=str(events), name="worker", linger=0), marker], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", handler.format(events=str(events), name="worker", linger=0), marker],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert driver.stdout.readline().strip() == "ready" and worker.stdout.readline().strip() == "ready"
@@ -468,8 +516,13 @@ def test_ending_a_run_ends_the_children_of_its_ray_processes_too(tmp_path):
     from verl_offpolicy.demo.process import kill_process_tree
 
     marker = str(tmp_path / "ray-session-marker")
-    code = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); print(p.pid, flush=True); time.sleep(300)"
-    worker = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+        "print(p.pid, flush=True); time.sleep(300)"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     main = subprocess.Popen(["sleep", "300"], start_new_session=True)
     grandchild = None
     try:
@@ -497,7 +550,9 @@ def test_a_log_that_cannot_be_written_ends_the_run_at_once_naming_the_path():
     # prints far more than a pipe holds, then would sleep for the whole timeout
     code = "import sys, time\nfor i in range(20000): print('x' * 80)\nsys.stdout.flush()\ntime.sleep(600)"
     start = time.monotonic()
-    with pytest.raises(DemoError, match=r"cannot write the run's log /dev/full: No space left on device \(.*\); the run was ended") as info:
+    with pytest.raises(
+        DemoError, match=r"cannot write the run's log /dev/full: No space left on device \(.*\); the run was ended"
+    ) as info:
         run_subprocess([sys.executable, "-c", code], env=dict(os.environ), log_path="/dev/full", timeout=300)
     assert time.monotonic() - start < 120, "the run was not ended at once"
     assert info.value.__context__ is None or not isinstance(info.value.__context__, OSError)
@@ -512,7 +567,9 @@ def test_ray_runs_in_a_subdir_of_the_runs_private_dir(tmp_path):
     from verl_offpolicy.demo.process import make_owned_temp_dir
 
     private = make_owned_temp_dir("vo-ray-", str(tmp_path))
-    inputs = DemoInputs(model_path=str(tmp_path), tokenizer_path=str(tmp_path), train_files=str(tmp_path), val_files=str(tmp_path))
+    inputs = DemoInputs(
+        model_path=str(tmp_path), tokenizer_path=str(tmp_path), train_files=str(tmp_path), val_files=str(tmp_path)
+    )
     command = demo_command(inputs, output_dir=tmp_path / "out", ray_temp_dir=private)
     assert f"+ray_kwargs.ray_init._temp_dir={private}/ray" in command
     assert Path(private).stat().st_mode & 0o777 == 0o700

@@ -89,7 +89,9 @@ def test_prepared_folder_is_a_hf_model_with_end_of_turn_eos(prepared):
     assert (generation.eos_token_id, generation.pad_token_id) == (2, 2)
     tok = AutoTokenizer.from_pretrained(folder)
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token, tok.pad_token_id) == ("<|im_end|>", 2, "<|im_end|>", 2)
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -104,7 +106,10 @@ def test_greedy_answer_stops_at_end_of_turn(prepared):
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     ids = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 2 + 3? Answer with the number only."}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": "What is 2 + 3? Answer with the number only."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=40, do_sample=False)

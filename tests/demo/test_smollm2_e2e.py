@@ -16,7 +16,6 @@ Checks, each against something computed independently of the run:
 """
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -62,7 +61,9 @@ def test_one_real_model_step_through_main_ppo(tmp_path):
     templated = {}
     for prompt in rows["prompt"]:
         messages = [dict(msg) for msg in prompt]
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
         templated[tok.decode(ids, skip_special_tokens=True)] = ids
     dumped = [json.loads(line) for line in (out / "rollouts" / "1.jsonl").read_text().splitlines()]
     assert len(dumped) == 16  # 4 prompts x 4 samples
@@ -70,7 +71,10 @@ def test_one_real_model_step_through_main_ppo(tmp_path):
     for d in dumped:
         ids = templated[d["input"]]  # KeyError: the rollout's prompt is not the templated prompt
         # system, example question, example answer, question: 4 closed turns, and the open assistant turn
-        assert ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 5 and ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 4
+        assert (
+            ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 5
+            and ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 4
+        )
         lengths.append(len(ids))
     assert m["prompt_length/max"] == max(lengths) and m["prompt_length/min"] == min(lengths)
 

@@ -1,7 +1,8 @@
 """The real-model study's configuration (``benchmarks/smollm2_study.py``) through stock ``main_ppo``, so the
 study script cannot rot.
 
-Two steps of OPMD (Kimi's form, as the REC paper ran it) on the study's stale setting, run as the study runs them (its ``run_session`` and ``record``,
+Two steps of OPMD (Kimi's form, as the REC paper ran it) on the study's stale setting, run as the study runs
+them (its ``run_session`` and ``record``,
 its overrides, the ``smollm2-135m-2step`` demo model), in two sessions as a study spread over several
 invocations is: the first trains step 1 and checkpoints, the second resumes and trains step 2. Several
 minutes and ~12 GB: marked ``real_model`` (``python -m pytest tests -m real_model``).
@@ -66,7 +67,10 @@ def test_the_study_configuration_trains_and_resumes_across_sessions(study, tmp_p
     # verl's dump of the greedy answers at each validation (step 0 of the first session, 2 at the end): 32 problems each
     dumps = {p.name: p.read_text().splitlines() for p in (out / "validation").glob("*.jsonl")}
     assert "0.jsonl" in dumps and "2.jsonl" in dumps and all(len(lines) == 32 for lines in dumps.values()), dumps.keys()
-    boxed = {step: sum("\\boxed{" in json.loads(line)["output"] for line in dumps[f"{step}.jsonl"]) / 32 for step in ("0", "2")}
+    boxed = {
+        step: sum("\\boxed{" in json.loads(line)["output"] for line in dumps[f"{step}.jsonl"]) / 32
+        for step in ("0", "2")
+    }
     assert {k: rec["validation_boxed"][k] for k in boxed} == boxed
 
     metrics = read_metrics(out / METRICS_NAME)

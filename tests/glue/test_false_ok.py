@@ -34,13 +34,25 @@ def _refused(overrides: list[str], *fragments: str, config_name: str = "offpolic
     [
         ([f"{RC}.rollout_is=bogus"], [f"{RC}.rollout_is='bogus'", "Must be one of", "'sequence'", "'token'"]),
         ([f"{RC}.rollout_rs=bogus"], [f"{RC}.rollout_rs='bogus'", "seq_mean_k1", "token_k3"]),
-        ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=abc"], [f"{RC}.rollout_is_threshold='abc'", "lower <= upper"]),
-        ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=-1"], [f"{RC}.rollout_is_threshold=-1", "must be positive"]),
+        (
+            [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=abc"],
+            [f"{RC}.rollout_is_threshold='abc'", "lower <= upper"],
+        ),
+        (
+            [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=-1"],
+            [f"{RC}.rollout_is_threshold=-1", "must be positive"],
+        ),
         # an inverted IcePop band: verl would refuse it in the trainer's first step
-        ([f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=2.0_0.5"], [f"{RC}.rollout_is_threshold='2.0_0.5'", "lower bound must be <= upper"]),
+        (
+            [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=2.0_0.5"],
+            [f"{RC}.rollout_is_threshold='2.0_0.5'", "lower bound must be <= upper"],
+        ),
         ([f"{RC}.rollout_is_threshold=nan"], [f"{RC}.rollout_is_threshold=nan", "is not a number"]),
         ([f"{RC}.rollout_rs=seq_mean_k3"], [f"{RC}.rollout_rs_threshold=None", "must be provided"]),
-        ([f"{RC}.rollout_rs=seq_mean_k3", f"{RC}.rollout_rs_threshold=0.5_2.0"], [f"{RC}.rollout_rs_threshold='0.5_2.0'", "single upper bound"]),
+        (
+            [f"{RC}.rollout_rs=seq_mean_k3", f"{RC}.rollout_rs_threshold=0.5_2.0"],
+            [f"{RC}.rollout_rs_threshold='0.5_2.0'", "single upper bound"],
+        ),
         ([f"{RC}.loss_type=bogus"], [f"{RC}.loss_type='bogus'", "reinforce", "ppo_clip"]),
         ([f"{RC}.bypass_mode=yes"], [f"{RC}.bypass_mode must be true or false, got 'yes'"]),
     ],
@@ -51,7 +63,10 @@ def test_rollout_correction_values_are_verls(overrides, fragments):
 
 def test_rollout_correction_values_verl_accepts_pass():
     compose_and_check("offpolicy_trainer", [*BASE, f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_5.0"])
-    compose_and_check("offpolicy_trainer", [*BASE, f"{RC}.rollout_rs='token_k1,seq_mean_k3'", f"{RC}.rollout_rs_threshold='0.5_2.0,0.01'"])
+    compose_and_check(
+        "offpolicy_trainer",
+        [*BASE, f"{RC}.rollout_rs='token_k1,seq_mean_k3'", f"{RC}.rollout_rs_threshold='0.5_2.0,0.01'"],
+    )
 
 
 def test_an_icepop_band_without_ratio_1_is_warned_at_startup(caplog):
@@ -70,8 +85,12 @@ def test_an_icepop_band_without_ratio_1_is_warned_at_startup(caplog):
 
 def test_the_legacy_trainer_refuses_the_overlapped_mode():
     # verl's RayPPOTrainer asserts a hybrid engine in its constructor, after Ray started
-    _refused(["trainer.use_v1=false", "actor_rollout_ref.hybrid_engine=false"],
-             "trainer.use_v1=false", "actor_rollout_ref.hybrid_engine=false", "set actor_rollout_ref.hybrid_engine=true")
+    _refused(
+        ["trainer.use_v1=false", "actor_rollout_ref.hybrid_engine=false"],
+        "trainer.use_v1=false",
+        "actor_rollout_ref.hybrid_engine=false",
+        "set actor_rollout_ref.hybrid_engine=true",
+    )
     compose_and_check("offpolicy_trainer", [*BASE, "trainer.use_v1=false"])  # colocated: runs on the legacy trainer
 
 
@@ -114,12 +133,21 @@ def test_command_line_timeouts_above_the_platforms_timers_are_refused_before_any
 @pytest.mark.parametrize(
     "override,fragment",
     [
-        ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p=1.5 is not valid; allowed: a number in (0, 1]"),
+        (
+            "actor_rollout_ref.rollout.top_p=1.5",
+            "actor_rollout_ref.rollout.top_p=1.5 is not valid; allowed: a number in (0, 1]",
+        ),
         ("actor_rollout_ref.rollout.top_p=0", "actor_rollout_ref.rollout.top_p=0 is not valid"),
-        ("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature=0 is not valid; allowed: a number > 0"),
+        (
+            "actor_rollout_ref.rollout.temperature=0",
+            "actor_rollout_ref.rollout.temperature=0 is not valid; allowed: a number > 0",
+        ),
         ("actor_rollout_ref.rollout.temperature=-0.5", "actor_rollout_ref.rollout.temperature=-0.5 is not valid"),
         ("actor_rollout_ref.rollout.val_kwargs.top_p=2", "actor_rollout_ref.rollout.val_kwargs.top_p=2 is not valid"),
-        ("actor_rollout_ref.rollout.val_kwargs.temperature=-1", "actor_rollout_ref.rollout.val_kwargs.temperature=-1 is not valid"),
+        (
+            "actor_rollout_ref.rollout.val_kwargs.temperature=-1",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=-1 is not valid",
+        ),
     ],
 )
 def test_sampling_values_the_engines_refuse_are_refused_at_startup(override, fragment):
@@ -127,10 +155,15 @@ def test_sampling_values_the_engines_refuse_are_refused_at_startup(override, fra
 
 
 def test_greedy_validation_and_a_reshaped_rollout_pass():
-    compose_and_check("offpolicy_trainer", [
-        *BASE, "actor_rollout_ref.rollout.val_kwargs.temperature=0", "actor_rollout_ref.rollout.temperature=0.7",
-        "actor_rollout_ref.rollout.top_p=0.9",
-    ])
+    compose_and_check(
+        "offpolicy_trainer",
+        [
+            *BASE,
+            "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+            "actor_rollout_ref.rollout.temperature=0.7",
+            "actor_rollout_ref.rollout.top_p=0.9",
+        ],
+    )
 
 
 # ------------------------------------------------------------------------ verl's multi-turn rollout
@@ -154,33 +187,53 @@ def tokenizers(tmp_path_factory):
 def _tool_task(*extra: str) -> list[str]:
     from verl_offpolicy.demo.tool_task import TOOL_CONFIG
 
-    return [f"{MULTI_TURN}.enable=true", f"{MULTI_TURN}.tool_config_path={TOOL_CONFIG}",
-            f"{AGENT}.default_agent_loop=seeded_tool_agent", *extra]
+    return [
+        f"{MULTI_TURN}.enable=true",
+        f"{MULTI_TURN}.tool_config_path={TOOL_CONFIG}",
+        f"{AGENT}.default_agent_loop=seeded_tool_agent",
+        *extra,
+    ]
 
 
 def test_an_unregistered_agent_loop_is_refused_unless_its_config_declares_it(tmp_path):
-    _refused([f"{AGENT}.default_agent_loop=bogus"], f"{AGENT}.default_agent_loop='bogus' is not an agent loop",
-             "tool_agent", "single_turn_agent", f"{AGENT}.agent_loop_config_path")
+    _refused(
+        [f"{AGENT}.default_agent_loop=bogus"],
+        f"{AGENT}.default_agent_loop='bogus' is not an agent loop",
+        "tool_agent",
+        "single_turn_agent",
+        f"{AGENT}.agent_loop_config_path",
+    )
     declared = tmp_path / "loops.yaml"
     declared.write_text("- name: bogus\n  _target_: verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop\n")
-    compose_and_check("offpolicy_trainer", [*BASE, f"{AGENT}.default_agent_loop=bogus", f"{AGENT}.agent_loop_config_path={declared}"])
+    compose_and_check(
+        "offpolicy_trainer", [*BASE, f"{AGENT}.default_agent_loop=bogus", f"{AGENT}.agent_loop_config_path={declared}"]
+    )
 
 
 def test_the_words_format_needs_its_call_token_in_the_tokenizer(tokenizers):
     compose_and_check("offpolicy_trainer", [*BASE, *_tool_task(f"{MULTI_TURN}.format=words", tokenizers["tool"])])
-    _refused(_tool_task(f"{MULTI_TURN}.format=words", tokenizers["repeat"]),
-             f"{MULTI_TURN}.format=words needs the token '<|call|>'")
+    _refused(
+        _tool_task(f"{MULTI_TURN}.format=words", tokenizers["repeat"]),
+        f"{MULTI_TURN}.format=words needs the token '<|call|>'",
+    )
 
 
 def test_a_format_whose_markers_the_tokenizer_cannot_spell_is_refused(tokenizers):
     # hermes marks calls with <tool_call> ... </tool_call>: a word-level vocabulary encodes each to <unk>
-    _refused(_tool_task(f"{MULTI_TURN}.format=hermes", tokenizers["tool"]),
-             f"{MULTI_TURN}.format=hermes marks a call with '</tool_call>'", "cannot spell", "['<unk>']")
+    _refused(
+        _tool_task(f"{MULTI_TURN}.format=hermes", tokenizers["tool"]),
+        f"{MULTI_TURN}.format=hermes marks a call with '</tool_call>'",
+        "cannot spell",
+        "['<unk>']",
+    )
 
 
 def test_a_tool_agent_loop_without_tools_is_refused():
-    _refused(_tool_task(f"{MULTI_TURN}.tool_config_path=null"),
-             f"{MULTI_TURN}.tool_config_path and {MULTI_TURN}.function_tool_path are null", "no tool to call")
+    _refused(
+        _tool_task(f"{MULTI_TURN}.tool_config_path=null"),
+        f"{MULTI_TURN}.tool_config_path and {MULTI_TURN}.function_tool_path are null",
+        "no tool to call",
+    )
 
 
 @pytest.mark.parametrize("key,value", [("max_assistant_turns", 0), ("max_assistant_turns", -1), ("max_user_turns", 0)])
@@ -206,8 +259,13 @@ def cpu_tiny(tiny_model):
     import os
 
     environ = dict(os.environ)
-    yield ["algorithm=opmd", "+cpu=demo", f"actor_rollout_ref.model.path={tiny_model['model_path']}",
-           f"actor_rollout_ref.model.tokenizer_path={tiny_model['tokenizer_path']}", "actor_rollout_ref.model.lora.merge=true"]
+    yield [
+        "algorithm=opmd",
+        "+cpu=demo",
+        f"actor_rollout_ref.model.path={tiny_model['model_path']}",
+        f"actor_rollout_ref.model.tokenizer_path={tiny_model['tokenizer_path']}",
+        "actor_rollout_ref.model.lora.merge=true",
+    ]
     os.environ.clear()
     os.environ.update(environ)
 
@@ -223,11 +281,18 @@ MODEL = "actor_rollout_ref.model"
         ([f"{MODEL}.lora_rank=8.0"], f"{MODEL}.lora_rank=8.0: must be an integer"),
         # the adapter's update is scaled by alpha / rank
         ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=0"], f"{MODEL}.lora_alpha=0: the adapter's update is scaled"),
-        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=-16"], f"{MODEL}.lora_alpha=-16: the adapter's update is scaled"),
-        ([f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[query,value]"],
-         f"{MODEL}.target_modules=['query', 'value']: names no module of the model"),
-        ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora_adapter_path=/nonexistent/adapter"],
-         f"{MODEL}.lora_adapter_path='/nonexistent/adapter': must be a local folder holding a saved peft adapter"),
+        (
+            [f"{MODEL}.lora_rank=8", f"{MODEL}.lora_alpha=-16"],
+            f"{MODEL}.lora_alpha=-16: the adapter's update is scaled",
+        ),
+        (
+            [f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[query,value]"],
+            f"{MODEL}.target_modules=['query', 'value']: names no module of the model",
+        ),
+        (
+            [f"{MODEL}.lora_rank=8", f"{MODEL}.lora_adapter_path=/nonexistent/adapter"],
+            f"{MODEL}.lora_adapter_path='/nonexistent/adapter': must be a local folder holding a saved peft adapter",
+        ),
         ([f"{MODEL}.lora_rank=8", f"{MODEL}.lora.merge=yes"], f"{MODEL}.lora.merge='yes': must be true or false"),
     ],
 )
@@ -251,7 +316,9 @@ def test_lora_values_are_refused_on_gpu_configs_too(overrides, fragment):
 
 def test_lora_values_that_train_pass(cpu_tiny):
     # the tiny Llama's attention projections are q_proj ... o_proj (peft matches a name's last part)
-    compose_and_check("offpolicy_trainer", [*cpu_tiny, f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[q_proj,v_proj]"])
+    compose_and_check(
+        "offpolicy_trainer", [*cpu_tiny, f"{MODEL}.lora_rank=8", f"{MODEL}.target_modules=[q_proj,v_proj]"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -282,19 +349,27 @@ def data_files(tmp_path_factory):
     "name,fragment",
     [
         ("empty.parquet", "empty.parquet is empty (0 rows)"),
-        ("no_prompt.parquet", "no_prompt.parquet has no column 'prompt' (its columns: data_source, ability, reward_model"),
+        (
+            "no_prompt.parquet",
+            "no_prompt.parquet has no column 'prompt' (its columns: data_source, ability, reward_model",
+        ),
         ("not_utf8.parquet", "not_utf8.parquet, row 2, column 'prompt': the prompt is text that is not UTF-8"),
         ("bytes.parquet", "bytes.parquet, row 0, column 'prompt': the prompt is bytes that are not UTF-8"),
     ],
 )
 def test_a_training_file_verl_cannot_use_is_named_with_its_row_and_column(cpu_tiny, data_files, name, fragment):
-    _refused([f"data.train_files={data_files['root'] / name}", f"data.val_files={data_files['val_files']}"],
-             f"data.train_files: {data_files['root']}/{fragment}", base=cpu_tiny)
+    _refused(
+        [f"data.train_files={data_files['root'] / name}", f"data.val_files={data_files['val_files']}"],
+        f"data.train_files: {data_files['root']}/{fragment}",
+        base=cpu_tiny,
+    )
 
 
 def test_the_demos_data_files_pass(cpu_tiny, data_files):
-    compose_and_check("offpolicy_trainer", [*cpu_tiny, f"data.train_files={data_files['train_files']}",
-                                            f"data.val_files={data_files['val_files']}"])
+    compose_and_check(
+        "offpolicy_trainer",
+        [*cpu_tiny, f"data.train_files={data_files['train_files']}", f"data.val_files={data_files['val_files']}"],
+    )
 
 
 # ------------------------------------------------------------------------------- doctor --address
@@ -333,8 +408,11 @@ def test_an_address_that_is_no_ray_cluster_is_named_within_seconds():
     port, stop = _serve_once(b"HTTP/1.0 400 Bad request\r\nServer: test\r\n\r\n")
     started = time.monotonic()
     try:
-        with pytest.raises(ProbeError, match=rf"not a Ray cluster at 127.0.0.1:{port}: the server there answered "
-                           r"'HTTP/1.0 400 Bad request', not the gRPC"):
+        with pytest.raises(
+            ProbeError,
+            match=rf"not a Ray cluster at 127.0.0.1:{port}: the server there answered "
+            r"'HTTP/1.0 400 Bad request', not the gRPC",
+        ):
             check_cluster_reachable(f"127.0.0.1:{port}", {})
     finally:
         stop()

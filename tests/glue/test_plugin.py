@@ -42,7 +42,8 @@ from verl.trainer.ppo.v1 import get_trainer_cls
 trainer = [get_trainer_cls(name).__name__ for name in ("offpolicy", "offpolicy_overlapped")]
 from verl_offpolicy.glue.registration import expected_names, registration_failure
 print(json.dumps({"after_import": after_import, "losses": losses, "trainer_early": trainer_early, "trainer": trainer,
-                  "failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
+                  "failure": registration_failure(),
+                  "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
 """
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,7 +64,8 @@ def test_our_adapters_imported_before_verls_registry_module_still_register_every
 import json
 import verl_offpolicy.glue.algorithms.adapters
 from verl_offpolicy.glue.registration import expected_names, registration_failure
-print(json.dumps({"failure": registration_failure(), "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
+print(json.dumps({"failure": registration_failure(),
+                  "missing": [e.name for e in expected_names() if not e.lookup(e.name)]}))
 """
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,6 +90,7 @@ def test_name_lists_equal_what_our_decorators_registered():
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
     from verl.workers.rollout import base, replica
+
     from verl_offpolicy.glue import registration as reg
 
     assert all(e.lookup(e.name) for e in expected_names())  # imports every registry module (hooks fire)
@@ -140,11 +143,14 @@ CAUSE = "import of verl_offpolicy.glue.algorithms.rec halted; None in sys.module
 @pytest.mark.slow  # a fresh process imports verl
 def test_failed_registration_is_logged_at_error_and_main_ppo_stops_at_startup_with_the_cause():
     """Stock ``python -m verl.trainer.main_ppo +algorithm=...`` with a registration that raises."""
-    code = BROKEN + f"""
+    code = (
+        BROKEN
+        + f"""
 import runpy
 sys.argv = ["main_ppo", "+algorithm=rec_oneside_nois", *{VALID_SIZES!r}]
 runpy.run_module("verl.trainer.main_ppo", run_name="__main__")
 """
+    )
     proc = _run_python(code)
     assert proc.returncode != 0
     assert "ERROR" in proc.stderr and "verl-offpolicy failed to register its algorithms" in proc.stderr
@@ -158,7 +164,9 @@ runpy.run_module("verl.trainer.main_ppo", run_name="__main__")
 @pytest.mark.slow  # a fresh process imports verl
 def test_failed_registration_surfaces_in_verl_validate_config_without_our_callback():
     """Even without the Hydra callback, verl's own validate_config builds our loss config and fails with the cause."""
-    code = BROKEN + f"""
+    code = (
+        BROKEN
+        + f"""
 from verl_offpolicy.glue.compose import compose_main_ppo
 from verl.utils.config import validate_config
 cfg = compose_main_ppo("ppo_trainer", ["+algorithm=rec_ring_nois", *{VALID_SIZES!r}])
@@ -167,6 +175,7 @@ try:
 except Exception as exc:
     print("RAISED", exc)
 """
+    )
     proc = _run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RAISED" in proc.stdout and CAUSE in proc.stdout
@@ -177,7 +186,12 @@ except Exception as exc:
 def test_import_verl_stays_cheap_and_registration_follows_verls_own_imports(after_import_verl):
     """`import verl` imports none of verl's registry modules for us; each registers when verl imports it."""
     report = {k: after_import_verl[k] for k in ("after_import", "losses", "trainer_early", "trainer")}
-    assert report == {"after_import": [], "losses": True, "trainer_early": False, "trainer": ["ColocatedTrainer", "OverlappedTrainer"]}
+    assert report == {
+        "after_import": [],
+        "losses": True,
+        "trainer_early": False,
+        "trainer": ["ColocatedTrainer", "OverlappedTrainer"],
+    }
 
 
 @pytest.mark.slow  # a fresh process imports verl
@@ -185,7 +199,16 @@ def test_stock_main_ppo_hydra_app_composes_our_preset():
     """verl's own ``main_ppo`` Hydra app (``--cfg job --resolve`` prints the composed, resolved config and exits) finds
     ``+algorithm=opmd`` through our SearchPathPlugin, with nothing but the installed package."""
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "+algorithm=opmd", "algorithm.offpolicy.tau=0.5", "--cfg", "job", "--resolve"],
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "+algorithm=opmd",
+            "algorithm.offpolicy.tau=0.5",
+            "--cfg",
+            "job",
+            "--resolve",
+        ],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -195,7 +218,9 @@ def test_stock_main_ppo_hydra_app_composes_our_preset():
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["algorithm"]["adv_estimator"] == "opmd"
     assert cfg["algorithm"]["offpolicy"]["tau"] == 0.5
-    assert cfg["actor_rollout_ref"]["actor"]["policy_loss"]["_target_"] == "verl_offpolicy.glue.config.OffPolicyLossConfig"
+    assert (
+        cfg["actor_rollout_ref"]["actor"]["policy_loss"]["_target_"] == "verl_offpolicy.glue.config.OffPolicyLossConfig"
+    )
     assert cfg["trainer"]["v1"]["trainer_mode"] == "offpolicy"
     # The package's one compose helper (CLI, tests, harness) composes exactly what main_ppo's app does.
     ours = compose_main_ppo("ppo_trainer", ["+algorithm=opmd", "algorithm.offpolicy.tau=0.5"])
@@ -253,7 +278,9 @@ def _one_readable_line(output: str) -> None:
 @pytest.mark.slow  # a fresh process imports verl
 def test_broken_registration_module_gives_one_readable_message(broken_install, entry_point, tmp_path):
     # cwd: main_ppo's Hydra writes its run directory there
-    proc = subprocess.run(entry_point, capture_output=True, text=True, timeout=TIMEOUT, env=broken_install, cwd=tmp_path)
+    proc = subprocess.run(
+        entry_point, capture_output=True, text=True, timeout=TIMEOUT, env=broken_install, cwd=tmp_path
+    )
     _one_readable_line(proc.stdout + proc.stderr)
     if entry_point[-1] == "import verl":
         assert "ERROR" in proc.stderr and "verl-offpolicy registered nothing in this process" in proc.stderr
@@ -273,7 +300,11 @@ def test_doctor_reports_a_broken_registration_module(broken_install, tmp_path):
     (:func:`test_broken_registration_module_gives_one_readable_message`)."""
     proc = subprocess.run(
         [sys.executable, "-m", "verl_offpolicy.cli", "doctor"],
-        capture_output=True, text=True, timeout=840, env=broken_install, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env=broken_install,
+        cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stdout[-3000:]
     _one_readable_line(proc.stdout + proc.stderr)
@@ -287,15 +318,30 @@ def test_main_ppo_without_our_plugin_stops_before_ray_naming_the_setting(tmp_pat
     them), the Ray workers will not; verl used to start Ray and fail a minute later with "Unknown trainer
     'offpolicy'". Our primary config's callback stops main_ppo first, naming the setting and the fix."""
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "offpolicy_trainer", "algorithm=opmd", *VALID_SIZES],
-        capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "--config-name",
+            "offpolicy_trainer",
+            "algorithm=opmd",
+            *VALID_SIZES,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=tmp_path,
         env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"},
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("verl-offpolicy: invalid configuration: the Ray workers of this run will not have verl-offpolicy")
+    assert last.startswith(
+        "verl-offpolicy: invalid configuration: the Ray workers of this run will not have verl-offpolicy"
+    )
     assert "trainer.v1.trainer_mode=offpolicy" in last
-    assert "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins" in last and "unset VERL_USE_EXTERNAL_PLUGINS" in last
+    assert (
+        "VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins" in last and "unset VERL_USE_EXTERNAL_PLUGINS" in last
+    )
     assert "ray init kwargs" not in proc.stdout
 
 
@@ -306,9 +352,13 @@ def test_the_workers_plugin_setting_is_read_from_the_config_and_accepts_our_modu
 
     env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     base = ["algorithm=opmd", *VALID_SIZES, f"{env}.VERL_USE_EXTERNAL_PLUGINS=none"]
-    check_workers_plugin_setting(compose_main_ppo("offpolicy_trainer", [*base, f"{env}.VERL_USE_EXTERNAL_MODULES=verl_offpolicy.register"]))
+    check_workers_plugin_setting(
+        compose_main_ppo("offpolicy_trainer", [*base, f"{env}.VERL_USE_EXTERNAL_MODULES=verl_offpolicy.register"])
+    )
     other = compose_main_ppo("offpolicy_trainer", [*base, f"{env}.VERL_USE_EXTERNAL_MODULES=something_else"])
-    with pytest.raises(ValueError, match="VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins.*VERL_USE_EXTERNAL_MODULES="):
+    with pytest.raises(
+        ValueError, match="VERL_USE_EXTERNAL_PLUGINS=none disables verl's plugins.*VERL_USE_EXTERNAL_MODULES="
+    ):
         check_workers_plugin_setting(other)
 
 
@@ -319,12 +369,24 @@ def test_main_ppo_rejects_an_algorithm_choice_that_is_no_preset(tmp_path):
     from verl_offpolicy.configs import preset_names
 
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "offpolicy_trainer", "algorithm=rollout_correction",
-         *VALID_SIZES],
-        capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "--config-name",
+            "offpolicy_trainer",
+            "algorithm=rollout_correction",
+            *VALID_SIZES,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("verl-offpolicy: invalid configuration: algorithm=rollout_correction is not a verl-offpolicy preset")
+    assert last.startswith(
+        "verl-offpolicy: invalid configuration: algorithm=rollout_correction is not a verl-offpolicy preset"
+    )
     assert all(name in last for name in preset_names())
     assert "ray init kwargs" not in proc.stdout

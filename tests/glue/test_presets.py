@@ -6,25 +6,23 @@ import re
 import numpy as np
 import pytest
 import torch
-
-from tests.hydra_utils import VALID_SIZES
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+from tests.hydra_utils import VALID_SIZES
+from tests.scenario_presets import SPEC
 from verl_offpolicy.cli import preset_header, preset_names
-from verl_offpolicy.glue.compose import compose_main_ppo, compose_preset
 from verl_offpolicy.configs import PRIMARY_CONFIGS, STOCK_CONFIGS, preset_selector
+from verl_offpolicy.glue.compose import compose_main_ppo, compose_preset
 from verl_offpolicy.glue.config import OffPolicyAlgoConfig, OffPolicyLossConfig, offpolicy_section
 from verl_offpolicy.glue.validation import validate_offpolicy_config
-
-from tests.scenario_presets import SPEC
 
 THRESHOLD = "trainer.v1.sampler.max_off_policy_threshold"  # verl's key, written out
 
 
 def schedule_of(s: int, d: int) -> list[str]:
     return [f"algorithm.offpolicy.sync_interval={s}", f"algorithm.offpolicy.sync_offset={d}"]
-
 
 
 def test_every_spec_preset_exists_and_nothing_else():
@@ -107,10 +105,16 @@ def _check_against_spec(cfg, spec):
     }
     for key, value in spec.items():
         if key in checks:
-            assert checks[key] == pytest.approx(value) if isinstance(value, float | tuple) else checks[key] == value, key
+            assert checks[key] == pytest.approx(value) if isinstance(value, float | tuple) else checks[key] == value, (
+                key
+            )
     if spec.get("kl"):
         assert algo.use_kl_in_reward and algo.kl_penalty == "kl" and algo.kl_ctrl.type == "fixed"
-        assert algo.kl_ctrl.kl_coef == spec["beta"] if "beta" in spec else algo.kl_ctrl.kl_coef == off.tau == spec["tau_kl"]
+        assert (
+            algo.kl_ctrl.kl_coef == spec["beta"]
+            if "beta" in spec
+            else algo.kl_ctrl.kl_coef == off.tau == spec["tau_kl"]
+        )
     else:
         assert not algo.use_kl_in_reward
     assert not actor.use_kl_loss
@@ -172,18 +176,25 @@ def _estimator_output(cfg, rewards, index):
     token_level_rewards[:, -1] = scores
     mask = torch.ones(len(rewards), 3)
     fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
-    adv, _ = fn(token_level_rewards=token_level_rewards, response_mask=mask, index=np.array(index), config=cfg.algorithm)
+    adv, _ = fn(
+        token_level_rewards=token_level_rewards, response_mask=mask, index=np.array(index), config=cfg.algorithm
+    )
     return adv[:, 0]
 
 
 def test_tau_override_reaches_loss_and_estimator():
-    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pmd_partition", "algorithm.offpolicy.tau=0.5"] + VALID_SIZES)
+    cfg = compose_main_ppo(
+        "offpolicy_trainer", ["algorithm=pmd_partition", "algorithm.offpolicy.tau=0.5"] + VALID_SIZES
+    )
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert actor.policy_loss.tau == 0.5 and offpolicy_section(cfg.algorithm).tau == 0.5
     rewards, tau = [1.0, 0.0, 0.5], 0.5
     adv = _estimator_output(cfg, rewards, ["a", "a", "a"])
     # pmd_partition: A_i = r_i − τ·log(mean_{j≠i} exp(r_j/τ)), computed here from the spec
-    expected = [r - tau * np.log(np.mean([np.exp(q / tau) for j, q in enumerate(rewards) if j != i])) for i, r in enumerate(rewards)]
+    expected = [
+        r - tau * np.log(np.mean([np.exp(q / tau) for j, q in enumerate(rewards) if j != i]))
+        for i, r in enumerate(rewards)
+    ]
     assert adv.tolist() == pytest.approx(expected, rel=1e-5)
 
 
@@ -253,10 +264,23 @@ NO_PRESET = "algorithm.offpolicy.preset=null"  # a config that does not claim to
     "preset, overrides",
     [
         ("rec_oneside_nois", [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0"]),  # REC one-side + token TIS
-        ("opmd", [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"]),  # OPMD + sequence MIS (IcePop bounds)
+        (
+            "opmd",
+            [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0"],
+        ),  # OPMD + sequence MIS (IcePop bounds)
         ("m2po", [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"]),  # Geo-RS
-        ("topr", [f"{RC}.rollout_is=token", "algorithm.offpolicy.ratio_anchor=proximal", "algorithm.offpolicy.sync_interval=4"]),
-        ("opmd", [f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout"]),  # bypass: old = rollout log-probs
+        (
+            "topr",
+            [
+                f"{RC}.rollout_is=token",
+                "algorithm.offpolicy.ratio_anchor=proximal",
+                "algorithm.offpolicy.sync_interval=4",
+            ],
+        ),
+        (
+            "opmd",
+            [f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout"],
+        ),  # bypass: old = rollout log-probs
     ],
 )
 def test_rollout_correction_combinations_that_compose_pass_validation(preset, overrides):
@@ -272,7 +296,11 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("agro", ["algorithm.kl_penalty=low_var_kl"], "algorithm.kl_penalty=kl"),
         ("agro", ["algorithm.kl_ctrl.type=adaptive"], "algorithm.kl_ctrl.type=fixed"),
         ("agro", ["algorithm.kl_ctrl.kl_coef=0.2"], "to equal algorithm.offpolicy.beta"),
-        ("pmd_mean", ["algorithm.offpolicy.tau=0"], "algorithm.offpolicy.tau (read by loss_mode=pmd as actor_rollout_ref.actor.policy_loss.tau) must be > 0"),
+        (
+            "pmd_mean",
+            ["algorithm.offpolicy.tau=0"],
+            "algorithm.offpolicy.tau (read by loss_mode=pmd as actor_rollout_ref.actor.policy_loss.tau) must be > 0",
+        ),
         ("pmd_partition", ["algorithm.offpolicy.tau=-1"], "must be > 0"),
         ("pmd_partition", ["actor_rollout_ref.actor.policy_loss.tau=0.5"], "τ is one hyperparameter"),
         ("pmd_mean", ["actor_rollout_ref.actor.policy_loss.tau=0.05"], "set algorithm.offpolicy.tau only"),
@@ -283,25 +311,47 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
             "set actor_rollout_ref.rollout.calculate_log_probs=true",
         ),
         # staleness needs the scheduler (on verl's V1 trainer): the message names the key and both ways out
-        ("rec_oneside_nois", ["trainer.v1.trainer_mode=sync", "algorithm.offpolicy.sync_interval=2"], "trainer.v1.trainer_mode=offpolicy"),
+        (
+            "rec_oneside_nois",
+            ["trainer.v1.trainer_mode=sync", "algorithm.offpolicy.sync_interval=2"],
+            "trainer.v1.trainer_mode=offpolicy",
+        ),
         (
             "rec_oneside_nois",
             ["trainer.use_v1=false", "algorithm.offpolicy.sync_offset=1"],
-            "algorithm.offpolicy.sync_interval=1, sync_offset=1 needs verl-offpolicy's scheduler, which runs on verl's V1 "
+            "algorithm.offpolicy.sync_interval=1, sync_offset=1 needs verl-offpolicy's scheduler, which runs on "
+            "verl's V1 "
             "trainer (got trainer.use_v1=False, trainer.v1.trainer_mode=offpolicy): set trainer.use_v1=true "
-            "trainer.v1.trainer_mode=offpolicy, or set algorithm.offpolicy.sync_interval=1 algorithm.offpolicy.sync_offset=0 (on-policy)",
+            "trainer.v1.trainer_mode=offpolicy, or set algorithm.offpolicy.sync_interval=1 "
+            "algorithm.offpolicy.sync_offset=0 (on-policy)",
         ),
-        ("grpo", ["trainer.use_v1=false", "algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"],
-         "or set algorithm.offpolicy.ratio_anchor=proximal"),
+        (
+            "grpo",
+            [
+                "trainer.use_v1=false",
+                "algorithm.offpolicy.ratio_anchor=rollout",
+                "actor_rollout_ref.rollout.calculate_log_probs=true",
+            ],
+            "or set algorithm.offpolicy.ratio_anchor=proximal",
+        ),
         ("rec_ring_nois", ["actor_rollout_ref.actor.policy_loss.ring_clip_ratio_low=0.1"], "ring ε′ ≥ ε"),
         ("rec_oneside_nois", ["actor_rollout_ref.actor.clip_ratio_low=-0.1"], "clip_ratio_low must be >= 0"),
-        ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.clip_mode=sideways"], "allowed values: none, one-side"),
-        ("rec_oneside_nois", ["actor_rollout_ref.actor.policy_loss.weight=ppo"], "policy_loss.weight='ppo' is not valid"),
+        (
+            "rec_oneside_nois",
+            ["actor_rollout_ref.actor.policy_loss.clip_mode=sideways"],
+            "allowed values: none, one-side",
+        ),
+        (
+            "rec_oneside_nois",
+            ["actor_rollout_ref.actor.policy_loss.weight=ppo"],
+            "policy_loss.weight='ppo' is not valid",
+        ),
         ("opmd_kimi", ["actor_rollout_ref.actor.policy_loss.regularizer=l2"], "policy_loss.regularizer='l2'"),
         (
             "m2po",
             ["actor_rollout_ref.actor.policy_loss.m2po_token_pool=harmful"],
-            "actor_rollout_ref.actor.policy_loss.m2po_token_pool='harmful' is not valid; allowed values: trust_region, all",
+            "actor_rollout_ref.actor.policy_loss.m2po_token_pool='harmful' is not valid; allowed values: "
+            "trust_region, all",
         ),
         ("opmd", ["algorithm.offpolicy.baseline=median"], "allowed values: mean, logavgexp"),
         ("opmd", ["algorithm.offpolicy.ratio_anchor=old"], "allowed values: behaviour, rollout, proximal"),
@@ -312,7 +362,11 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("grpo", ["skip.rollout_tq.enable=true"], "set skip.rollout_tq.enable=false"),
         ("grpo", ["trainer.v1.sampler.custom_sampler.path=my.py"], "remove trainer.v1.sampler.custom_sampler"),
         # verl's version bound N admits staleness <= N - 1; (4, 1)'s worst is step 5 at version 0: 4 versions old
-        ("opmd", [*schedule_of(4, 1), f"{THRESHOLD}=4"], f"up to 4 versions old (s + d - 1), spanning 5 versions, but {THRESHOLD}=4"),
+        (
+            "opmd",
+            [*schedule_of(4, 1), f"{THRESHOLD}=4"],
+            f"up to 4 versions old (s + d - 1), spanning 5 versions, but {THRESHOLD}=4",
+        ),
         ("opmd", [*schedule_of(20, 10), f"{THRESHOLD}=8"], f"set {THRESHOLD} >= 30"),
         ("opmd", [f"{THRESHOLD}=0"], f"{THRESHOLD} must be an integer >= 1 or null, got 0"),
         # overlapped mode needs a rollout pool of its own (tests/scheduler/test_overlapped.py covers the rest)
@@ -320,21 +374,59 @@ def test_rollout_correction_combinations_that_compose_pass_validation(preset, ov
         ("grpo", ["algorithm.rollout_correction.bypass_mode=true"], "set algorithm.offpolicy.ratio_anchor=rollout"),
         # a replaced loss stops as another preset's algorithm (tests/glue/test_user_scripts.py); without the preset's
         # name the pairing rule names the pair
-        ("pairwise_opmd", ["actor_rollout_ref.actor.policy_loss.loss_mode=rec", NO_PRESET], "both set to pairwise_opmd"),
-        ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd", NO_PRESET], "algorithm.adv_estimator=grpo and"),
+        (
+            "pairwise_opmd",
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=rec", NO_PRESET],
+            "both set to pairwise_opmd",
+        ),
+        (
+            "grpo",
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=pairwise_opmd", NO_PRESET],
+            "algorithm.adv_estimator=grpo and",
+        ),
         ("pairwise_opmd", ["algorithm.kl_ctrl.kl_coef=0.5"], "to equal algorithm.offpolicy.tau"),
         ("pairwise_opmd", ["actor_rollout_ref.actor.ppo_epochs=2"], "actor_rollout_ref.actor.ppo_epochs=1 (got 2)"),
-        ("pairwise_opmd", ["algorithm.rollout_correction.bypass_mode=true"], "adv_estimator=pairwise_opmd computes its reward"),
+        (
+            "pairwise_opmd",
+            ["algorithm.rollout_correction.bypass_mode=true"],
+            "adv_estimator=pairwise_opmd computes its reward",
+        ),
         # composition with verl's rollout correction (TIS/IcePop/MIS: rollout_is; Geo-RS: rollout_rs)
-        ("opmd", [f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"], "need the inference engine's log-probs"),
-        ("opmd", [f"{RC}.rollout_is=token", *LOGPROBS, f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout"],
-         "algorithm.rollout_correction.bypass_mode=true with algorithm.rollout_correction.rollout_is=token"),
-        ("opmd", [*LOGPROBS, f"{RC}.bypass_mode=true", "trainer.use_v1=false"], "replaces actor_rollout_ref.actor.policy_loss.loss_mode=opmd"),
-        ("topr", [*LOGPROBS, f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout", f"{RC}.loss_type=reinforce"],
-         "algorithm.rollout_correction.loss_type=reinforce selects verl's bypass_mode loss"),
-        ("pairwise_opmd", [*LOGPROBS, f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"],
-         "algorithm.adv_estimator=pairwise_opmd with algorithm.rollout_correction.rollout_rs=seq_mean_k1"),
-        ("rec_oneside_nois", [*LOGPROBS, f"{RC}.rollout_is=token", "algorithm.offpolicy.ratio_anchor=rollout"], "corrected twice"),
+        (
+            "opmd",
+            [f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+            "need the inference engine's log-probs",
+        ),
+        (
+            "opmd",
+            [f"{RC}.rollout_is=token", *LOGPROBS, f"{RC}.bypass_mode=true", "algorithm.offpolicy.ratio_anchor=rollout"],
+            "algorithm.rollout_correction.bypass_mode=true with algorithm.rollout_correction.rollout_is=token",
+        ),
+        (
+            "opmd",
+            [*LOGPROBS, f"{RC}.bypass_mode=true", "trainer.use_v1=false"],
+            "replaces actor_rollout_ref.actor.policy_loss.loss_mode=opmd",
+        ),
+        (
+            "topr",
+            [
+                *LOGPROBS,
+                f"{RC}.bypass_mode=true",
+                "algorithm.offpolicy.ratio_anchor=rollout",
+                f"{RC}.loss_type=reinforce",
+            ],
+            "algorithm.rollout_correction.loss_type=reinforce selects verl's bypass_mode loss",
+        ),
+        (
+            "pairwise_opmd",
+            [*LOGPROBS, f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"],
+            "algorithm.adv_estimator=pairwise_opmd with algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+        ),
+        (
+            "rec_oneside_nois",
+            [*LOGPROBS, f"{RC}.rollout_is=token", "algorithm.offpolicy.ratio_anchor=rollout"],
+            "corrected twice",
+        ),
     ],
 )
 def test_invalid_combination_fails_with_what_to_change(preset, overrides, message):
@@ -348,16 +440,24 @@ def test_invalid_combination_fails_with_what_to_change(preset, overrides, messag
 def test_a_behaviour_anchored_preset_takes_verls_corrections_on_stale_batches(preset):
     # under the behaviour anchor the weight is π_behaviour/π_rollout (the engines' mismatch), so sequence IS with an
     # IcePop bound and a geometric rejection mask compose at (4, 1); the trainer test checks the pair compared
-    corrections = [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_2.0", f"{RC}.rollout_rs=seq_mean_k1",
-                   f"{RC}.rollout_rs_threshold=0.9_1.1"]
-    cfg = compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *LOGPROBS, *corrections, *schedule_of(4, 1), *VALID_SIZES])
+    corrections = [
+        f"{RC}.rollout_is=sequence",
+        f"{RC}.rollout_is_threshold=0.5_2.0",
+        f"{RC}.rollout_rs=seq_mean_k1",
+        f"{RC}.rollout_rs_threshold=0.9_1.1",
+    ]
+    cfg = compose_main_ppo(
+        "offpolicy_trainer", [f"algorithm={preset}", *LOGPROBS, *corrections, *schedule_of(4, 1), *VALID_SIZES]
+    )
     validate_offpolicy_config(cfg)
 
 
 @pytest.mark.parametrize("threshold", ["5", "null"])
 def test_a_version_bound_the_schedule_stays_within_is_accepted(threshold):
     # (4, 1) trains batches at most 4 versions old (spanning 5): a bound of 5, or none, holds
-    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=opmd", *schedule_of(4, 1), f"{THRESHOLD}={threshold}", *VALID_SIZES])
+    cfg = compose_main_ppo(
+        "offpolicy_trainer", ["algorithm=opmd", *schedule_of(4, 1), f"{THRESHOLD}={threshold}", *VALID_SIZES]
+    )
     validate_offpolicy_config(cfg)
 
 
@@ -373,29 +473,42 @@ def test_m2po_preset_takes_four_optimizer_updates_per_batch(train_batch_size, mi
     validate_offpolicy_config(cfg)
 
 
-@pytest.mark.parametrize("overrides, warned", [
-    ([], "at (s, d) = (1, 0) under algorithm.offpolicy.ratio_anchor=behaviour"),
-    ([*schedule_of(4, 0), "algorithm.offpolicy.ratio_anchor=proximal"], "at algorithm.offpolicy.ratio_anchor=proximal"),
-    ([*schedule_of(4, 0)], None),  # stale batches: ratios against the generating weights differ from 1
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=4"], None),  # 16 prompts / 4: the later updates' ratios move
-])
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        ([], "at (s, d) = (1, 0) under algorithm.offpolicy.ratio_anchor=behaviour"),
+        (
+            [*schedule_of(4, 0), "algorithm.offpolicy.ratio_anchor=proximal"],
+            "at algorithm.offpolicy.ratio_anchor=proximal",
+        ),
+        ([*schedule_of(4, 0)], None),  # stale batches: ratios against the generating weights differ from 1
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=4"], None),  # 16 prompts / 4: the later updates' ratios move
+    ],
+)
 def test_m2po_with_one_update_on_fresh_ratios_is_warned_to_be_plain_ppo(caplog, overrides, warned):
     """One update per batch on ratios recomputed at the update's own weights: every ratio is 1, nothing is masked."""
-    cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=m2po", *VALID_SIZES, *overrides])  # 16 prompts, mini-batch 16
+    cfg = compose_main_ppo(
+        "offpolicy_trainer", ["algorithm=m2po", *VALID_SIZES, *overrides]
+    )  # 16 prompts, mini-batch 16
     with caplog.at_level("WARNING", logger="verl_offpolicy"):
         validate_offpolicy_config(cfg)
     if warned is None:
         assert "loss_mode=m2po with one optimizer update" not in caplog.text
     else:
-        assert ("actor_rollout_ref.actor.policy_loss.loss_mode=m2po with one optimizer update per batch "
-                f"(actor_rollout_ref.actor.ppo_mini_batch_size=16 = data.train_batch_size, ppo_epochs=1) {warned}: every "
-                "ratio is 1 at the update, so M2PO masks nothing and is plain PPO") in caplog.text
+        assert (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=m2po with one optimizer update per batch "
+            f"(actor_rollout_ref.actor.ppo_mini_batch_size=16 = data.train_batch_size, ppo_epochs=1) {warned}: every "
+            "ratio is 1 at the update, so M2PO masks nothing and is plain PPO"
+        ) in caplog.text
 
 
 def test_pairwise_opmd_rejects_several_updates_per_batch():
     # its group coefficients are exact at the first optimizer update of a batch only
     cfg = compose_main_ppo("offpolicy_trainer", ["algorithm=pairwise_opmd", *VALID_SIZES, "data.train_batch_size=32"])
-    with pytest.raises(ValueError, match=r"set actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16, i.e. 2 optimizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"set actor_rollout_ref.actor.ppo_mini_batch_size=32 \(= data.train_batch_size; got 16, i.e. 2 optimizer",
+    ):
         validate_offpolicy_config(cfg)
 
 
@@ -404,15 +517,26 @@ def test_on_a_fresh_batch_these_presets_take_reinforces_step(preset):
     """With one optimizer step per batch and a fresh batch, the ratio to the behaviour policy is 1: REC's one-side mask
     keeps every token (0.8 <= 1 <= 1.2) and the squared log-ratio's gradient 2c(log pi - log pi_old) is 0. Each of the
     three presets then takes plain group-mean REINFORCE's step: advantages r - mean(r), per-token gradient of the
-    token-mean loss -A_i / (number of tokens). benchmarks/smollm2_study.py runs their on-policy setting once for this."""
+    token-mean loss -A_i / (number of tokens). benchmarks/smollm2_study.py runs their on-policy setting once for
+    this."""
     cfg = compose_main_ppo("offpolicy_trainer", [preset_selector(preset, "offpolicy_trainer"), *VALID_SIZES])
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     # verl's compute_advantage hands GRPO's estimator the std switch as an argument (not through the config)
     fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
     scores = torch.zeros(6, 3)
     scores[:, -1] = torch.tensor(rewards)
-    kwargs = {"norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo} if cfg.algorithm.adv_estimator == "grpo" else {}
-    adv, _ = fn(token_level_rewards=scores, response_mask=torch.ones(6, 3), index=np.array(list("aaabbb")), config=cfg.algorithm, **kwargs)
+    kwargs = (
+        {"norm_adv_by_std_in_grpo": cfg.algorithm.norm_adv_by_std_in_grpo}
+        if cfg.algorithm.adv_estimator == "grpo"
+        else {}
+    )
+    adv, _ = fn(
+        token_level_rewards=scores,
+        response_mask=torch.ones(6, 3),
+        index=np.array(list("aaabbb")),
+        config=cfg.algorithm,
+        **kwargs,
+    )
     adv = adv[:, 0]
     assert adv.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])  # r - group mean: no std normalisation
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
@@ -428,8 +552,11 @@ def test_on_a_fresh_batch_these_presets_take_reinforces_step(preset):
     assert torch.allclose(grad, -advantages * mask / mask.sum(), atol=1e-7)
 
 
-# The fast tier checks a behaviour-anchored and a proximal preset; the slow tier every preset (a repeat on more configs).
-ON_VERLS_TRAINERS = [p if p in ("rec_oneside_nois", "opmd") else pytest.param(p, marks=pytest.mark.slow) for p in preset_names()]
+# The fast tier checks a behaviour-anchored and a proximal preset; the slow tier every preset (a repeat on more
+# configs).
+ON_VERLS_TRAINERS = [
+    p if p in ("rec_oneside_nois", "opmd") else pytest.param(p, marks=pytest.mark.slow) for p in preset_names()
+]
 
 
 @pytest.mark.parametrize("preset", ON_VERLS_TRAINERS)
@@ -441,7 +568,11 @@ def test_every_preset_runs_on_verls_own_trainers_at_one_zero(preset, trainer):
     validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [f"algorithm={preset}", *trainer, *VALID_SIZES]))
 
 
-ROLLOUT_ANCHOR = ["algorithm=rec_oneside_nois", "algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"]
+ROLLOUT_ANCHOR = [
+    "algorithm=rec_oneside_nois",
+    "algorithm.offpolicy.ratio_anchor=rollout",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+]
 MODE = "actor_rollout_ref.rollout.logprobs_mode"
 
 
@@ -452,18 +583,28 @@ def _rollout_anchor(*overrides):
 @pytest.mark.parametrize("mode", ["raw_logits", "processed_logits"])
 def test_the_rollout_anchor_refuses_the_logit_modes(mode):
     """vLLM returns logits, not log-probs, in the *_logits modes: the loss's π_old would be a logit."""
-    with pytest.raises(ValueError, match=rf"ratio_anchor=rollout read the rollout's values as log π_rollout, but {MODE}={mode} makes vLLM return the logits.*, not log-probs: set {MODE}=processed_logprobs"):
+    with pytest.raises(
+        ValueError,
+        match=rf"ratio_anchor=rollout read the rollout's values as log π_rollout, but {MODE}={mode} makes vLLM "
+        rf"return the logits.*, not log-probs: set {MODE}=processed_logprobs",
+    ):
         validate_offpolicy_config(_rollout_anchor(f"{MODE}={mode}"))
 
 
-@pytest.mark.parametrize("reader", [[f"{RC}.rollout_is=token"], [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.9_1.1"]])
+@pytest.mark.parametrize(
+    "reader", [[f"{RC}.rollout_is=token"], [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.9_1.1"]]
+)
 def test_verls_rollout_correction_refuses_the_logit_modes(reader):
     # behaviour anchor: the logits would enter verl's weights or rejection masks as log π_rollout
     overrides = ["algorithm=rec_oneside_nois", *LOGPROBS, *reader, *VALID_SIZES]
-    with pytest.raises(ValueError, match=rf"{re.escape(reader[0])} read the rollout's values as log π_rollout, but {MODE}=raw_logits"):
+    with pytest.raises(
+        ValueError, match=rf"{re.escape(reader[0])} read the rollout's values as log π_rollout, but {MODE}=raw_logits"
+    ):
         validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [*overrides, f"{MODE}=raw_logits"]))
     # nothing reads the rollout's values: any mode passes
-    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", ["algorithm=rec_oneside_nois", *VALID_SIZES, f"{MODE}=raw_logits"]))
+    validate_offpolicy_config(
+        compose_main_ppo("offpolicy_trainer", ["algorithm=rec_oneside_nois", *VALID_SIZES, f"{MODE}=raw_logits"])
+    )
 
 
 @pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs", "null"])
@@ -478,25 +619,44 @@ def test_the_rollout_anchor_takes_a_temperature_under_processed_logprobs():
     validate_offpolicy_config(cfg)
 
 
-@pytest.mark.parametrize("mode, shown", [("raw_logprobs", "raw_logprobs"), ("null", "null (vLLM's default, raw_logprobs)")])
+@pytest.mark.parametrize(
+    "mode, shown", [("raw_logprobs", "raw_logprobs"), ("null", "null (vLLM's default, raw_logprobs)")]
+)
 def test_the_rollout_anchor_refuses_a_temperature_under_raw_logprobs(mode, shown):
     """raw_logprobs are at temperature 1, the trainer's at T (huggingface/trl#4159)."""
-    with pytest.raises(ValueError, match=rf"temperature=0.6 with {re.escape(f'{MODE}={shown}')} returns log-probs at temperature 1, while the trainer computes log_softmax\(logits/0.6\).*trl#4159\). Set {MODE}=processed_logprobs"):
+    with pytest.raises(
+        ValueError,
+        match=rf"temperature=0.6 with {re.escape(f'{MODE}={shown}')} returns log-probs at temperature 1, while the "
+        rf"trainer computes log_softmax\(logits/0.6\).*trl#4159\). Set {MODE}=processed_logprobs",
+    ):
         validate_offpolicy_config(_rollout_anchor("actor_rollout_ref.rollout.temperature=0.6", f"{MODE}={mode}"))
 
 
-@pytest.mark.parametrize("mode, reported", [
-    ("processed_logprobs", "renormalised over the kept tokens: log π(y) − log S"),
-    ("raw_logprobs", "those of the untruncated distribution"),
-])
+@pytest.mark.parametrize(
+    "mode, reported",
+    [
+        ("processed_logprobs", "renormalised over the kept tokens: log π(y) − log S"),
+        ("raw_logprobs", "those of the untruncated distribution"),
+    ],
+)
 @pytest.mark.parametrize("sampling", ["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_k=50"])
 def test_the_rollout_anchor_refuses_a_truncated_sampling_distribution(sampling, mode, reported):
-    """Truncated, the log-probs are those of the kept set (or of the untruncated π): every ratio biased (huggingface/trl#6789)."""
+    """Truncated, the log-probs are those of the kept set (or of the untruncated π): every ratio biased
+    (huggingface/trl#6789)."""
     overrides = [sampling, f"{MODE}={mode}"]
-    with pytest.raises(ValueError, match=rf"ratio_anchor=rollout takes the rollout's log-probs as π_old, but {re.escape(sampling)} makes the rollout sample from a truncated distribution, and with {MODE}={mode} its log-probs are {re.escape(reported)}.*trl#6789"):
+    with pytest.raises(
+        ValueError,
+        match=rf"ratio_anchor=rollout takes the rollout's log-probs as π_old, but {re.escape(sampling)} makes the "
+        rf"rollout sample from a truncated distribution, and with {MODE}={mode} its log-probs are "
+        rf"{re.escape(reported)}.*trl#6789",
+    ):
         validate_offpolicy_config(_rollout_anchor(*overrides))
     # the anchors the trainer computes itself are not affected
-    validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [o for o in ROLLOUT_ANCHOR if "ratio_anchor" not in o] + overrides + VALID_SIZES))
+    validate_offpolicy_config(
+        compose_main_ppo(
+            "offpolicy_trainer", [o for o in ROLLOUT_ANCHOR if "ratio_anchor" not in o] + overrides + VALID_SIZES
+        )
+    )
 
 
 def test_a_correction_on_truncated_sampling_is_warned_about(caplog):
@@ -507,6 +667,10 @@ def test_a_correction_on_truncated_sampling_is_warned_about(caplog):
         validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", base))
     assert "sampling gap" not in caplog.text
     with caplog.at_level("WARNING", logger="verl_offpolicy"):
-        validate_offpolicy_config(compose_main_ppo("offpolicy_trainer", [*base, "actor_rollout_ref.rollout.top_p=0.95"]))
-    assert (f"{RC}.rollout_is=token compare the rollout's log-probs with the trainer's, and "
-            "actor_rollout_ref.rollout.top_p=0.95 (log-probs renormalised over the kept set) add a sampling gap") in caplog.text
+        validate_offpolicy_config(
+            compose_main_ppo("offpolicy_trainer", [*base, "actor_rollout_ref.rollout.top_p=0.95"])
+        )
+    assert (
+        f"{RC}.rollout_is=token compare the rollout's log-probs with the trainer's, and "
+        "actor_rollout_ref.rollout.top_p=0.95 (log-probs renormalised over the kept set) add a sampling gap"
+    ) in caplog.text

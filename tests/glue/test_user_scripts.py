@@ -9,7 +9,6 @@ preset files by hand (named in each test).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -86,7 +85,10 @@ def test_an_error_caused_by_a_replaced_preset_key_says_so():
     message = _startup("ppo_trainer", ["+algorithm=agro", "algorithm.use_kl_in_reward=False"])
     assert message is not None
     assert "set algorithm.use_kl_in_reward=true" in message
-    assert "Your command line set `algorithm.use_kl_in_reward=False` (the preset agro sets algorithm.use_kl_in_reward=True)" in message
+    assert (
+        "Your command line set `algorithm.use_kl_in_reward=False` (the preset agro sets "
+        "algorithm.use_kl_in_reward=True)" in message
+    )
 
 
 def test_defining_keys_are_the_families_variant_knobs():
@@ -129,7 +131,13 @@ def _taskrunner(config_name: str, overrides: list[str], config_dir: Path | None 
     deletes it), no callback ran on it. None if it passes, else the message."""
     from verl_offpolicy.glue.validation import validate_offpolicy_config
 
-    argv = [*(["--config-dir", str(config_dir)] if config_dir else []), "--config-name", config_name, *VALID_SIZES, *overrides]
+    argv = [
+        *(["--config-dir", str(config_dir)] if config_dir else []),
+        "--config-name",
+        config_name,
+        *VALID_SIZES,
+        *overrides,
+    ]
     config = compose_main_ppo_argv(argv)
     assert "hydra" not in config
     try:
@@ -166,7 +174,9 @@ def test_the_taskrunner_passes_a_preset_as_written_and_a_magnitude_changed():
 
 def test_a_variant_knob_changed_in_a_config_file_stops_in_the_taskrunner():
     """rec_ring_nois.yaml sets clip_mode=ring: a loss knob with a closed list, so a defining key."""
-    message = _taskrunner("offpolicy_trainer", ["algorithm=rec_ring_nois", f"{LOSS_MODE_KEY.rsplit('.', 1)[0]}.clip_mode=two-side"])
+    message = _taskrunner(
+        "offpolicy_trainer", ["algorithm=rec_ring_nois", f"{LOSS_MODE_KEY.rsplit('.', 1)[0]}.clip_mode=two-side"]
+    )
     assert message is not None and "clip_mode=two-side (the preset sets ring)" in message
     assert "`+algorithm=rec_twoside_nois`" in message  # rec_twoside_nois.yaml: the same keys with clip_mode two-side
 
@@ -198,25 +208,41 @@ def _notes(capsys) -> list[str]:
 
 def test_a_scripts_mini_batch_is_named_with_the_updates_it_makes(capsys):
     """common.yaml: ppo_mini_batch_size = data.train_batch_size (one update); 1024 / 256 = 4 updates."""
-    assert _startup("ppo_trainer", ["+algorithm=opmd", "data.train_batch_size=1024", f"{ACTOR}.ppo_mini_batch_size=256"]) is None
+    assert (
+        _startup("ppo_trainer", ["+algorithm=opmd", "data.train_batch_size=1024", f"{ACTOR}.ppo_mini_batch_size=256"])
+        is None
+    )
     assert _notes(capsys) == [
-        f"verl-offpolicy: note: {ACTOR}.ppo_mini_batch_size 1024 -> 256 (your command line replaces preset opmd's value): "
+        f"verl-offpolicy: note: {ACTOR}.ppo_mini_batch_size 1024 -> 256 (your command line replaces preset "
+        "opmd's value): "
         "4 optimizer updates per batch instead of 1"
     ]
 
 
 def test_m2po_with_one_update_per_batch_is_named_plain_ppo(capsys):
     """m2po.yaml: mini-batch = the largest divisor of 64 giving >= 4 updates = 16 (4 updates); 64 gives 1."""
-    assert _startup("ppo_trainer", ["+algorithm=m2po", "data.train_batch_size=64", f"{ACTOR}.ppo_mini_batch_size=64"]) is None
+    assert (
+        _startup("ppo_trainer", ["+algorithm=m2po", "data.train_batch_size=64", f"{ACTOR}.ppo_mini_batch_size=64"])
+        is None
+    )
     (note,) = _notes(capsys)
     assert "ppo_mini_batch_size 16 -> 64" in note and "1 optimizer update per batch instead of 4" in note
     assert "is plain PPO: every ratio is 1" in note
 
 
 def test_a_scripts_kl_loss_and_a_knob_are_named(capsys):
-    assert _startup("ppo_trainer", [
-        "+algorithm=opmd", f"{ACTOR}.use_kl_loss=True", f"{ACTOR}.kl_loss_coef=0.001", "algorithm.offpolicy.tau=0.5",
-    ]) is None
+    assert (
+        _startup(
+            "ppo_trainer",
+            [
+                "+algorithm=opmd",
+                f"{ACTOR}.use_kl_loss=True",
+                f"{ACTOR}.kl_loss_coef=0.001",
+                "algorithm.offpolicy.tau=0.5",
+            ],
+        )
+        is None
+    )
     notes = _notes(capsys)
     assert any(f"{ACTOR}.use_kl_loss False -> True" in n and "kl_loss_coef=0.001" in n for n in notes), notes
     assert any("algorithm.offpolicy.tau 1.0 -> 0.5" in n and "Temperature τ" in n for n in notes), notes
@@ -231,8 +257,12 @@ def test_no_note_without_a_preset(capsys):
 
 # ------------------------------------------------------------------- LoRA on its own pool, verl's async trainers
 
-POOL = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
-        "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+POOL = [
+    "actor_rollout_ref.hybrid_engine=false",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
 SEPARATE_ASYNC = ["trainer.v1.trainer_mode=separate_async", *POOL]
 LORA = "actor_rollout_ref.model.lora_rank=8"
 MERGED = "actor_rollout_ref.model.lora.merge=true"
@@ -244,16 +274,27 @@ def _validate(*overrides: str):
     validate_offpolicy_config(compose_main_ppo("ppo_trainer", ["+algorithm=opmd", *VALID_SIZES, *overrides]))
 
 
-@pytest.mark.parametrize("mode", [
-    ["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true", *POOL],  # ours, overlapped
-    [*SEPARATE_ASYNC, "trainer.v1.separate_async.parameter_sync_step=1"],  # verl's own
-], ids=["overlapped", "separate_async"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        [
+            "algorithm.offpolicy.ratio_anchor=rollout",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            *POOL,
+        ],  # ours, overlapped
+        [*SEPARATE_ASYNC, "trainer.v1.separate_async.parameter_sync_step=1"],  # verl's own
+    ],
+    ids=["overlapped", "separate_async"],
+)
 def test_lora_on_a_rollout_pool_of_its_own_needs_merged_weights(mode):
     """verl 0.9.1's checkpoint-engine weight path sends the base weights without the adapter (verl#7495)."""
     from verl_offpolicy.glue.validation import OffPolicyConfigError
 
-    with pytest.raises(OffPolicyConfigError, match=r"lora_rank=8 with actor_rollout_ref.hybrid_engine=false .* needs "
-                       r"actor_rollout_ref.model.lora.merge=true: .*verl#7495"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"lora_rank=8 with actor_rollout_ref.hybrid_engine=false .* needs "
+        r"actor_rollout_ref.model.lora.merge=true: .*verl#7495",
+    ):
         _validate(*mode, LORA)
     _validate(*mode, LORA, MERGED)
     _validate(*mode)  # no LoRA
@@ -264,15 +305,25 @@ def test_separate_asyncs_own_asserts_are_startup_errors():
     default step is 4; VALID_SIZES: batch 16, mini-batch 16) and a checkpoint engine other than naive."""
     from verl_offpolicy.glue.validation import OffPolicyConfigError
 
-    with pytest.raises(OffPolicyConfigError, match=r"needs data.train_batch_size == trainer.v1.separate_async.parameter_sync_step "
-                       r"x actor_rollout_ref.actor.ppo_mini_batch_size, got 16 != 4 x 16: set trainer.v1.separate_async."
-                       r"parameter_sync_step=1 or actor_rollout_ref.actor.ppo_mini_batch_size=4"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"needs data.train_batch_size == trainer.v1.separate_async.parameter_sync_step "
+        r"x actor_rollout_ref.actor.ppo_mini_batch_size, got 16 != 4 x 16: set trainer.v1.separate_async."
+        r"parameter_sync_step=1 or actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    ):
         _validate(*SEPARATE_ASYNC)
-    _validate(*SEPARATE_ASYNC, "trainer.v1.separate_async.parameter_sync_step=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
+    _validate(
+        *SEPARATE_ASYNC,
+        "trainer.v1.separate_async.parameter_sync_step=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    )
     naive = [o for o in SEPARATE_ASYNC if "checkpoint_engine" not in o]
     with pytest.raises(OffPolicyConfigError, match=r"separate_async .*checkpoint_engine.backend to verl's nccl"):
         _validate(*naive, "trainer.v1.separate_async.parameter_sync_step=1")
-    with pytest.raises(OffPolicyConfigError, match=r"data.train_batch_size=16 must be divisible by trainer.v1.colocate_async.parameter_sync_step=3"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"data.train_batch_size=16 must be divisible by trainer.v1.colocate_async.parameter_sync_step=3",
+    ):
         _validate("trainer.v1.trainer_mode=colocate_async", "+trainer.v1.colocate_async.parameter_sync_step=3")
 
 
@@ -295,14 +346,22 @@ def test_check_help_lists_main_ppos_options(capsys):
         assert flag in out
 
 
-@pytest.mark.parametrize("overrides,trainer", [
-    ([], "offpolicy(colocated)"),
-    (["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true", *POOL], "offpolicy_overlapped"),
-    (["trainer.use_v1=false"], "RayPPOTrainer(legacy,trainer.use_v1=false)"),
-    (["trainer.v1.trainer_mode=colocate_async"], "colocate_async"),
-])
+@pytest.mark.parametrize(
+    "overrides,trainer",
+    [
+        ([], "offpolicy(colocated)"),
+        (
+            ["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true", *POOL],
+            "offpolicy_overlapped",
+        ),
+        (["trainer.use_v1=false"], "RayPPOTrainer(legacy,trainer.use_v1=false)"),
+        (["trainer.v1.trainer_mode=colocate_async"], "colocate_async"),
+    ],
+)
 def test_checks_ok_line_names_the_trainer_that_will_run(capsys, overrides, trainer):
-    assert main(["check", "--no-worker-probe", "+algorithm=opmd", *VALID_SIZES, *overrides]) == 0, capsys.readouterr().err
+    assert main(["check", "--no-worker-probe", "+algorithm=opmd", *VALID_SIZES, *overrides]) == 0, (
+        capsys.readouterr().err
+    )
     assert f" trainer={trainer} " in capsys.readouterr().out
 
 
@@ -352,7 +411,9 @@ def _argv(path: Path) -> list[str]:
 def _signature(argv: list[str]) -> tuple[str, ...]:
     """The part of a line that can change a preset: its options and every key some preset sets."""
     keys = {k for name in preset_names() for k in preset_values(name)} | {"data.train_batch_size"}
-    return tuple(a for a in argv if a.startswith("-") and not a.startswith(("+", "~")) or a.split("=")[0].lstrip("+~") in keys)
+    return tuple(
+        a for a in argv if a.startswith("-") and not a.startswith(("+", "~")) or a.split("=")[0].lstrip("+~") in keys
+    )
 
 
 def _outcome(argv: list[str], preset: str):
@@ -411,7 +472,9 @@ def test_every_kind_of_verl_script_gets_the_preset_or_a_stop():
     outcomes, presets = [], preset_names()
     for index, path in enumerate(representatives.values()):
         if recorded_drift(path):
-            assert _drifted(_argv(path)), f"{path} is listed in DRIFT.md but composes: regenerate it (capture.py --drift)"
+            assert _drifted(_argv(path)), (
+                f"{path} is listed in DRIFT.md but composes: regenerate it (capture.py --drift)"
+            )
             continue
         outcomes.append(assert_preset_or_stop(_argv(path), presets[index % len(presets)]))
     assert outcomes.count("ok") >= 5 and outcomes.count("stop") >= 5, outcomes
@@ -496,12 +559,13 @@ def test_a_verl_built_from_source_gets_the_version_warning(tmp_path, monkeypatch
     """A source build reads 0.10.0.dev0 or 0.9.0.dev0: our requirement (verl>=0.9,<0.10) excludes both, so
     `pip install .` would replace it (docs/cluster.md: `pip install --no-deps .`), and the version warning applies."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     from verl_offpolicy import verl_pin
 
-    requirement = next(r for r in tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"] if r.startswith("verl"))
+    requirement = next(
+        r for r in tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"] if r.startswith("verl")
+    )
     for source_build in ("0.10.0.dev0", "0.9.0.dev0"):
         assert not Requirement(requirement).specifier.contains(source_build, prereleases=True)
         dist_info = tmp_path / source_build / f"verl-{source_build}.dist-info"
@@ -509,7 +573,9 @@ def test_a_verl_built_from_source_gets_the_version_warning(tmp_path, monkeypatch
         (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: verl\nVersion: {source_build}\n")
         monkeypatch.syspath_prepend(str(dist_info.parent))
         assert verl_pin.installed_verl() == source_build
-        assert f"verl {source_build} is installed, but verl-offpolicy is tested on verl 0.9.1" in verl_pin.untested_verl()
+        assert (
+            f"verl {source_build} is installed, but verl-offpolicy is tested on verl 0.9.1" in verl_pin.untested_verl()
+        )
 
 
 def test_list_into_head_ends_without_a_traceback():
@@ -518,9 +584,12 @@ def test_list_into_head_ends_without_a_traceback():
     import sys
 
     code = "import sys; from verl_offpolicy.cli import main; sys.exit(main(['list']))"
-    proc = subprocess.run(["bash", "-c", f"'{sys.executable}' -c \"{code}\" | head -1; exit ${{PIPESTATUS[0]}}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "-c", f"'{sys.executable}' -c \"{code}\" | head -1; exit ${{PIPESTATUS[0]}}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == preset_names()[0]
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
-

@@ -55,7 +55,10 @@ def test_an_answer_that_cannot_finish_scores_0_at_the_deadline_and_the_next_one_
     first = math_verify_reward._SCORER.proc
     with ThreadPoolExecutor(max_workers=1) as pool:
         start = time.monotonic()
-        assert pool.submit(compute_score, "math", "\\boxed{9^{9^{9^{9}}}}", "3", timeout_seconds=2).result(timeout=300) == 0.0
+        assert (
+            pool.submit(compute_score, "math", "\\boxed{9^{9^{9^{9}}}}", "3", timeout_seconds=2).result(timeout=300)
+            == 0.0
+        )
         assert time.monotonic() - start < 60
         assert not psutil.pid_exists(first.pid) or psutil.Process(first.pid).status() == psutil.STATUS_ZOMBIE
         assert pool.submit(compute_score, "math", "\\boxed{\\frac{1}{2}}", "0.5").result(timeout=300) == 1.0
@@ -148,7 +151,8 @@ def test_check_rejects_a_bad_timeout_at_startup():
     from tests.hydra_utils import VALID_SIZES, compose_and_check
 
     overrides = [
-        "algorithm=grpo", *VALID_SIZES,
+        "algorithm=grpo",
+        *VALID_SIZES,
         "reward.custom_reward_function.path=pkg://verl_offpolicy.rewards.math_verify_reward",
         "+reward.custom_reward_function.reward_kwargs.timeout_seconds=0",
     ]

@@ -110,7 +110,9 @@ def test_last_boxed_equals_the_quadratic_search_on_random_strings():
         assert last_boxed(text) == quadratic_last_boxed(text), text
 
 
-@pytest.mark.parametrize("text", [UNCLOSED_112KB, UNCLOSED_1MB, UNCLOSED_1MB + "\\boxed{2}"], ids=["112KB", "1MB", "1MB-last-closes"])
+@pytest.mark.parametrize(
+    "text", [UNCLOSED_112KB, UNCLOSED_1MB, UNCLOSED_1MB + "\\boxed{2}"], ids=["112KB", "1MB", "1MB-last-closes"]
+)
 def test_last_boxed_is_linear_on_unclosed_boxes(text):
     # every box is unclosed except, in the last case, the final "\boxed{2}" (its "}" closes it first)
     with within(BOUND_SECONDS):
@@ -122,7 +124,9 @@ def test_a_pathological_answer_is_scored_within_the_deadline():
     with ThreadPoolExecutor(max_workers=1) as pool:
         no_box = pool.submit(compute_score, "math", UNCLOSED_112KB, "1", timeout_seconds=BOUND_SECONDS)
         assert no_box.result(timeout=300) == 0.0
-        last_closes = pool.submit(compute_score, "math", UNCLOSED_1MB + "\\boxed{2}", "2", timeout_seconds=BOUND_SECONDS)
+        last_closes = pool.submit(
+            compute_score, "math", UNCLOSED_1MB + "\\boxed{2}", "2", timeout_seconds=BOUND_SECONDS
+        )
         assert last_closes.result(timeout=300) == 1.0
 
 

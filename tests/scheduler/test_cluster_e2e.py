@@ -21,9 +21,9 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_cluster import BLIND, NODES, STEPS, cluster_job
-from verl_offpolicy.doctor import STORAGE_UNITS_KEY
 from verl_offpolicy.cpu.platform import is_loopback_host
 from verl_offpolicy.demo.cluster import node_resource
+from verl_offpolicy.doctor import STORAGE_UNITS_KEY
 from verl_offpolicy.glue.plugin_setting import PLUGINS_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -45,7 +45,11 @@ def cluster_run(cluster):
 
 def test_a_run_joins_an_existing_two_node_cluster_and_trains_the_scheduled_versions(cluster_run):
     proc = cluster_run.proc
-    ours = [line for line in (proc.stdout + proc.stderr).splitlines() if "cpu-demo]" in line or "verl-offpolicy demo:" in line]
+    ours = [
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if "cpu-demo]" in line or "verl-offpolicy demo:" in line
+    ]
     assert proc.returncode == 0, "\n".join(ours[-40:]) + "\n" + proc.stderr[-3000:]
     metrics = cluster_run.metrics
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -83,7 +87,7 @@ def test_doctor_checks_every_node_of_the_cluster_and_names_the_one_without_the_p
         else:
             assert "FAILED" not in block and "MISSING" not in block and "COLLISION" not in block, block
             assert block.count("\n  ok ") >= 10, block  # every name of ours, registered in that node's worker
-    summary = out[out.index("verl-offpolicy doctor found problems:"):]
+    summary = out[out.index("verl-offpolicy doctor found problems:") :]
     assert node_resource(BLIND) in summary and PLUGINS_ENV in summary, summary
     assert all(node_resource(i) not in summary for i in range(len(NODES)) if i != BLIND), summary
     assert "Traceback" not in out
@@ -116,7 +120,9 @@ def test_a_run_joining_a_cluster_stops_at_startup_naming_a_node_without_the_plug
         assert started.path.stat().st_mode & 0o077 == 0, oct(started.path.stat().st_mode)
         for key, value in started.env().items():
             monkeypatch.setenv(key, value)
-        cfg = OmegaConf.create({"algorithm": {"adv_estimator": "opmd"}, "ray_kwargs": {"ray_init": {"address": started.address}}})
+        cfg = OmegaConf.create(
+            {"algorithm": {"adv_estimator": "opmd"}, "ray_kwargs": {"ray_init": {"address": started.address}}}
+        )
         with pytest.raises(ValueError) as info:
             check_cluster_nodes(cfg)
         message = str(info.value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 # ------------------------------------------------------------- a frozen rollout: the wait's bound
 
 
@@ -33,5 +32,7 @@ def test_the_generation_bound_set_in_the_environment_is_fixed_and_checked():
     deadline.observe(1000.0)
     assert deadline.bound_s == 120 and "VERL_OFFPOLICY_GENERATION_TIMEOUT" in deadline.describe()
     for bad in ("-5", "0", "soon", "nan"):
-        with pytest.raises(ValueError, match=f"VERL_OFFPOLICY_GENERATION_TIMEOUT must be a number of seconds > 0, got '{bad}'"):
+        with pytest.raises(
+            ValueError, match=f"VERL_OFFPOLICY_GENERATION_TIMEOUT must be a number of seconds > 0, got '{bad}'"
+        ):
             GenerationDeadline.from_env({"VERL_OFFPOLICY_GENERATION_TIMEOUT": bad})

@@ -2,7 +2,8 @@
 
 The manager here is a recorder standing in for verl's AgentLoopManagerTQ, whose generate_sequences blocks until
 the Ray agent-loop workers took the batch: the tests control when it returns (an Event), which real workers do
-not allow. The real manager behind BackgroundDispatch runs in every overlapped e2e run (tests/scheduler/test_overlapped.py:
+not allow. The real manager behind BackgroundDispatch runs in every overlapped e2e run
+(tests/scheduler/test_overlapped.py:
 the same samples, versions and rewards as colocated).
 """
 

@@ -15,14 +15,18 @@ import re
 
 import pytest
 import torch
+from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
 
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.jobs import queued_at_start
 from tests.scenario_runs import dapo_run
 from verl_offpolicy.demo.repeat_task import make_row, write_splits
-from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
 from verl_offpolicy.glue.scheduler.filtering import (
-    FilterGroupsExhausted, VersionFill, check_filter_metric, trajectory_metric, zero_spread_groups,
+    FilterGroupsExhausted,
+    VersionFill,
+    check_filter_metric,
+    trajectory_metric,
+    zero_spread_groups,
 )
 from verl_offpolicy.glue.scheduler.metrics import filter_metrics
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
@@ -42,13 +46,18 @@ def test_groups_whose_metric_is_the_same_on_every_sample_are_dropped():
 def test_the_metric_is_read_as_verl_reads_it():
     # "reward": the sum of each trajectory's rm_scores, as verl's filter reads it (verl's reward loop puts the
     # score on the last response token; a sum over several tokens counts them all): 0.25 + 0.5, 0.25
-    scores = torch.nested.nested_tensor([torch.tensor([0.25, 0.0, 0.5]), torch.tensor([0.0, 0.25])], layout=torch.jagged)
+    scores = torch.nested.nested_tensor(
+        [torch.tensor([0.25, 0.0, 0.5]), torch.tensor([0.0, 0.25])], layout=torch.jagged
+    )
     assert trajectory_metric({"rm_scores": scores}, "reward").tolist() == [0.75, 0.25]
     assert trajectory_metric({"rm_scores": torch.tensor([[0.5, 0.5], [0.0, 0.0]])}, "reward").tolist() == [1.0, 0.0]
     # any other name: the trajectory's reward_extra_info
     extra = [{"reward_extra_info": {"acc": 1.0}}, {"reward_extra_info": {"acc": 0.0}}]
     assert trajectory_metric({"extra_fields": extra}, "acc").tolist() == [1.0, 0.0]
-    with pytest.raises(RuntimeError, match=r"algorithm.filter_groups.metric='score' is not in a trajectory's reward_extra_info \(keys: \['acc'\]\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"algorithm.filter_groups.metric='score' is not in a trajectory's reward_extra_info \(keys: \['acc'\]\)",
+    ):
         trajectory_metric({"extra_fields": extra}, "score")
 
 
@@ -63,7 +72,12 @@ def test_a_version_is_topped_up_until_every_batch_is_full():
     # Version 2 generates steps 4 and 5 (4 groups each). Round 1: step 4 keeps a1, a3 (a2, a4 dropped at
     # reward 0), step 5 keeps all. Step 4 misses 2 -> the top-up asks 2 x 2 = 4 prompts for step 4 only.
     fill = VersionFill.start(version=2, sizes={4: 4, 5: 4}, max_rounds=3, metric="reward")
-    fill.record_round({4: _round(["a1", "a2", "a3", "a4"], [False, True, False, True]), 5: _round(["b1", "b2", "b3", "b4"], [False] * 4)})
+    fill.record_round(
+        {
+            4: _round(["a1", "a2", "a3", "a4"], [False, True, False, True]),
+            5: _round(["b1", "b2", "b3", "b4"], [False] * 4),
+        }
+    )
     assert fill.top_ups() == {4: 4}
     # Round 2 (the same version's weights: one VersionFill per version): c1 dropped (reward 1), c2..c4 kept.
     # Step 4 takes its kept groups in submission order, a1 a3 c2 c3; c4 is surplus.
@@ -76,7 +90,8 @@ def test_a_version_is_topped_up_until_every_batch_is_full():
     assert fill.rounds == 2
     assert fill.describe() == (
         "offpolicy scheduler: algorithm.filter_groups at version 2: 2 generation rounds, 12 prompt groups generated, "
-        "3 dropped (same reward on every sample; value: groups = {0.0: 2, 1.0: 1}), 1 surplus discarded, steps [4, 5] full"
+        "3 dropped (same reward on every sample; value: groups = {0.0: 2, 1.0: 1}), 1 surplus discarded, steps "
+        "[4, 5] full"
     )
 
 
@@ -84,7 +99,12 @@ def test_the_rounds_bound_stops_the_run_with_what_to_do():
     # max_num_gen_batches = 2: round 1 drops all 4 groups of step 1 (3 at reward 0, 1 at 1), round 2's 8
     # prompts keep 1: still 3 short after 2 rounds.
     fill = VersionFill.start(version=0, sizes={1: 4, 2: 4}, max_rounds=2, metric="reward")
-    fill.record_round({1: (["a1", "a2", "a3", "a4"], [True] * 4, [0.0, 0.0, 0.0, 1.0]), 2: _round(["b1", "b2", "b3", "b4"], [False] * 4)})
+    fill.record_round(
+        {
+            1: (["a1", "a2", "a3", "a4"], [True] * 4, [0.0, 0.0, 0.0, 1.0]),
+            2: _round(["b1", "b2", "b3", "b4"], [False] * 4),
+        }
+    )
     assert fill.top_ups() == {1: 8}
     fill.record_round({1: _round([f"c{i}" for i in range(8)], [True] * 7 + [False])})
     with pytest.raises(FilterGroupsExhausted) as info:
@@ -135,7 +155,11 @@ def test_filter_metrics_account_for_every_generated_group():
 
 # ------------------------------------------------------------------------------ startup rules
 
-FILTER = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward", "algorithm.filter_groups.max_num_gen_batches=4"]
+FILTER = [
+    "algorithm.filter_groups.enable=true",
+    "algorithm.filter_groups.metric=reward",
+    "algorithm.filter_groups.max_num_gen_batches=4",
+]
 
 
 def _validate(extra):
@@ -162,13 +186,18 @@ def _filter_config(tmp_path, metric, reward_source=None):
     extra = [f"data.train_files={files['train_files']}", f"algorithm.filter_groups.metric={metric}"]
     if reward_source is not None:
         (tmp_path / "reward.py").write_text(reward_source)
-        extra += [f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.custom_reward_function.name=score"]
+        extra += [
+            f"reward.custom_reward_function.path={tmp_path / 'reward.py'}",
+            "reward.custom_reward_function.name=score",
+        ]
     else:
         extra += ["reward.custom_reward_function.path=pkg://verl_offpolicy.cpu.task"]
     return compose_main_ppo("offpolicy_trainer", ["algorithm=opmd", *VALID_SIZES, *FILTER[:1], *extra])
 
 
-DICT_REWARD = "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return {'score': 1.0, 'hit': 1}\n"
+DICT_REWARD = (
+    "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return {'score': 1.0, 'hit': 1}\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -245,7 +274,9 @@ def _check_filtered_run(metrics):
     for key in ("mean", "max", "min"):  # verl's staleness of every trained trajectory, top-ups included
         assert [int(m[f"training/off_policy/trajectory_staleness/{key}"]) for m in metrics] == E2E_STALENESS
     # the rollout's own report of the weights of every trained trajectory is the scheduled version
-    assert [(m["offpolicy/observed_version/min"], m["offpolicy/observed_version/max"]) for m in metrics] == [(v, v) for v in E2E_VERSIONS]
+    assert [(m["offpolicy/observed_version/min"], m["offpolicy/observed_version/max"]) for m in metrics] == [
+        (v, v) for v in E2E_VERSIONS
+    ]
     for m in metrics:
         generated, dropped = m["offpolicy/filter_groups/generated_groups"], m["training/filter_groups/evicted_samples"]
         surplus = m["training/filter_groups/discarded_surplus_samples"]
@@ -261,7 +292,8 @@ def _check_filtered_run(metrics):
 
 
 def _trained_groups(run) -> dict[int, list[tuple]]:
-    """Per step, each trained prompt group's (prompt, sorted (response, score) of its samples), from verl's rollout dumps."""
+    """Per step, each trained prompt group's (prompt, sorted (response, score) of its samples), from verl's
+    rollout dumps."""
     import json
     from collections import defaultdict
     from pathlib import Path
@@ -290,7 +322,10 @@ def test_only_groups_with_a_spread_are_trained(colocated_dapo_run):
 @pytest.mark.extended
 @pytest.mark.timeout(1800)
 def test_both_modes_train_the_same_filtered_groups(extended_dapo_runs):
-    colocated, overlapped = _trained_groups(extended_dapo_runs("colocated")), _trained_groups(extended_dapo_runs("overlapped"))
+    colocated, overlapped = (
+        _trained_groups(extended_dapo_runs("colocated")),
+        _trained_groups(extended_dapo_runs("overlapped")),
+    )
     # the same prompts drawn in the same order (the version's batches, then each round's top-ups in step order),
     # generated at the same versions: the same samples
     assert overlapped == colocated

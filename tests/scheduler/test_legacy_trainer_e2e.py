@@ -26,7 +26,9 @@ EXTENDED_TIER = ["opmd", "m2po", "pmd_mean"]
 
 def _pair(demo_runs, preset):
     return {
-        trainer: demo_runs.start(preset, STEPS, SMALL_DEMO + extra, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"{trainer}_{preset}")
+        trainer: demo_runs.start(
+            preset, STEPS, SMALL_DEMO + extra, PRIMARY_CONFIG, SHARED_RUN_TIMEOUT, name=f"{trainer}_{preset}"
+        )
         for trainer, extra in (("v1", []), ("legacy", LEGACY))
     }
 
@@ -44,7 +46,9 @@ def extended_runs(demo_runs):
 
 
 def _check_same_first_step(pair):
-    assert "Legacy trainer" in Path(pair["legacy"].log_path).read_text(errors="replace")  # verl's own warning: main_ppo_v0 ran
+    assert "Legacy trainer" in Path(pair["legacy"].log_path).read_text(
+        errors="replace"
+    )  # verl's own warning: main_ppo_v0 ran
     batches = {name: dumped_batches(Path(r.output_dir) / "rollouts", [1]) for name, r in pair.items()}
     assert batches["legacy"] == batches["v1"] and len(batches["v1"][1]) == 16  # 4 prompts x 4 samples
     first = {name: {m["step"]: m for m in r.metrics}[1] for name, r in pair.items()}

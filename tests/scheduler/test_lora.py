@@ -7,7 +7,8 @@ dtype on the CPU (``cpu/verl_shims.install_exact_merged_lora``: verl casts them 
 
 Fast: the model size the demo's ``summary.json`` reports, by hand. ``-m extended``: the (4, 1) runs, colocated
 and overlapped, train the same samples at the scheduled versions; rollout and trainer probabilities agree
-on the fresh step as in full-parameter runs (later syncs: the two modes' equality, each mode syncing differently); the overlapped run resumed from its step-3 checkpoint trains the
+on the fresh step as in full-parameter runs (later syncs: the two modes' equality, each mode syncing
+differently); the overlapped run resumed from its step-3 checkpoint trains the
 batches of the uninterrupted one; the summary's counts equal the count verl logs; the negative control, an
 overlapped LoRA run whose pushes are tagged one version ahead, stops before training; on-policy runs on the hf
 rollout and on verl's vLLM rollout (colocated and on its own pool) agree with the trainer after every sync.
@@ -22,15 +23,26 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, check_stopped_before_training_on_a_wrong_version, SMALL_DEMO, STANDALONE, checkpoint_of, dumped_batches,
-    needs_vllm, schedule, start_resumed,
+    PRIMARY_CONFIG,
+    SMALL_DEMO,
+    STANDALONE,
+    check_stopped_before_training_on_a_wrong_version,
+    checkpoint_of,
+    dumped_batches,
+    needs_vllm,
+    schedule,
+    start_resumed,
 )
 from verl_offpolicy.demo.model_size import count_parameters
 from verl_offpolicy.demo.tiny import TinyModelSpec, build_tiny
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV
 
 RANK = 8
-LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.model.lora.merge=true"]
+LORA = [
+    f"actor_rollout_ref.model.lora_rank={RANK}",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "actor_rollout_ref.model.lora.merge=true",
+]
 SETTING = (4, 1)
 STEPS = 6
 VERSIONS = [0, 0, 0, 0, 0, 4]  # (4, 1), steps 1..6, docs/scheduler.md's table
@@ -45,7 +57,11 @@ def test_the_demo_reports_the_model_size_verl_builds(tmp_path):
     head adds r·(in + out) per layer: q 8·128, k and v 8·96, o 8·128, gate, up, down 8·192 → 8 192 per layer,
     16 384 in all, the only trainable parameters."""
     paths = build_tiny(tmp_path / "tiny", TinyModelSpec())
-    assert count_parameters({"path": paths["model_path"]}) == {"parameters": 77_120, "trainable_parameters": 77_120, "lora_rank": 0}
+    assert count_parameters({"path": paths["model_path"]}) == {
+        "parameters": 77_120,
+        "trainable_parameters": 77_120,
+        "lora_rank": 0,
+    }
     lora = {"path": paths["model_path"], "lora_rank": RANK, "lora_alpha": 16, "target_modules": "all-linear"}
     assert count_parameters(lora) == {"parameters": 77_120 + 16_384, "trainable_parameters": 16_384, "lora_rank": RANK}
 
@@ -57,15 +73,24 @@ def _overrides(mode: str) -> list[str]:
 
 
 def _lora_run(demo_runs, mode: str, *, env=None, name=None, steps=STEPS):
-    return demo_runs.start("opmd", steps, _overrides(mode), PRIMARY_CONFIG, TIMEOUT, name=name or f"lora_{mode}", env=env)
+    return demo_runs.start(
+        "opmd", steps, _overrides(mode), PRIMARY_CONFIG, TIMEOUT, name=name or f"lora_{mode}", env=env
+    )
 
 
 @queued_at_start(scope="module")
 def lora_runs(demo_runs):
     jobs = {mode: _lora_run(demo_runs, mode) for mode in ("colocated", "overlapped")}
     resumed = start_resumed(
-        demo_runs, jobs["overlapped"], RESUME_STEP, preset="opmd", steps=STEPS, overrides=_overrides("overlapped"),
-        config_name=PRIMARY_CONFIG, timeout=TIMEOUT, name="lora_overlapped_resumed",
+        demo_runs,
+        jobs["overlapped"],
+        RESUME_STEP,
+        preset="opmd",
+        steps=STEPS,
+        overrides=_overrides("overlapped"),
+        config_name=PRIMARY_CONFIG,
+        timeout=TIMEOUT,
+        name="lora_overlapped_resumed",
     )
     return lambda mode: (resumed if mode == "resumed" else jobs[mode]).result()
 
@@ -82,7 +107,9 @@ SYNC_RUNS = {
 
 def _sync_run(demo_runs, case):
     model, overlay = SYNC_RUNS[case]
-    return demo_runs.start("opmd", SYNC_STEPS, SMALL_DEMO + LORA + overlay, PRIMARY_CONFIG, TIMEOUT, name=f"lora_{case}", model=model)
+    return demo_runs.start(
+        "opmd", SYNC_STEPS, SMALL_DEMO + LORA + overlay, PRIMARY_CONFIG, TIMEOUT, name=f"lora_{case}", model=model
+    )
 
 
 @queued_at_start()
@@ -114,7 +141,9 @@ def test_lora_trains_the_same_samples_colocated_and_overlapped(lora_runs):
         assert logged and f"{summary['parameters'] / 1000:.2f}" == logged.group(1)
     steps = range(1, STEPS + 1)
     assert _batches(colocated, steps) == _batches(overlapped, steps)
-    assert [m["actor/pg_loss"] for m in colocated.metrics] == pytest.approx([m["actor/pg_loss"] for m in overlapped.metrics], abs=1e-6)
+    assert [m["actor/pg_loss"] for m in colocated.metrics] == pytest.approx(
+        [m["actor/pg_loss"] for m in overlapped.metrics], abs=1e-6
+    )
 
 
 @pytest.mark.e2e
@@ -143,7 +172,9 @@ def test_negative_control_a_lora_run_whose_pushes_are_a_version_ahead_stops(wron
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(3000)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[needs_vllm] if c.startswith("vllm") else []) for c in SYNC_RUNS])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[needs_vllm] if c.startswith("vllm") else []) for c in SYNC_RUNS]
+)
 def test_the_rollout_generates_with_the_merged_weights_of_every_sync(demo_runs, case):
     """The rollout receives the merged weights (``lora.merge=true``) at each of the three on-policy steps:
     |p_rollout − p_trainer| on the sampled tokens stays at the fp32 full-parameter level after every sync (a sync

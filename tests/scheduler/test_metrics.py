@@ -1,4 +1,5 @@
-"""The trainer's metric helpers (``verl_offpolicy/glue/scheduler/metrics.py``): staleness under verl's names; ours only where verl has no name. The end-to-end check that a real run logs
+"""The trainer's metric helpers (``verl_offpolicy/glue/scheduler/metrics.py``): staleness under verl's names;
+ours only where verl has no name. The end-to-end check that a real run logs
 them is ``tests/scheduler/test_scheduler_e2e.py::test_logged_versions_and_staleness_follow_the_spec``."""
 
 import re
@@ -54,15 +55,16 @@ def test_anchor_corr_suffixes_are_the_keys_verl_returns():
     """The suffixes are what verl's own functions return (its compute_offpolicy_metrics in full; of its IS
     weight metrics, all but the four that measure a truncation threshold, which is not applied here)."""
     import torch
-
     from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics, compute_rollout_correction_weights
 
     proximal, anchor, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.0]]), torch.ones(1, 2)
     assert set(compute_offpolicy_metrics(proximal, anchor, mask)) == set(metrics.ANCHOR_CORR_DIVERGENCE)
     _, weights = compute_rollout_correction_weights(proximal - anchor, mask, "token", metrics.UNTRUNCATED)
     assert set(weights) - set(metrics.ANCHOR_CORR_WEIGHTS) == {
-        "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low",
-        "rollout_is_seq_fraction_high", "rollout_is_seq_fraction_low",
+        "rollout_is_ratio_fraction_high",
+        "rollout_is_ratio_fraction_low",
+        "rollout_is_seq_fraction_high",
+        "rollout_is_seq_fraction_low",
     }
     assert set(metrics.ANCHOR_CORR_WEIGHTS) <= set(weights)
     assert set(metrics.anchor_corr_metrics(proximal, anchor, mask)) == {
@@ -77,6 +79,7 @@ def test_docs_list_every_anchor_corr_stat_once():
 
 def test_docs_list_every_loss_fraction_under_the_one_rule():
     import verl.trainer.ppo.core_algos  # noqa: F401  (registers our losses first: adapters imported first is a cycle)
+
     from verl_offpolicy.glue import algorithms
 
     names = _section_table_first_cells(ALGORITHMS_DOCS.read_text(), "### What each loss did to its tokens")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from verl.experimental.agent_loop.tool_parser import ToolParser
+from verl.tools.tool_registry import load_all_tools
 
 from tests.cpu_harness import isolated
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
-from verl.experimental.agent_loop.tool_parser import ToolParser
-from verl.tools.tool_registry import load_all_tools
 from verl_offpolicy.cpu.tool_parser import CALL_TOKEN
 from verl_offpolicy.demo.models import _tool_task_overrides
 from verl_offpolicy.demo.tiny import TOOL_ROLE, TOOL_TASK_TOKENS, build_tokenizer
@@ -114,7 +114,9 @@ def test_tool_output_is_outside_the_response_mask(tmp_path):
         assert t["mask"] == expected[: len(t["tokens"])]
         assert all(lp == 0.0 for lp, m in zip(t["log_probs"], t["mask"], strict=True) if m == 0)
         assert all(lp < 0.0 for lp, m in zip(t["log_probs"], t["mask"], strict=True) if m == 1)
-    assert any(t["num_turns"] == 2 for t in report["trajectories"]) or len(called) == 16  # turn 1 without a call ends it
+    assert (
+        any(t["num_turns"] == 2 for t in report["trajectories"]) or len(called) == 16
+    )  # turn 1 without a call ends it
 
 
 # ---------------------------------------------------------------- startup rules
@@ -155,9 +157,18 @@ def test_the_tool_demos_settings_validate():
             r"'agent_name' column: it never calls a tool\. "
             r"Set .* to a multi-turn one \(registered: .*seeded_tool_agent.*tool_agent",
         ),
-        ("actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent", r"single_turn_agent is a single-turn agent loop"),
-        (f"{MULTI_TURN}.format=bogus", r"format='bogus' is not a registered tool-call parser; allowed values: .*hermes.*words"),
-        (f"{MULTI_TURN}.tool_config_path=/nonexistent/tools.yaml", r"tool_config_path=/nonexistent/tools.yaml: the tools do not load \(FileNotFoundError"),
+        (
+            "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
+            r"single_turn_agent is a single-turn agent loop",
+        ),
+        (
+            f"{MULTI_TURN}.format=bogus",
+            r"format='bogus' is not a registered tool-call parser; allowed values: .*hermes.*words",
+        ),
+        (
+            f"{MULTI_TURN}.tool_config_path=/nonexistent/tools.yaml",
+            r"tool_config_path=/nonexistent/tools.yaml: the tools do not load \(FileNotFoundError",
+        ),
     ],
 )
 def test_a_multi_turn_setting_that_cannot_run_is_refused_at_startup(override, message, train_file):
@@ -172,11 +183,17 @@ def test_the_datas_agent_name_column_picks_the_loop(train_file):
     """verl picks the loop per row from `agent_name` (its gsm8k multi-turn preprocessing writes tool_agent into
     every row): verl's default single_turn_agent then never runs, and nothing is refused."""
     _validate([SINGLE_TURN_DEFAULT, train_file("tool_agent")])
-    with pytest.raises(OffPolicyConfigError, match=r"the rows of data.train_files name single-turn agent loops in their "
-                       r"'agent_name' column \(single_turn_agent\)"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"the rows of data.train_files name single-turn agent loops in their "
+        r"'agent_name' column \(single_turn_agent\)",
+    ):
         _validate([SINGLE_TURN_DEFAULT, train_file("single_turn_agent")])
-    with pytest.raises(OffPolicyConfigError, match=r"single_turn_agent is a single-turn agent loop and data.train_files "
-                       r"has no 'agent_name' column"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"single_turn_agent is a single-turn agent loop and data.train_files "
+        r"has no 'agent_name' column",
+    ):
         _validate([SINGLE_TURN_DEFAULT, train_file()])
 
 
@@ -190,16 +207,30 @@ def test_training_data_not_readable_here_is_a_warning_naming_the_column(caplog):
 def test_a_tool_config_whose_class_does_not_import_is_refused(tmp_path):
     bad = tmp_path / "tools.yaml"
     bad.write_text(open(TOOL_CONFIG).read().replace("tool_task.LookupTool", "tool_task.NoSuchTool"))
-    with pytest.raises(OffPolicyConfigError, match=rf"tool_config_path={bad}: tool class NoSuchTool is not in its module "
-                       r"verl_offpolicy.demo.tool_task \(renamed or removed"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=rf"tool_config_path={bad}: tool class NoSuchTool is not in its module "
+        r"verl_offpolicy.demo.tool_task \(renamed or removed",
+    ):
         _validate([f"{MULTI_TURN}.tool_config_path={bad}"])
     missing = tmp_path / "tools_missing_module.yaml"
-    missing.write_text(open(TOOL_CONFIG).read().replace("verl_offpolicy.demo.tool_task.LookupTool", "gone_package.tools.LookupTool"))
-    with pytest.raises(OffPolicyConfigError, match=r"tool class LookupTool cannot be imported: its module gone_package.tools "
-                       r"raises ModuleNotFoundError"):
+    missing.write_text(
+        open(TOOL_CONFIG).read().replace("verl_offpolicy.demo.tool_task.LookupTool", "gone_package.tools.LookupTool")
+    )
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=r"tool class LookupTool cannot be imported: its module gone_package.tools "
+        r"raises ModuleNotFoundError",
+    ):
         _validate([f"{MULTI_TURN}.tool_config_path={missing}"])
 
 
 def test_single_turn_runs_are_not_checked_for_tools():
     """multi_turn.enable=false (verl's default): the tool keys are not read, so nothing is refused."""
-    _validate([f"{MULTI_TURN}.enable=false", f"{MULTI_TURN}.format=bogus", "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent"])
+    _validate(
+        [
+            f"{MULTI_TURN}.enable=false",
+            f"{MULTI_TURN}.format=bogus",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
+        ]
+    )

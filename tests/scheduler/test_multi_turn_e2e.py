@@ -5,7 +5,8 @@ modes train the same samples with the same rewards at every step (seeded), the v
 observed version (its first and last turn's) equal the schedule, and trajectories hold two model turns
 (verl's ``training/num_turns/max`` is 4: the prompt, the call, the tool's reply, the answer). The negative
 control (``-m extended``): the overlapped tool run whose weight pushes are tagged one version ahead stops at
-its first step, before training. Also ``-m extended``: the same pair on verl's vLLM rollout (``tiny-tool-h32``). The unit negative control of a trajectory whose turns span two versions is
+its first step, before training. Also ``-m extended``: the same pair on verl's vLLM rollout (``tiny-tool-h32``).
+The unit negative control of a trajectory whose turns span two versions is
 ``test_a_trajectory_whose_turns_span_two_versions_fails_the_check``.
 """
 
@@ -17,7 +18,12 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, check_stopped_before_training_on_a_wrong_version, dumped_batches, needs_vllm,
+    PRIMARY_CONFIG,
+    SMALL_DEMO,
+    STANDALONE,
+    check_stopped_before_training_on_a_wrong_version,
+    dumped_batches,
+    needs_vllm,
     schedule,
 )
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version
@@ -40,8 +46,14 @@ def _tool_run(demo_runs, mode: str, env=None, name=None, steps=STEPS, rollout="h
         overlay, model = (STANDALONE if mode == "overlapped" else []), MODEL
     overrides = SMALL_DEMO + schedule(*SETTING) + overlay
     return demo_runs.start(
-        "opmd", steps, overrides, PRIMARY_CONFIG, TIMEOUT * (2 if rollout == "vllm" else 1),
-        name=name or f"tool_{rollout}_{mode}", env=env, model=model,
+        "opmd",
+        steps,
+        overrides,
+        PRIMARY_CONFIG,
+        TIMEOUT * (2 if rollout == "vllm" else 1),
+        name=name or f"tool_{rollout}_{mode}",
+        env=env,
+        model=model,
     )
 
 
@@ -66,7 +78,10 @@ def test_a_trajectory_whose_turns_span_two_versions_fails_the_check():
     """verl's tool agent loop tags a trajectory with its first turn's version (min) and its last turn's (max):
     one whose second turn was generated after a weight push is refused, as a single-turn one at a wrong version."""
     tags = [{"min_global_steps": 2, "max_global_steps": 2}, {"min_global_steps": 2, "max_global_steps": 3}]
-    with pytest.raises(ObservedVersionError, match=r"scheduled to train on a batch generated at version 2, but the rollout reports versions 2..3"):
+    with pytest.raises(
+        ObservedVersionError,
+        match=r"scheduled to train on a batch generated at version 2, but the rollout reports versions 2..3",
+    ):
         check_observed_version(5, 2, tags)
 
 

@@ -19,16 +19,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the verl.plugins entry point: registers our names)
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+from tests.loss_helpers import call
 from verl_offpolicy.glue import registration
 from verl_offpolicy.glue.scheduler.metrics import anchor_corr_metrics
 from verl_offpolicy.glue.validation import validate_parts
 from verl_offpolicy.tabular import actor
-
-from tests.loss_helpers import call
 
 F64 = torch.float64
 # One response of 5 tokens: the model's turn (tokens 0, 1), the tool's output (2, 3), the model's next turn (4).
@@ -40,7 +39,9 @@ def gapped_batch(model_log_ratio: list[float], advantage: float):
     """(old, log_prob, advantages, mask) of the gapped response: ``model_log_ratio`` on tokens 0, 1, 4; garbage
     on the gap (a log-ratio of 33, an advantage of 7: verl zeroes it, a bug would not)."""
     old = torch.tensor([[-1.0, -2.0, -30.0, -30.0, -1.5]], dtype=F64)
-    log_ratio = torch.tensor([[model_log_ratio[0], model_log_ratio[1], GARBAGE, GARBAGE, model_log_ratio[2]]], dtype=F64)
+    log_ratio = torch.tensor(
+        [[model_log_ratio[0], model_log_ratio[1], GARBAGE, GARBAGE, model_log_ratio[2]]], dtype=F64
+    )
     adv = torch.tensor([[advantage, advantage, 7.0, 7.0, advantage]], dtype=F64)
     return old, old + log_ratio, adv, GAPPED
 
@@ -72,7 +73,9 @@ def test_k2_seq_uses_the_models_tokens_sum_and_count():
     # A = 0, c = 0.1: Δ = 0.4 − 0.2 + 0.1 = 0.3, |y| = 3 model tokens: c·Δ²/|y| = 0.003 (token-sum);
     # ∂/∂log π_t = 2c·Δ/|y| = 0.02 on each model token, 0 on the gap
     old, log_prob, adv, mask = gapped_batch([0.4, -0.2, 0.1], 0.0)
-    loss, grad, _ = call(actor("rec", regularizer="k2_seq", regularizer_coef=0.1), old, log_prob, adv, mask, "token-sum")
+    loss, grad, _ = call(
+        actor("rec", regularizer="k2_seq", regularizer_coef=0.1), old, log_prob, adv, mask, "token-sum"
+    )
     torch.testing.assert_close(loss, torch.tensor(0.003, dtype=F64))
     torch.testing.assert_close(grad, torch.tensor([[0.02, 0.02, 0.0, 0.0, 0.02]], dtype=F64))
 
@@ -115,7 +118,9 @@ def test_anchor_corr_statistics_use_the_models_tokens():
     stats = anchor_corr_metrics(proximal, anchor, GAPPED)
     rho = [math.exp(0.2), math.exp(0.4), 1.0]
     assert stats["offpolicy/anchor_corr/kl"] == pytest.approx(-0.2, rel=1e-5)
-    assert stats["offpolicy/anchor_corr/rollout_is_eff_sample_size"] == pytest.approx(sum(rho) ** 2 / (3 * sum(r * r for r in rho)), rel=1e-5)
+    assert stats["offpolicy/anchor_corr/rollout_is_eff_sample_size"] == pytest.approx(
+        sum(rho) ** 2 / (3 * sum(r * r for r in rho)), rel=1e-5
+    )
     assert stats["offpolicy/anchor_corr/rollout_is_max"] == pytest.approx(math.exp(0.4), rel=1e-5)
 
 
@@ -128,14 +133,20 @@ def _gap_moved_to_the_end(x: torch.Tensor) -> torch.Tensor:
 
 
 LOSS_VARIANTS = {
-    "rec": [{}, {"clip_mode": "gspo-one-side", "weight": "gspo_importance_sampling"}, {"regularizer": "k2_seq", "regularizer_coef": 0.1}],
+    "rec": [
+        {},
+        {"clip_mode": "gspo-one-side", "weight": "gspo_importance_sampling"},
+        {"regularizer": "k2_seq", "regularizer_coef": 0.1},
+    ],
     "pmd": [{"tau": 0.5}],
     "m2po": [{"m2po_token_pool": "all"}, {}],
 }
 LOSS_CONFIGS = [(mode, kw) for mode in registration.POLICY_LOSSES for kw in LOSS_VARIANTS.get(mode, [{}])]
 
 
-@pytest.mark.parametrize("mode,kwargs", LOSS_CONFIGS, ids=[f"{m}-{'-'.join(map(str, k.values())) or 'default'}" for m, k in LOSS_CONFIGS])
+@pytest.mark.parametrize(
+    "mode,kwargs", LOSS_CONFIGS, ids=[f"{m}-{'-'.join(map(str, k.values())) or 'default'}" for m, k in LOSS_CONFIGS]
+)
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_every_loss_ignores_the_tool_tokens(mode, kwargs, agg):
     """Two gapped responses and a plain one; the gap's tokens carry garbage log-ratios and advantages."""
@@ -167,7 +178,9 @@ def test_every_estimator_puts_its_advantage_on_the_models_tokens(name):
     # oapl's own rules: its anchor holds the generating policy's log-probs, and a group has K >= 2 responses
     offpolicy, loss_kw = ({"ratio_anchor": "behaviour"}, {"rollout_n": 4}) if name == "oapl" else ({}, {})
     config = OmegaConf.create({"adv_estimator": name, "norm_adv_by_std_in_grpo": False, "offpolicy": offpolicy})
-    validate_parts(algorithm=config, actor=actor(name, **loss_kw) if name in registration.POLICY_LOSSES else None)  # pairs
+    validate_parts(
+        algorithm=config, actor=actor(name, **loss_kw) if name in registration.POLICY_LOSSES else None
+    )  # pairs
     mask = torch.tensor([[1, 1, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
     last = torch.tensor([4, 4, 2, 4])
     rewards = torch.zeros(4, 5).scatter(1, last.unsqueeze(-1), torch.tensor([[1.0], [0.0], [1.0], [0.0]]))

@@ -16,10 +16,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests.loss_helpers import FRACTIONS, call, nested
 from verl_offpolicy.glue.scheduler.metrics import anchor_corr_metrics, engine_mismatch_metrics, engine_mismatch_pair
 from verl_offpolicy.tabular import actor
-
-from tests.loss_helpers import FRACTIONS, call, nested
 
 LN2 = math.log(2.0)
 PREFIX = "offpolicy/anchor_corr/"
@@ -33,9 +32,13 @@ def _stale_batch():
     (response 0) and 1/8, 1/2 (response 1): ρ_t = π_proximal/π_anchor = [1, 2] and [1, 4].
     """
     anchor = nested([torch.full((2,), math.log(0.125)), torch.tensor([math.log(0.125), math.log(0.125), -math.inf])])
-    proximal = nested([torch.tensor([math.log(0.125), math.log(0.25)]), torch.tensor([math.log(0.125), math.log(0.5), math.nan])])
+    proximal = nested(
+        [torch.tensor([math.log(0.125), math.log(0.25)]), torch.tensor([math.log(0.125), math.log(0.5), math.nan])]
+    )
     mask = nested([torch.tensor([1, 1]), torch.tensor([1, 1, 0])])
-    padded = TensorDict({"old_log_probs": proximal, "behaviour_log_probs": anchor, "response_mask": mask}, batch_size=2).to_padded_tensor()
+    padded = TensorDict(
+        {"old_log_probs": proximal, "behaviour_log_probs": anchor, "response_mask": mask}, batch_size=2
+    ).to_padded_tensor()
     return padded["old_log_probs"], padded["behaviour_log_probs"], padded["response_mask"]
 
 
@@ -128,18 +131,25 @@ def test_engine_mismatch_is_the_same_statistics_of_the_trainer_against_the_rollo
     assert engine_mismatch_metrics(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3)) == {}
 
 
-@pytest.mark.parametrize("staleness, behaviour_stored, rollout_log_probs, bypass, pair", [
-    (0, False, True, False, "proximal"),  # fresh: the proximal weights generated the batch
-    (3, True, True, False, "behaviour"),  # stale under the behaviour anchor: its stored log-probs
-    (3, False, True, False, None),  # stale under proximal/rollout: no trainer log-probs at the generating weights
-    (0, False, False, False, None),  # calculate_log_probs=false: no rollout log-probs
-    (0, False, True, True, None),  # bypass: old_log_probs are the rollout's own
-])
-def test_engine_mismatch_compares_the_trainer_at_the_generating_weights(staleness, behaviour_stored, rollout_log_probs, bypass, pair):
+@pytest.mark.parametrize(
+    "staleness, behaviour_stored, rollout_log_probs, bypass, pair",
+    [
+        (0, False, True, False, "proximal"),  # fresh: the proximal weights generated the batch
+        (3, True, True, False, "behaviour"),  # stale under the behaviour anchor: its stored log-probs
+        (3, False, True, False, None),  # stale under proximal/rollout: no trainer log-probs at the generating weights
+        (0, False, False, False, None),  # calculate_log_probs=false: no rollout log-probs
+        (0, False, True, True, None),  # bypass: old_log_probs are the rollout's own
+    ],
+)
+def test_engine_mismatch_compares_the_trainer_at_the_generating_weights(
+    staleness, behaviour_stored, rollout_log_probs, bypass, pair
+):
     assert engine_mismatch_pair(staleness, behaviour_stored, rollout_log_probs, bypass) == pair
 
 
-@pytest.mark.parametrize("staleness, behaviour_stored, field", [(0, False, "old_log_probs"), (2, True, "behaviour_log_probs")])
+@pytest.mark.parametrize(
+    "staleness, behaviour_stored, field", [(0, False, "old_log_probs"), (2, True, "behaviour_log_probs")]
+)
 def test_the_trainer_logs_the_mismatch_from_the_stored_log_probs(monkeypatch, staleness, behaviour_stored, field):
     """The trainer's hook reads the generating weights' log-probs (proximal on a fresh step, behaviour on a stale one)
     and the rollout's for the batch's real rows, from TransferQueue, and logs the hand-derived values of HAND."""
@@ -150,7 +160,9 @@ def test_the_trainer_logs_the_mismatch_from_the_stored_log_probs(monkeypatch, st
     from verl_offpolicy.glue.scheduler import trainer as trainer_module
 
     anchor = nested([torch.full((2,), math.log(0.125)), torch.tensor([math.log(0.125), math.log(0.125), -math.inf])])
-    generating = nested([torch.tensor([math.log(0.125), math.log(0.25)]), torch.tensor([math.log(0.125), math.log(0.5), math.nan])])
+    generating = nested(
+        [torch.tensor([math.log(0.125), math.log(0.25)]), torch.tensor([math.log(0.125), math.log(0.5), math.nan])]
+    )
     mask = nested([torch.tensor([1, 1]), torch.tensor([1, 1, 0])])
     stored = {field: generating, "rollout_log_probs": anchor, "response_mask": mask}
     reads = []
@@ -161,8 +173,11 @@ def test_the_trainer_logs_the_mismatch_from_the_stored_log_probs(monkeypatch, st
 
     monkeypatch.setattr(trainer_module.store, "read", read)
     fake = SimpleNamespace(
-        config=OmegaConf.create({"algorithm": {"rollout_correction": None}, "actor_rollout_ref": {"rollout": {"calculate_log_probs": True}}}),
-        schedule=SimpleNamespace(staleness=lambda step: staleness), global_steps=5,
+        config=OmegaConf.create(
+            {"algorithm": {"rollout_correction": None}, "actor_rollout_ref": {"rollout": {"calculate_log_probs": True}}}
+        ),
+        schedule=SimpleNamespace(staleness=lambda step: staleness),
+        global_steps=5,
         replay_buffer=SimpleNamespace(current=SimpleNamespace(behaviour=behaviour_stored)),
     )
     batch = SimpleNamespace(keys=["a", "b", "pad"], tags=[{}, {}, {"is_padding": True}], partition_id="train")
@@ -219,5 +234,7 @@ def test_topr_truncated_fraction_counts_the_tapered_tokens():
 
 def test_losses_without_a_mask_log_no_fraction():
     old = torch.zeros(1, 2, dtype=torch.float64)
-    _, _, metrics = call(actor("opmd"), old, old + 0.5, torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool))
+    _, _, metrics = call(
+        actor("opmd"), old, old + 0.5, torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool)
+    )
     assert not any(key.startswith("actor/offpolicy/") for key in metrics)

@@ -16,15 +16,29 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import queued_at_start
-from tests.scenario_schedule import OVERLAPPED
-from tests.scenario_runs import (
-    PAIR, PAIR_TEST_FREQ, PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, check_stopped_before_training_on_a_wrong_version,
-    dumped_batches, opmd_overrides, opmd_run, opmd_timeout, start_resumed,
-)
 from tests.hydra_utils import VALID_SIZES, compose_and_check, compose_main_ppo
+from tests.jobs import queued_at_start
 from tests.scenario_cluster import SAVE_FREQ, cluster_job
-from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version, observed_versions
+from tests.scenario_runs import (
+    PAIR,
+    PAIR_TEST_FREQ,
+    PRIMARY_CONFIG,
+    SCHEDULED_STEPS,
+    SHARED_RUN_TIMEOUT,
+    check_stopped_before_training_on_a_wrong_version,
+    dumped_batches,
+    opmd_overrides,
+    opmd_run,
+    opmd_timeout,
+    start_resumed,
+)
+from tests.scenario_schedule import OVERLAPPED
+from verl_offpolicy.glue.scheduler.rollout import (
+    PUSH_VERSION_FAULT_ENV,
+    ObservedVersionError,
+    check_observed_version,
+    observed_versions,
+)
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
 
 # ------------------------------------------------------------------------------ observed version
@@ -32,7 +46,9 @@ from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpol
 
 def _tags(*versions):
     """Trajectory tags as verl's AgentLoopWorkerTQ writes them (min/max_global_steps from the server)."""
-    return [{"status": "success", "global_steps": 9, "min_global_steps": lo, "max_global_steps": hi} for lo, hi in versions]
+    return [
+        {"status": "success", "global_steps": 9, "min_global_steps": lo, "max_global_steps": hi} for lo, hi in versions
+    ]
 
 
 def test_observed_versions_are_read_from_the_rollouts_tags():
@@ -66,7 +82,6 @@ def test_a_rollout_that_reports_no_version_is_not_checked_but_a_partial_report_f
 # ------------------------------------------------------------------------------ startup validation
 
 
-
 def _validate(preset, extra):
     validate_offpolicy_config(compose_main_ppo("ppo_trainer", [f"+algorithm={preset}", *VALID_SIZES, *extra]))
 
@@ -76,7 +91,10 @@ def test_overlapped_mode_validation():
     _validate("opmd", OVERLAPPED + ["algorithm.offpolicy.sync_offset=1"])
     with pytest.raises(OffPolicyConfigError, match="cannot provide algorithm.offpolicy.ratio_anchor=behaviour"):
         _validate("rec_oneside_nois", OVERLAPPED)
-    _validate("rec_oneside_nois", OVERLAPPED + ["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"])
+    _validate(
+        "rec_oneside_nois",
+        OVERLAPPED + ["algorithm.offpolicy.ratio_anchor=rollout", "actor_rollout_ref.rollout.calculate_log_probs=true"],
+    )
     with pytest.raises(OffPolicyConfigError, match="naive only serves a colocated rollout"):
         _validate("opmd", OVERLAPPED[:-1])
     with pytest.raises(OffPolicyConfigError, match=r"set actor_rollout_ref.rollout.nnodes >= 1 \(got 0\)"):
@@ -125,7 +143,9 @@ EXTENDED_TIER = sorted(set(SPEC_VERSIONS) - set(DEFAULT_TIER))
 def runs(demo_runs):
     """The result of the shared opmd run of a mode at a setting of :data:`DEFAULT_TIER` (the colocated ones
     are the scheduler tests' too), queued at the session's start a colocated and an overlapped run at a time."""
-    jobs = {(mode, s, d): _start(demo_runs, mode, s, d) for s, d in DEFAULT_TIER for mode in ("colocated", "overlapped")}
+    jobs = {
+        (mode, s, d): _start(demo_runs, mode, s, d) for s, d in DEFAULT_TIER for mode in ("colocated", "overlapped")
+    }
     return lambda mode, s, d: jobs[(mode, s, d)].result()
 
 
@@ -133,7 +153,9 @@ def runs(demo_runs):
 def extended_runs(demo_runs):
     """As :func:`runs`, for :data:`EXTENDED_TIER` (queued only in a session that selects its test; the
     colocated (1, 1) run is the scheduler tests' one)."""
-    jobs = {(mode, s, d): _start(demo_runs, mode, s, d) for s, d in EXTENDED_TIER for mode in ("colocated", "overlapped")}
+    jobs = {
+        (mode, s, d): _start(demo_runs, mode, s, d) for s, d in EXTENDED_TIER for mode in ("colocated", "overlapped")
+    }
     return lambda mode, s, d: jobs[(mode, s, d)].result()
 
 
@@ -142,8 +164,15 @@ def resumed_run(demo_runs):
     """The overlapped (2, 1) run and, once it is done, the same run resumed from its step-2 checkpoint."""
     uninterrupted = _start(demo_runs, "overlapped", *RESUMED)
     resumed = start_resumed(
-        demo_runs, uninterrupted, RESUME_STEP, preset="opmd", steps=STEPS, overrides=opmd_overrides(*RESUMED, "overlapped"),
-        config_name=PRIMARY_CONFIG, timeout=opmd_timeout(*RESUMED), name="overlapped_resumed",
+        demo_runs,
+        uninterrupted,
+        RESUME_STEP,
+        preset="opmd",
+        steps=STEPS,
+        overrides=opmd_overrides(*RESUMED, "overlapped"),
+        config_name=PRIMARY_CONFIG,
+        timeout=opmd_timeout(*RESUMED),
+        name="overlapped_resumed",
     )
     return uninterrupted, resumed
 
@@ -153,7 +182,9 @@ def wrong_version_run(demo_runs):
     """An overlapped (1, 1) run whose weight pushes are tagged one version ahead (the fault hook
     ``PUSH_VERSION_FAULT_ENV``, in the run's environment, which Ray passes to the trainer)."""
     overrides = opmd_overrides(1, 1, "overlapped")
-    return demo_runs.start("opmd", 2, overrides, PRIMARY_CONFIG, TIMEOUT, name="wrong_version", env={PUSH_VERSION_FAULT_ENV: "1"})
+    return demo_runs.start(
+        "opmd", 2, overrides, PRIMARY_CONFIG, TIMEOUT, name="wrong_version", env={PUSH_VERSION_FAULT_ENV: "1"}
+    )
 
 
 def _content(result) -> dict[int, list[tuple]]:
@@ -171,8 +202,11 @@ def test_overlapped_validates_the_weights_colocated_validates(runs):
     colocated, overlapped = runs("colocated", *PAIR), runs("overlapped", *PAIR)
 
     def validation(result):
-        return {m["step"]: {k: v for k, v in m.items() if k.startswith("val-")} for m in result.metrics
-                if any(k.startswith("val-") for k in m)}
+        return {
+            m["step"]: {k: v for k, v in m.items() if k.startswith("val-")}
+            for m in result.metrics
+            if any(k.startswith("val-") for k in m)
+        }
 
     expected, got = validation(colocated), validation(overlapped)
     assert sorted(expected) == [PAIR_TEST_FREQ, 6] and sorted(got) == sorted(expected), (sorted(expected), sorted(got))
@@ -269,8 +303,8 @@ def _submitted_batches(s, d, version, total_steps=12, prompts=2, agent_loop_work
     value for every prompt of the chunk it was given)."""
     import numpy as np
     from tensordict import NonTensorData
-
     from verl.utils import tensordict_utils as tu
+
     from verl_offpolicy.core.schedule import Schedule
     from verl_offpolicy.glue.scheduler.overlapped import submission_steps, with_priority
     from verl_offpolicy.glue.scheduler.trainer import steps_to_generate
@@ -285,7 +319,9 @@ def _submitted_batches(s, d, version, total_steps=12, prompts=2, agent_loop_work
         fields = []
         for part in with_priority(chunk, step).chunk(agent_loop_workers):
             for i in range(len(part)):
-                fields.append({k: v.data for k, v in part.items() if isinstance(v, NonTensorData)} | {"uid": part["uid"][i]})
+                fields.append(
+                    {k: v.data for k, v in part.items() if isinstance(v, NonTensorData)} | {"uid": part["uid"][i]}
+                )
         submitted.append(fields)
     return steps, submitted
 
@@ -298,7 +334,9 @@ def test_a_submission_beyond_the_fifo_bound_is_refused():
         submission_steps(Schedule(4, 1), 4, [6, 7, 8, 9], queued_batches=2)
 
 
-@pytest.mark.parametrize("s, d, version, steps", [(4, 1, 0, [1, 2, 3, 4, 5]), (4, 1, 4, [6, 7, 8, 9]), (2, 1, 2, [4, 5]), (1, 1, 3, [5])])
+@pytest.mark.parametrize(
+    "s, d, version, steps", [(4, 1, 0, [1, 2, 3, 4, 5]), (4, 1, 4, [6, 7, 8, 9]), (2, 1, 2, [4, 5]), (1, 1, 3, [5])]
+)
 def test_a_versions_batches_are_submitted_in_schedule_order_with_their_step_as_priority(s, d, version, steps):
     """Streaming: the rollout generates the lowest priority first, so every prompt of B_t must carry
     priority t (v(t) from docs/scheduler.md: (4, 1) version 4 generates steps 6-9), one call per batch in
@@ -348,9 +386,24 @@ def test_the_ordered_agent_loop_runs_one_priority_at_a_time_lowest_first():
     run, step 2's and step 3's wait until every sample of a lower step has ended (its postprocess included,
     not only its ``run``), then run together."""
     assert _gate_events([1, 1, 2, 3, 3, 2]) == [
-        ("start", 1), ("start", 1), ("run", 1), ("run", 1), ("end", 1), ("end", 1),
-        ("start", 2), ("start", 2), ("run", 2), ("run", 2), ("end", 2), ("end", 2),
-        ("start", 3), ("start", 3), ("run", 3), ("run", 3), ("end", 3), ("end", 3),
+        ("start", 1),
+        ("start", 1),
+        ("run", 1),
+        ("run", 1),
+        ("end", 1),
+        ("end", 1),
+        ("start", 2),
+        ("start", 2),
+        ("run", 2),
+        ("run", 2),
+        ("end", 2),
+        ("end", 2),
+        ("start", 3),
+        ("start", 3),
+        ("run", 3),
+        ("run", 3),
+        ("end", 3),
+        ("end", 3),
     ]
 
 
@@ -392,8 +445,15 @@ def test_the_standalone_overlay_selects_the_ordered_agent_loop(tmp_path):
     startup check, which also finds both names in verl's agent-loop registry."""
     from verl_offpolicy.glue.registration import ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP
 
-    base = ["+cpu=demo", f"actor_rollout_ref.model.path={tmp_path}", "algorithm.offpolicy.sync_offset=1", "algorithm.offpolicy.ratio_anchor=rollout"]
-    assert compose_and_check(PRIMARY_CONFIG, base).actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    base = [
+        "+cpu=demo",
+        f"actor_rollout_ref.model.path={tmp_path}",
+        "algorithm.offpolicy.sync_offset=1",
+        "algorithm.offpolicy.ratio_anchor=rollout",
+    ]
+    assert (
+        compose_and_check(PRIMARY_CONFIG, base).actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    )
     cfg = compose_and_check(PRIMARY_CONFIG, [*base, "+cpu_rollout=standalone"])
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == ORDERED_AGENT_LOOP
 

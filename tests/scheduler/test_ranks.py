@@ -32,8 +32,13 @@ FAMILY_NAMES = list(FAMILIES)
 def updates(tmp_path_factory):
     """{world size: [per-rank report]} and the folder of the rank-0 tensors, for every family at once."""
     workdir = tmp_path_factory.mktemp("ranks")
-    results = run_ranks("tests.scenario_ranks:rank_updates", {"workdir": str(workdir), "families": FAMILY_NAMES},
-                        world_sizes=[1, 2], workdir=workdir, timeout=840)
+    results = run_ranks(
+        "tests.scenario_ranks:rank_updates",
+        {"workdir": str(workdir), "families": FAMILY_NAMES},
+        world_sizes=[1, 2],
+        workdir=workdir,
+        timeout=840,
+    )
     for size, reports in results.items():  # where the time goes (cumulative seconds after each family)
         print(f"world of {size}, rank 0:", {f: round(reports[0][f]["seconds"], 1) for f in FAMILY_NAMES})
     return results, workdir

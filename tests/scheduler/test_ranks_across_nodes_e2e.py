@@ -25,9 +25,9 @@ import pytest
 from tests.jobs import queued_at_start
 from tests.scenario_cluster import record_workers
 from tests.scenario_runs import PAIR, PAIR_RANKS, SMALL_DEMO, dumped_batches, opmd_run, opmd_timeout, ranks, schedule
-from verl_offpolicy.doctor import STORAGE_NODE_KEY
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
 from verl_offpolicy.demo.results import read_metrics, training_metrics
+from verl_offpolicy.doctor import STORAGE_NODE_KEY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.extended, pytest.mark.timeout(3600)]
 
@@ -51,15 +51,36 @@ def _run_across_nodes(out: Path, environ: dict[str, str]):
             time.sleep(1.0)
 
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "verl_offpolicy.cli", "demo", "--preset", "opmd", "--steps", str(STEPS),
-               "--output-dir", str(out), "--ray-address", cluster.address, *ACROSS_NODES,
-               f"trainer.rollout_data_dir={out / 'rollouts'}", f"+{STORAGE_NODE_KEY}={node_resource(0)}"]
+    command = [
+        sys.executable,
+        "-m",
+        "verl_offpolicy.cli",
+        "demo",
+        "--preset",
+        "opmd",
+        "--steps",
+        str(STEPS),
+        "--output-dir",
+        str(out),
+        "--ray-address",
+        cluster.address,
+        *ACROSS_NODES,
+        f"trainer.rollout_data_dir={out / 'rollouts'}",
+        f"+{STORAGE_NODE_KEY}={node_resource(0)}",
+    ]
     env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=2 * opmd_timeout(*PAIR),
-                              stdin=subprocess.DEVNULL, cwd=str(out))
+        proc = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=2 * opmd_timeout(*PAIR),
+            stdin=subprocess.DEVNULL,
+            cwd=str(out),
+        )
     finally:
         done.set()
         watcher.join(timeout=60)
@@ -70,7 +91,9 @@ def _run_across_nodes(out: Path, environ: dict[str, str]):
 @queued_at_start(scope="module")
 def runs(demo_runs):
     """The run across two nodes and the pair's colocated run on one node (the overlapped tests' too)."""
-    across = demo_runs.submit(("ranks_across_nodes",), lambda: _run_across_nodes(demo_runs.tmp_dir("across") / "out", demo_runs.environ))
+    across = demo_runs.submit(
+        ("ranks_across_nodes",), lambda: _run_across_nodes(demo_runs.tmp_dir("across") / "out", demo_runs.environ)
+    )
     return across, opmd_run(demo_runs, *PAIR, mode="colocated")
 
 

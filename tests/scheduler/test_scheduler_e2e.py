@@ -13,22 +13,57 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import queued_at_start
-from tests.scenario_schedule import (
-    RANKS, REC_41, REC_S4D1, REC_TIMEOUT, RESUME_STEP, SPEC_SCHEDULE, STALENESS, VERL_OFF_POLICY, start_rec_s4d1,
-)
 from tests.scenario_runs import (
-    PRIMARY_CONFIG, SCHEDULED_STEPS, SHARED_RUN_TIMEOUT, SMALL_DEMO, dumped_batches, dumped_uid_groups,
-    learn_run, opmd_run, schedule, start_resumed,
+    PRIMARY_CONFIG,
+    SCHEDULED_STEPS,
+    SHARED_RUN_TIMEOUT,
+    SMALL_DEMO,
+    dumped_batches,
+    dumped_uid_groups,
+    learn_run,
+    opmd_run,
+    schedule,
+    start_resumed,
+)
+from tests.scenario_schedule import (
+    RANKS,
+    REC_41,
+    REC_S4D1,
+    REC_TIMEOUT,
+    RESUME_STEP,
+    SPEC_SCHEDULE,
+    STALENESS,
+    VERL_OFF_POLICY,
+    start_rec_s4d1,
 )
 
 STEPS = SCHEDULED_STEPS
 # off-policy health (docs/scheduler.md): verl's rollout_corr/* suffixes under our prefix, on stale steps only
 ANCHOR_CORR = "offpolicy/anchor_corr/"
 ANCHOR_CORR_SUFFIXES = (
-    "kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
-    "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
-    "rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_std", "rollout_is_max", "rollout_is_min",
-    "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min", "rollout_is_seq_max_deviation",
+    "kl",
+    "k3_kl",
+    "chi2_token",
+    "chi2_seq",
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "rollout_is_eff_sample_size",
+    "rollout_is_mean",
+    "rollout_is_std",
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_seq_mean",
+    "rollout_is_seq_std",
+    "rollout_is_seq_max",
+    "rollout_is_seq_min",
+    "rollout_is_seq_max_deviation",
 )
 REC_CLIPPED = "actor/offpolicy/rec/clipped_frac"
 TIMEOUT = SHARED_RUN_TIMEOUT
@@ -58,7 +93,10 @@ EXTENDED_RUNS = {
 @queued_at_start(scope="module")
 def runs(demo_runs):
     """The result of a run of :data:`RUNS` by name, or of the shared colocated opmd run at (2, 1) by (s, d)."""
-    jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, _timeout(overrides), name=key) for key, (preset, overrides, config_name) in RUNS.items()}
+    jobs = {
+        key: demo_runs.start(preset, STEPS, overrides, config_name, _timeout(overrides), name=key)
+        for key, (preset, overrides, config_name) in RUNS.items()
+    }
     jobs[(2, 1)] = opmd_run(demo_runs, 2, 1, mode="colocated")
     jobs["stock_sync"] = learn_run(demo_runs)  # verl's own sync trainer and GRPO keys
     return lambda key: jobs[key].result()
@@ -68,8 +106,10 @@ def runs(demo_runs):
 def extended_runs(demo_runs):
     """As :func:`runs`, for :data:`EXTENDED_RUNS` and the shared colocated opmd run at (1, 1) (the overlapped
     tests' extended tier uses it too), queued only in a session that selects an extended test."""
-    jobs = {key: demo_runs.start(preset, STEPS, overrides, config_name, _timeout(overrides), name=key)
-            for key, (preset, overrides, config_name) in EXTENDED_RUNS.items()}
+    jobs = {
+        key: demo_runs.start(preset, STEPS, overrides, config_name, _timeout(overrides), name=key)
+        for key, (preset, overrides, config_name) in EXTENDED_RUNS.items()
+    }
     jobs[(1, 1)] = opmd_run(demo_runs, 1, 1, mode="colocated")
     return lambda key: jobs[key].result()
 
@@ -81,8 +121,15 @@ def resumed_run(demo_runs):
     uninterrupted = start_rec_s4d1(demo_runs)
     # the resumed run: the same overrides less the checkpointing (REC_41)
     return uninterrupted, start_resumed(
-        demo_runs, uninterrupted, RESUME_STEP, preset=preset, steps=STEPS, overrides=REC_41, config_name=config_name,
-        timeout=REC_TIMEOUT, name="rec_s4d1_resumed",
+        demo_runs,
+        uninterrupted,
+        RESUME_STEP,
+        preset=preset,
+        steps=STEPS,
+        overrides=REC_41,
+        config_name=config_name,
+        timeout=REC_TIMEOUT,
+        name="rec_s4d1_resumed",
     )
 
 
@@ -123,7 +170,9 @@ def _check_versions_and_staleness(result, s, d):
     # generated at one version, per step: every trajectory has the same staleness and spans one version
     for key in ("mean", "max", "min"):
         assert [int(m[f"{VERL_OFF_POLICY}/trajectory_staleness/{key}"]) for m in result.metrics] == spec["staleness"]
-        assert [int(m[f"{VERL_OFF_POLICY}/trajectory_staleness_worst/{key}"]) for m in result.metrics] == spec["staleness"]
+        assert [int(m[f"{VERL_OFF_POLICY}/trajectory_staleness_worst/{key}"]) for m in result.metrics] == spec[
+            "staleness"
+        ]
         assert [int(m[f"{VERL_OFF_POLICY}/trajectory_spans/{key}"]) for m in result.metrics] == [1] * STEPS
     assert not any(key.startswith("offpolicy/staleness") for m in result.metrics for key in m)  # no second copy
     assert max(m["offpolicy/queue_len"] for m in result.metrics) <= s + d
@@ -151,7 +200,7 @@ def test_grpo_clips_against_the_behaviour_policy_on_stale_steps(extended_runs):
 def _assert_anchor_corr_on_stale_steps_only(metrics):
     """Every stale step logs the whole anchor_corr set, consistent with the anchor lag; no fresh step logs any of it."""
     for m in metrics:
-        logged = {key[len(ANCHOR_CORR):] for key in m if key.startswith(ANCHOR_CORR)}
+        logged = {key[len(ANCHOR_CORR) :] for key in m if key.startswith(ANCHOR_CORR)}
         if m[STALENESS] == 0:
             assert logged == set(), (m["step"], logged)
             continue
@@ -232,6 +281,9 @@ def test_resume_trains_exactly_the_batches_of_an_uninterrupted_run(resumed_run):
     assert dumped_batches(resumed / "rollouts", range(4, STEPS + 1)) == {s: reference[s] for s in range(4, STEPS + 1)}
     # No prompt group of steps 1-3 trained again after the resume (uids of restored batches come from
     # the checkpoint, the uninterrupted run's).
-    before, after = dumped_uid_groups(Path(uninterrupted.output_dir) / "rollouts", range(1, 4)), dumped_uid_groups(resumed / "rollouts", range(4, STEPS + 1))
+    before, after = (
+        dumped_uid_groups(Path(uninterrupted.output_dir) / "rollouts", range(1, 4)),
+        dumped_uid_groups(resumed / "rollouts", range(4, STEPS + 1)),
+    )
     assert before.isdisjoint(after)
     assert len(after) == 3 * 8  # 8 prompt groups per step

@@ -53,13 +53,23 @@ def test_each_mode_has_its_registered_name_picked_from_hybrid_engine(overlapped)
 @pytest.mark.parametrize("mode, hybrid_engine", [("offpolicy", "false"), ("offpolicy_overlapped", "true")])
 def test_a_trainer_name_that_disagrees_with_hybrid_engine_is_refused(mode, hybrid_engine):
     extra = OVERLAPPED if hybrid_engine == "false" else []
-    config = compose_preset("opmd", overrides=[*VALID_SIZES, *extra, f"actor_rollout_ref.hybrid_engine={hybrid_engine}",
-                                               f"trainer.v1.trainer_mode={mode}"])
+    config = compose_preset(
+        "opmd",
+        overrides=[
+            *VALID_SIZES,
+            *extra,
+            f"actor_rollout_ref.hybrid_engine={hybrid_engine}",
+            f"trainer.v1.trainer_mode={mode}",
+        ],
+    )
     from verl_offpolicy.glue.validation import validate_offpolicy_config
 
     expected = "offpolicy" if hybrid_engine == "true" else "offpolicy_overlapped"
-    with pytest.raises(OffPolicyConfigError, match=f"trainer.v1.trainer_mode={mode} with actor_rollout_ref.hybrid_engine="
-                       f"{hybrid_engine.title()}.*set trainer.v1.trainer_mode={expected}, or remove it"):
+    with pytest.raises(
+        OffPolicyConfigError,
+        match=f"trainer.v1.trainer_mode={mode} with actor_rollout_ref.hybrid_engine="
+        f"{hybrid_engine.title()}.*set trainer.v1.trainer_mode={expected}, or remove it",
+    ):
         validate_offpolicy_config(config)
 
 
@@ -90,7 +100,8 @@ def test_each_mode_class_defines_the_hooks_of_its_table():
 
 
 def _documented_rules() -> list[str]:
-    """The dotted names (under verl_offpolicy.glue, the startup callback's under verl_offpolicy) in the first column of the 'Rejected at startup' table."""
+    """The dotted names (under verl_offpolicy.glue, the startup callback's under verl_offpolicy) in the first
+    column of the 'Rejected at startup' table."""
     section = DOC.read_text().split("## Rejected at startup", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [name for row in rows for name in re.findall(r"`([\w.]+)`", row.split("|")[1])]
@@ -104,7 +115,9 @@ def test_the_scheduler_docs_table_of_startup_rules_matches_the_code():
         prefix = "verl_offpolicy" if dotted.startswith("startup.") else "verl_offpolicy.glue"
         module, _, attr = f"{prefix}.{dotted}".rpartition(".")
         assert hasattr(importlib.import_module(module), attr), f"docs/scheduler.md names {dotted}, which does not exist"
-    scheduler_rules = {f"scheduler.checks.{rule.__name__}" for rule in (*checks.ROLLOUT_CORRECTION_RULES, *checks.RULES)}
+    scheduler_rules = {
+        f"scheduler.checks.{rule.__name__}" for rule in (*checks.ROLLOUT_CORRECTION_RULES, *checks.RULES)
+    }
     assert scheduler_rules <= set(documented), sorted(scheduler_rules - set(documented))
 
 
@@ -114,9 +127,15 @@ def test_check_rejects_an_unknown_checkpoint_backend_and_a_bad_generation_timeou
 
     base = ["algorithm=opmd", *VALID_SIZES]
     with pytest.raises(ValueError, match=r"checkpoint_engine.backend=.bogus. is not a checkpoint engine verl knows"):
-        compose_and_check("offpolicy_trainer", [*base, *OVERLAPPED, "actor_rollout_ref.rollout.checkpoint_engine.backend=bogus"])
+        compose_and_check(
+            "offpolicy_trainer", [*base, *OVERLAPPED, "actor_rollout_ref.rollout.checkpoint_engine.backend=bogus"]
+        )
     # verl's nccl engine cannot be imported on this CPU machine (no cupy): a GPU config checked here is accepted
-    compose_and_check("offpolicy_trainer", [*base, *OVERLAPPED, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"])
+    compose_and_check(
+        "offpolicy_trainer", [*base, *OVERLAPPED, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+    )
     monkeypatch.setenv("VERL_OFFPOLICY_GENERATION_TIMEOUT", "abc")
-    with pytest.raises(ValueError, match="VERL_OFFPOLICY_GENERATION_TIMEOUT must be a number of seconds > 0, got 'abc'"):
+    with pytest.raises(
+        ValueError, match="VERL_OFFPOLICY_GENERATION_TIMEOUT must be a number of seconds > 0, got 'abc'"
+    ):
         compose_and_check("offpolicy_trainer", base)

@@ -14,18 +14,33 @@ from pathlib import Path
 
 import pytest
 
+from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.jobs import queued_at_start
 from tests.scenario_runs import SMALL_DEMO
-from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from verl_offpolicy.configs import preset_names
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
 
 MODES = ("colocate_async", "separate_async")
 # Presets whose files set ratio_anchor: behaviour (directly or through offpolicy_shared/rec.yaml).
 BEHAVIOUR_ANCHOR = {
-    "grpo", "opmd_kimi", "pmd_mean", "pmd_partition", "rec_gspo_is", "rec_gspo_nois", "rec_oneside_is",
-    "rec_oneside_nois", "rec_oneside_nois_wide", "rec_ring_nois", "rec_twoside_is", "rec_twoside_nois",
-    "m2po", "topr", "topr_group_mean", "rec_ring_is", "rec_oneside_is_wide", "oapl",
+    "grpo",
+    "opmd_kimi",
+    "pmd_mean",
+    "pmd_partition",
+    "rec_gspo_is",
+    "rec_gspo_nois",
+    "rec_oneside_is",
+    "rec_oneside_nois",
+    "rec_oneside_nois_wide",
+    "rec_ring_nois",
+    "rec_twoside_is",
+    "rec_twoside_nois",
+    "m2po",
+    "topr",
+    "topr_group_mean",
+    "rec_ring_is",
+    "rec_oneside_is_wide",
+    "oapl",
 }
 ON_POLICY = {"agro_onpolicy"}
 ACCEPTED = {"agro", "asymre", "grpo_proximal", "opmd", "red_drop", "red_weight", "reinforce", "pairwise_opmd"}
@@ -111,7 +126,9 @@ DEFAULT_CASE, EXTENDED_CASE = ("rec_oneside_nois", "separate_async"), ("opmd", "
 
 
 def _start(demo_runs, preset, mode):
-    return demo_runs.start(preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode)
+    return demo_runs.start(
+        preset, STEPS, SMALL + DEMO_MODE[mode] + PRESET_FIX[preset], "ppo_trainer", TIMEOUT, name=mode
+    )
 
 
 @queued_at_start(scope="module")

@@ -1,7 +1,8 @@
 """Capture the exact ``main_ppo`` argv of every shell script of a verl checkout (its ``examples/`` and
 ``recipe/``), without running anything: each script runs under bash with stubs first on ``PATH``
 (``python3``/``python`` record their argv when it starts ``verl.trainer.main_ppo``; ``ray job submit``
-runs its command; ``pip``, ``git``, ``nvidia-smi``, downloads and the like do nothing), in a temporary ``HOME`` (shown as ``/home/user``), with a timeout.
+runs its command; ``pip``, ``git``, ``nvidia-smi``, downloads and the like do nothing), in a temporary ``HOME``
+(shown as ``/home/user``), with a timeout.
 
     python tests/verl_scripts/capture.py /path/to/verl-checkout LABEL
 
@@ -17,7 +18,6 @@ writes ``LABEL/DRIFT.md``: the captured lines the installed verl cannot compose 
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -33,7 +33,8 @@ RECORDER = f"""#!/usr/bin/env bash
 args=("$@")
 for i in "${{!args[@]}}"; do
   if [ "${{args[$i]}}" = "{ENTRY}" ]; then
-    "$REAL_PYTHON" -c 'import json, os, sys; open(os.environ["CAPTURE_FILE"], "a").write(json.dumps(sys.argv[1:]) + "\\n")' "${{args[@]:$((i+1))}}"
+    record='import json, os, sys; open(os.environ["CAPTURE_FILE"], "a").write(json.dumps(sys.argv[1:]) + "\\n")'
+    "$REAL_PYTHON" -c "$record" "${{args[@]:$((i+1))}}"
   fi
 done
 exit 0
@@ -44,8 +45,31 @@ while [ $# -gt 0 ]; do if [ "$1" = "--" ]; then shift; exec "$@"; fi; shift; don
 exit 0
 """
 NOOP = "#!/usr/bin/env bash\nexit 0\n"
-NOOPS = ("pip", "pip3", "git", "nvidia-smi", "wget", "curl", "huggingface-cli", "hf", "docker", "sleep", "modelscope",
-         "npu-smi", "rocm-smi", "aws", "hdfs", "hadoop", "sudo", "apt", "apt-get", "conda", "torchrun", "kill", "pkill")
+NOOPS = (
+    "pip",
+    "pip3",
+    "git",
+    "nvidia-smi",
+    "wget",
+    "curl",
+    "huggingface-cli",
+    "hf",
+    "docker",
+    "sleep",
+    "modelscope",
+    "npu-smi",
+    "rocm-smi",
+    "aws",
+    "hdfs",
+    "hadoop",
+    "sudo",
+    "apt",
+    "apt-get",
+    "conda",
+    "torchrun",
+    "kill",
+    "pkill",
+)
 
 
 def stubs(folder: Path) -> None:
@@ -59,12 +83,22 @@ def capture(script: Path, root: Path, stub_dir: Path, home: Path) -> list[list[s
     """The main_ppo argv lists ``script`` would run (in order)."""
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
         env = {
-            "PATH": f"{stub_dir}:/usr/bin:/bin", "HOME": str(home), "CAPTURE_FILE": out.name,
-            "REAL_PYTHON": sys.executable, "TERM": "dumb",
+            "PATH": f"{stub_dir}:/usr/bin:/bin",
+            "HOME": str(home),
+            "CAPTURE_FILE": out.name,
+            "REAL_PYTHON": sys.executable,
+            "TERM": "dumb",
         }
         try:
-            subprocess.run(["bash", str(script)], cwd=root, env=env, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=SCRIPT_TIMEOUT_S)
+            subprocess.run(
+                ["bash", str(script)],
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=SCRIPT_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
             pass
         lines = Path(out.name).read_text().replace(str(home), HOME_SHOWN).splitlines()
@@ -93,14 +127,22 @@ def write_drift(label: str) -> int:
         if reason:
             cell = reason.replace("|", "\\|")
             rows.append(f"| `{path.relative_to(target)}` | {cell} |")
-    text = "\n".join([
-        f"# {label}: lines verl {metadata.version('verl')} cannot compose", "",
-        f"Written by `python tests/verl_scripts/capture.py --drift {label}`: mostly keys that verl's scripts "
-        "of that release set and this verl no longer has (verl moved or removed them), a few placeholders a script leaves "
-        "for the user to fill in. These lines are kept as they were "
-        "captured; tests/glue/test_user_scripts.py checks this list against the installed verl.", "",
-        "| argv file | what composing it raises |", "|---|---|", *rows, "",
-    ])
+    text = "\n".join(
+        [
+            f"# {label}: lines verl {metadata.version('verl')} cannot compose",
+            "",
+            f"Written by `python tests/verl_scripts/capture.py --drift {label}`: mostly keys that verl's scripts "
+            "of that release set and this verl no longer has (verl moved or removed them), a few placeholders a "
+            "script leaves "
+            "for the user to fill in. These lines are kept as they were "
+            "captured; tests/glue/test_user_scripts.py checks this list against the installed verl.",
+            "",
+            "| argv file | what composing it raises |",
+            "|---|---|",
+            *rows,
+            "",
+        ]
+    )
     (target / "DRIFT.md").write_text(text)
     print(f"{target / 'DRIFT.md'}: {len(rows)} of {len(list(target.rglob('*.argv')))} lines drifted")
     return 0
@@ -129,9 +171,15 @@ def main(argv: list[str]) -> int:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text("".join(f"{arg}\n" for arg in call))
                 kept.append(f"{rel}{suffix}")
-    lines = [f"# {label}", "", f"Captured by `python tests/verl_scripts/capture.py <checkout> {label}`.", "",
-             f"{len(kept)} main_ppo lines from {len(scripts) - len(without)} of {len(scripts)} scripts; "
-             f"scripts without a main_ppo line: {len(without)}.", ""]
+    lines = [
+        f"# {label}",
+        "",
+        f"Captured by `python tests/verl_scripts/capture.py <checkout> {label}`.",
+        "",
+        f"{len(kept)} main_ppo lines from {len(scripts) - len(without)} of {len(scripts)} scripts; "
+        f"scripts without a main_ppo line: {len(without)}.",
+        "",
+    ]
     (target / "MANIFEST.md").write_text("\n".join(lines))
     print(f"{target}: {len(kept)} argv files")
     return 0

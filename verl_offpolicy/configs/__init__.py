@@ -95,7 +95,7 @@ def _reproduces(name: str) -> str:
     start = next((i for i, line in enumerate(raw) if line.startswith(f"# {REPRODUCES}")), None)
     if start is None:
         raise ValueError(f"{name}.yaml: its comment header has no '# {REPRODUCES}' line")
-    lines = [raw[start][len(f"# {REPRODUCES}"):].strip()]
+    lines = [raw[start][len(f"# {REPRODUCES}") :].strip()]
     for line in raw[start + 1 :]:
         if not line.startswith("#  "):
             break
@@ -125,7 +125,8 @@ def preset_table() -> str:
     """The README's preset table, generated from the headers, between its begin/end markers."""
     rows = [
         README_BEGIN,
-        "<!-- generated from the presets' headers by `python -m verl_offpolicy.configs --write-readme`; do not edit -->",
+        "<!-- generated from the presets' headers by `python -m verl_offpolicy.configs --write-readme`; "
+        "do not edit -->",
         "",
         "| preset | setting | reproduces |",
         "|---|---|---|",
@@ -172,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     new = with_preset_table(text)
     if args.check:
         if new != text:
-            print(f"{path}: the preset table is stale; run python -m verl_offpolicy.configs --write-readme", file=sys.stderr)
+            print(
+                f"{path}: the preset table is stale; run python -m verl_offpolicy.configs --write-readme",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if new != text:

@@ -48,10 +48,20 @@ def family_pages(root: Path) -> list[FamilyPage]:
     pages = []
     for path in sorted((root / ALGO_PAGES).glob("*.md")):
         lines = path.read_text().splitlines()
-        quote = " ".join(line.lstrip(">").strip() for line in lines[2:] if line.startswith(">")) if len(lines) > 2 else ""
+        quote = (
+            " ".join(line.lstrip(">").strip() for line in lines[2:] if line.startswith(">")) if len(lines) > 2 else ""
+        )
         match = re.match(r"Presets?: (?P<presets>.*?)\. Source: (?P<source>.*?)\.(?: |$)", quote)
-        if not lines or not lines[0].startswith("# ") or not lines[2:3] or not lines[2].startswith(">") or match is None:
-            raise ValueError(f"{path}: it must open with '# <title>', a blank line and '> Presets: `...`. Source: ....'")
+        if (
+            not lines
+            or not lines[0].startswith("# ")
+            or not lines[2:3]
+            or not lines[2].startswith(">")
+            or match is None
+        ):
+            raise ValueError(
+                f"{path}: it must open with '# <title>', a blank line and '> Presets: `...`. Source: ....'"
+            )
         presets = tuple(re.findall(r"`([a-z0-9_]+)`", match["presets"]))
         pages.append(FamilyPage(path.stem, lines[0][2:].strip(), presets, match["source"]))
     return pages
@@ -69,7 +79,10 @@ def _presets(names: tuple[str, ...]) -> str:
 def families_table(root: Path) -> str:
     """docs/README.md: one row per family page."""
     rows = ["| page | presets | source |", "|---|---|---|"]
-    rows += [f"| [algo/{p.stem}.md](algo/{p.stem}.md) | {_presets(p.presets)} | {_cell(p.source)} |" for p in family_pages(root)]
+    rows += [
+        f"| [algo/{p.stem}.md](algo/{p.stem}.md) | {_presets(p.presets)} | {_cell(p.source)} |"
+        for p in family_pages(root)
+    ]
     return "\n".join(rows)
 
 
@@ -84,7 +97,8 @@ def algorithms_presets_table(root: Path) -> str:
         page = pages.get(h.name)
         link = f"[{page}](algo/{page}.md)" if page else ""
         rows.append(
-            f"| `{h.name}` | {_cell(h.setting)} | {values[ESTIMATOR_KEY]} | {values[LOSS_MODE_KEY]} | {_cell(h.reproduces)} | {link} |"
+            f"| `{h.name}` | {_cell(h.setting)} | {values[ESTIMATOR_KEY]} | {values[LOSS_MODE_KEY]} | "
+            f"{_cell(h.reproduces)} | {link} |"
         )
     return "\n".join(rows)
 
@@ -94,8 +108,10 @@ def examples_table(root: Path) -> str:
     data preparation."""
     rows = ["| Dir | Algorithm | Presets | Page |", "|---|---|---|---|"]
     rows += [
-        f"| `{p.stem}_trainer/` | {p.short} | {_presets(p.presets)} | [docs/algo/{p.stem}.md](../docs/algo/{p.stem}.md) |"
-        for p in family_pages(root) if (root / "examples" / f"{p.stem}_trainer").is_dir()
+        f"| `{p.stem}_trainer/` | {p.short} | {_presets(p.presets)} | "
+        f"[docs/algo/{p.stem}.md](../docs/algo/{p.stem}.md) |"
+        for p in family_pages(root)
+        if (root / "examples" / f"{p.stem}_trainer").is_dir()
     ]
     rows.append("| `data_preprocess/` | datasets in verl's parquet format | | |")
     return "\n".join(rows)
@@ -146,7 +162,11 @@ def check_pages(root: Path) -> list[str]:
             seen.setdefault(preset, []).append(page.stem)
     problems = [f"preset {p} is on no family page ({ALGO_PAGES}/*.md)" for p in preset_names() if p not in seen]
     problems += [f"preset {p} is on several pages: {', '.join(pages)}" for p, pages in seen.items() if len(pages) > 1]
-    problems += [f"{ALGO_PAGES}/{pages[0]}.md names {p}, which is not a preset" for p, pages in seen.items() if p not in preset_names()]
+    problems += [
+        f"{ALGO_PAGES}/{pages[0]}.md names {p}, which is not a preset"
+        for p, pages in seen.items()
+        if p not in preset_names()
+    ]
     return problems
 
 
@@ -167,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"written: {', '.join(stale) or 'nothing (every table is current)'}")
         return 0
     for relative in stale:
-        print(f"{relative}: a generated table is stale; run python -m verl_offpolicy.configs.tables --write", file=sys.stderr)
+        print(
+            f"{relative}: a generated table is stale; run python -m verl_offpolicy.configs.tables --write",
+            file=sys.stderr,
+        )
     return 1 if problems or stale else 0
 
 

@@ -41,7 +41,8 @@ class Groups(NamedTuple):
 
 
 def float_scores(scores: Tensor) -> Tensor:
-    """``scores`` as floating point: float64 for integer or bool scores (exact for integers up to 2⁵³), else unchanged."""
+    """``scores`` as floating point: float64 for integer or bool scores (exact for integers up to 2⁵³), else
+    unchanged."""
     return scores if scores.is_floating_point() else scores.to(torch.float64)
 
 

@@ -27,7 +27,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-
 # |log ρ| ≤ 20 before exp, as in verl's ppo losses (core_algos.compute_policy_loss_vanilla and others).
 LOG_RATIO_BOUND = 20.0
 
@@ -40,7 +39,8 @@ class NonFiniteLogProb(ValueError):
 
 
 def check_finite_response(difference: Tensor, log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> None:
-    """Raise :class:`NonFiniteLogProb` naming the samples whose log π_t − log π_old,t is NaN or ±inf on a response token.
+    """Raise :class:`NonFiniteLogProb` naming the samples whose log π_t − log π_old,t is NaN or ±inf on a
+    response token.
 
     ``difference`` is that difference with 0 on padding (where anything is allowed); it is NaN or ±inf
     exactly where one of the log-probs is (or where finite ones overflow). One device sync when all is finite.

@@ -129,7 +129,9 @@ class Schedule:
         versions = sorted({self.version(t) for t in lost})
         fixes = [f"resume from an earlier checkpoint (one of step {min(versions)} or before)"]
         if lost[0] - 1 > resumed:
-            fixes.append(f"train to step {lost[0] - 1} at most from this one (trainer.total_training_steps={lost[0] - 1})")
+            fixes.append(
+                f"train to step {lost[0] - 1} at most from this one (trainer.total_training_steps={lost[0] - 1})"
+            )
         fixes.append("start afresh with the new trainer.total_training_steps (trainer.resume_mode=disable)")
         raise RuntimeError(
             f"offpolicy scheduler: resuming from the checkpoint of step {resumed} with trainer.total_training_steps="

@@ -106,7 +106,9 @@ class PriorityGate:
                 waiter.set_result(None)
 
 
-_gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its gate (an agent-loop worker runs one loop)
+_gates: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # event loop -> its gate (an agent-loop worker runs one loop)
 
 
 async def hold_turn(kwargs: dict[str, Any]) -> None:

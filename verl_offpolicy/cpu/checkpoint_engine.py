@@ -34,7 +34,6 @@ from typing import Any, AsyncGenerator
 
 import ray
 import torch
-
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 

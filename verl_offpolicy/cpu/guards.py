@@ -80,26 +80,42 @@ def check_standalone_rollout(cfg: DictConfig, need) -> None:
     """A rollout on its own pool (``hybrid_engine=false``): a size for the pool and the CPU weight transport."""
     rollout = "actor_rollout_ref.rollout"
     replicas = select(cfg, f"{rollout}.n_gpus_per_node", 0)
-    need(f"{rollout}.n_gpus_per_node", isinstance(replicas, int) and replicas >= 1, replicas,
-         "with actor_rollout_ref.hybrid_engine=false the rollout runs on a pool of its own, one process (replica) per "
-         f"fake Ray GPU: set {rollout}.n_gpus_per_node=1, or 2 for two replicas")
+    need(
+        f"{rollout}.n_gpus_per_node",
+        isinstance(replicas, int) and replicas >= 1,
+        replicas,
+        "with actor_rollout_ref.hybrid_engine=false the rollout runs on a pool of its own, one process (replica) per "
+        f"fake Ray GPU: set {rollout}.n_gpus_per_node=1, or 2 for two replicas",
+    )
     nodes = select(cfg, f"{rollout}.nnodes", 0)
     if select(cfg, "ray_kwargs.ray_init.address") is None:
-        need(f"{rollout}.nnodes", nodes == 1, nodes,
-             f"a Ray cluster the run starts itself has one node; set {rollout}.nnodes=1 (or join a cluster of several "
-             "nodes: ray_kwargs.ray_init.address, `verl-offpolicy cluster start`)")
+        need(
+            f"{rollout}.nnodes",
+            nodes == 1,
+            nodes,
+            f"a Ray cluster the run starts itself has one node; set {rollout}.nnodes=1 (or join a cluster of several "
+            "nodes: ray_kwargs.ray_init.address, `verl-offpolicy cluster start`)",
+        )
     else:
         need(f"{rollout}.nnodes", isinstance(nodes, int) and nodes >= 1, nodes, f"set {rollout}.nnodes=1 or more")
     ce = f"{rollout}.checkpoint_engine"
     backend = select(cfg, f"{ce}.backend")
-    need(f"{ce}.backend", backend == CPU_CHECKPOINT_BACKEND, backend,
-         f"weights reach a rollout on its own pool through a checkpoint engine; verl's (nccl, nixl, ...) need CUDA: "
-         f"set {ce}.backend={CPU_CHECKPOINT_BACKEND} and {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}")
+    need(
+        f"{ce}.backend",
+        backend == CPU_CHECKPOINT_BACKEND,
+        backend,
+        f"weights reach a rollout on its own pool through a checkpoint engine; verl's (nccl, nixl, ...) need CUDA: "
+        f"set {ce}.backend={CPU_CHECKPOINT_BACKEND} and {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}",
+    )
     module = select(cfg, f"{ce}.custom_backend_module")
     if backend == CPU_CHECKPOINT_BACKEND:
-        need(f"{ce}.custom_backend_module", module == CPU_CHECKPOINT_MODULE, module,
-             f"verl registers backend {CPU_CHECKPOINT_BACKEND} by importing it in every worker; "
-             f"set {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}")
+        need(
+            f"{ce}.custom_backend_module",
+            module == CPU_CHECKPOINT_MODULE,
+            module,
+            f"verl registers backend {CPU_CHECKPOINT_BACKEND} by importing it in every worker; "
+            f"set {ce}.custom_backend_module={CPU_CHECKPOINT_MODULE}",
+        )
 
 
 def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
@@ -115,29 +131,54 @@ def check_micro_batch_sizes(cfg: DictConfig, need) -> None:
     dp = max(1, int(select(cfg, "trainer.n_gpus_per_node", 1) or 1) * int(select(cfg, "trainer.nnodes", 1) or 1))
     step_samples = int(select(cfg, "data.train_batch_size", 0) or 0) * n // dp
     mini_samples = int(select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n // dp
-    uses_ref = bool(select(cfg, "algorithm.use_kl_in_reward", False) or select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
+    uses_ref = bool(
+        select(cfg, "algorithm.use_kl_in_reward", False) or select(cfg, "actor_rollout_ref.actor.use_kl_loss", False)
+    )
     checks = [
-        ("actor_rollout_ref.actor", "ppo_micro_batch_size_per_gpu", mini_samples,
-         "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n"),
-        ("actor_rollout_ref.rollout", "log_prob_micro_batch_size_per_gpu", step_samples, "data.train_batch_size x rollout.n"),
+        (
+            "actor_rollout_ref.actor",
+            "ppo_micro_batch_size_per_gpu",
+            mini_samples,
+            "actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n",
+        ),
+        (
+            "actor_rollout_ref.rollout",
+            "log_prob_micro_batch_size_per_gpu",
+            step_samples,
+            "data.train_batch_size x rollout.n",
+        ),
     ]
     if uses_ref:
-        checks.append(("actor_rollout_ref.ref", "log_prob_micro_batch_size_per_gpu", step_samples, "data.train_batch_size x rollout.n"))
+        checks.append(
+            (
+                "actor_rollout_ref.ref",
+                "log_prob_micro_batch_size_per_gpu",
+                step_samples,
+                "data.train_batch_size x rollout.n",
+            )
+        )
     mini = int(select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 0) or 0) * n
     if dp > 1 and mini > 0:  # verl asserts it in the worker (train_mini_batch), at the first update
-        need("actor_rollout_ref.actor.ppo_mini_batch_size", mini % dp == 0,
-             select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size"),
-             f"each update's {mini} samples (ppo_mini_batch_size x rollout.n) must split evenly over the {dp} "
-             "training processes (trainer.n_gpus_per_node); choose sizes whose product divides by it")
+        need(
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+            mini % dp == 0,
+            select(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size"),
+            f"each update's {mini} samples (ppo_mini_batch_size x rollout.n) must split evenly over the {dp} "
+            "training processes (trainer.n_gpus_per_node); choose sizes whose product divides by it",
+        )
     for prefix, name, samples, what in checks:
         micro = select(cfg, f"{prefix}.{name}")
         dynamic = select(cfg, f"{prefix}.{'log_prob_' if name.startswith('log_prob') else ''}use_dynamic_bsz", False)
         if micro is None or int(micro) <= 0 or samples <= 0 or dynamic:  # a size ≤ 0 is verl's own config error
             continue
         largest = max(m for m in range(1, min(int(micro), samples) + 1) if samples % m == 0)  # the divisor to suggest
-        need(f"{prefix}.{name}", samples % int(micro) == 0, micro,
-             f"must divide the {samples} samples it splits ({what}{' per training process' if dp > 1 else ''}); "
-             f"set {prefix}.{name}={largest} (any divisor of {samples})")
+        need(
+            f"{prefix}.{name}",
+            samples % int(micro) == 0,
+            micro,
+            f"must divide the {samples} samples it splits ({what}{' per training process' if dp > 1 else ''}); "
+            f"set {prefix}.{name}={largest} (any divisor of {samples})",
+        )
 
 
 # Each rule of the CPU path is ``rule(cfg, need)``: it calls ``need(key, ok, got, fix)`` for each key it checks
@@ -158,6 +199,7 @@ class Findings:
         """Problems a part found in full (verl's vLLM and Megatron checks list theirs)."""
         self.problems.extend(problems)
 
+
 ROLLOUT = "actor_rollout_ref.rollout"
 RAY_INIT = "ray_kwargs.ray_init"
 
@@ -172,9 +214,13 @@ def check_rollout(cfg: DictConfig, need: Findings) -> None:
     if name == VLLM_ROLLOUT:
         need.extend(check_vllm_cpu_config(cfg))
     else:
-        need(f"{ROLLOUT}.name", name == HF_ROLLOUT, name,
-             f"SGLang does not run here; set {ROLLOUT}.name={HF_ROLLOUT} (transformers generation on the CPU), or "
-             f"{VLLM_ROLLOUT} with +{VLLM_OVERLAY}")
+        need(
+            f"{ROLLOUT}.name",
+            name == HF_ROLLOUT,
+            name,
+            f"SGLang does not run here; set {ROLLOUT}.name={HF_ROLLOUT} (transformers generation on the CPU), or "
+            f"{VLLM_ROLLOUT} with +{VLLM_OVERLAY}",
+        )
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         value = select(cfg, f"{ROLLOUT}.{key}", 1)
         need(f"{ROLLOUT}.{key}", value == 1, value, f"the {name} rollout runs one process; set {ROLLOUT}.{key}=1")
@@ -192,10 +238,14 @@ def check_lora(cfg: DictConfig, need: Findings) -> None:
     rank = select(cfg, "actor_rollout_ref.model.lora_rank", 0) or 0
     merge = select(cfg, "actor_rollout_ref.model.lora.merge", False)
     if isinstance(rank, int) and rank > 0:
-        need("actor_rollout_ref.model.lora.merge", bool(merge), merge,
-             f"with actor_rollout_ref.model.lora_rank={rank} the rollout must receive merged weights (the hf rollout "
-             "loads no adapter; verl's vLLM adapter path fails in vLLM 0.30's CPU build); set "
-             "actor_rollout_ref.model.lora.merge=true")
+        need(
+            "actor_rollout_ref.model.lora.merge",
+            bool(merge),
+            merge,
+            f"with actor_rollout_ref.model.lora_rank={rank} the rollout must receive merged weights (the hf rollout "
+            "loads no adapter; verl's vLLM adapter path fails in vLLM 0.30's CPU build); set "
+            "actor_rollout_ref.model.lora.merge=true",
+        )
 
 
 MODEL = "actor_rollout_ref.model"
@@ -212,9 +262,13 @@ def check_lora_values(cfg: DictConfig, need: Findings) -> None:
     adapter = select(cfg, f"{MODEL}.lora_adapter_path")
     if adapter is not None:
         folder = os.path.expanduser(str(adapter))
-        need(f"{MODEL}.lora_adapter_path", os.path.isfile(os.path.join(folder, "adapter_config.json")), adapter,
-             "must be a local folder holding a saved peft adapter (adapter_config.json; nothing is downloaded on the "
-             "CPU path), or null to train a new adapter")
+        need(
+            f"{MODEL}.lora_adapter_path",
+            os.path.isfile(os.path.join(folder, "adapter_config.json")),
+            adapter,
+            "must be a local folder holding a saved peft adapter (adapter_config.json; nothing is downloaded on the "
+            "CPU path), or null to train a new adapter",
+        )
         return  # the saved adapter's own target modules apply
     targets = select(cfg, f"{MODEL}.target_modules", "all-linear")
     if OmegaConf.is_config(targets):
@@ -232,9 +286,13 @@ def check_lora_values(cfg: DictConfig, need: Findings) -> None:
         need(f"{MODEL}.target_modules", False, targets, f"peft does not take it ({exc})")
         return
     leaves = sorted({name.rsplit(".", 1)[-1] for name, linear in modules.items() if linear})
-    need(f"{MODEL}.target_modules", matched, targets,
-         f"names no module of the model at {MODEL}.path (peft would refuse it in the worker); its linear modules: "
-         f"{', '.join(leaves)}, or all-linear")
+    need(
+        f"{MODEL}.target_modules",
+        matched,
+        targets,
+        f"names no module of the model at {MODEL}.path (peft would refuse it in the worker); its linear modules: "
+        f"{', '.join(leaves)}, or all-linear",
+    )
 
 
 def model_module_names(model_path) -> dict[str, bool] | None:
@@ -264,7 +322,11 @@ def check_engines(cfg: DictConfig, need: Findings) -> None:
     if select(cfg, "actor_rollout_ref.actor.strategy") == MEGATRON_STRATEGY:
         need.extend(check_megatron_cpu_config(cfg))
         return  # the FSDP keys do not exist in verl's Megatron configs
-    for prefix, engine_key in (("actor_rollout_ref.actor", "fsdp_config"), ("actor_rollout_ref.ref", "fsdp_config"), ("critic", "fsdp")):
+    for prefix, engine_key in (
+        ("actor_rollout_ref.actor", "fsdp_config"),
+        ("actor_rollout_ref.ref", "fsdp_config"),
+        ("critic", "fsdp"),
+    ):
         if prefix == "critic" and not _uses_critic(cfg):
             continue
         for key in (f"{prefix}.strategy", f"{prefix}.{engine_key}.strategy"):
@@ -283,19 +345,32 @@ def check_models(cfg: DictConfig, need: Findings) -> None:
         if prefix == "critic.model" and not _uses_critic(cfg):
             continue
         attn = select(cfg, f"{prefix}.override_config.attn_implementation", "flash_attention_2")
-        need(f"{prefix}.override_config.attn_implementation", attn in SUPPORTED_ATTENTION, attn,
-             f"flash-attention needs CUDA; set +{prefix}.override_config.attn_implementation=sdpa "
-             f"(allowed: {', '.join(SUPPORTED_ATTENTION)})")
+        need(
+            f"{prefix}.override_config.attn_implementation",
+            attn in SUPPORTED_ATTENTION,
+            attn,
+            f"flash-attention needs CUDA; set +{prefix}.override_config.attn_implementation=sdpa "
+            f"(allowed: {', '.join(SUPPORTED_ATTENTION)})",
+        )
         fused = select(cfg, f"{prefix}.use_fused_kernels", False)
-        need(f"{prefix}.use_fused_kernels", not fused, fused, f"fused kernels need CUDA; set {prefix}.use_fused_kernels=false")
+        need(
+            f"{prefix}.use_fused_kernels",
+            not fused,
+            fused,
+            f"fused kernels need CUDA; set {prefix}.use_fused_kernels=false",
+        )
         for key in ("path", "tokenizer_path"):
             path = select(cfg, f"{prefix}.{key}")
             if path is None and key == "tokenizer_path":
                 continue
             local = os.path.expanduser(str(path)) if path is not None else ""
-            need(f"{prefix}.{key}", bool(path) and os.path.isdir(local), path,
-                 "must be a local directory (nothing is downloaded on the CPU path); build a tiny model with "
-                 "verl_offpolicy.demo.tiny.build_tiny(dir) or use verl_offpolicy.demo.run.run_demo")
+            need(
+                f"{prefix}.{key}",
+                bool(path) and os.path.isdir(local),
+                path,
+                "must be a local directory (nothing is downloaded on the CPU path); build a tiny model with "
+                "verl_offpolicy.demo.tiny.build_tiny(dir) or use verl_offpolicy.demo.run.run_demo",
+            )
 
 
 def check_data_files(cfg: DictConfig, need: Findings) -> None:
@@ -310,10 +385,20 @@ def check_worker_env(cfg: DictConfig, need: Findings) -> None:
     """The variables every Ray worker needs (``CPU_ENV``), all of them strings."""
     for env_key, value in CPU_ENV.items():
         got = select(cfg, f"{ENV_PREFIX}.{env_key}")
-        need(f"{ENV_PREFIX}.{env_key}", str(got) == value, got, f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}")
+        need(
+            f"{ENV_PREFIX}.{env_key}",
+            str(got) == value,
+            got,
+            f"every Ray worker needs it; set +{ENV_PREFIX}.{env_key}={value}",
+        )
     for env_key, value in (select(cfg, ENV_PREFIX) or {}).items():
-        need(f"{ENV_PREFIX}.{env_key}", isinstance(value, str), value,
-             f"Ray takes only strings there (it fails after starting); quote the value: {ENV_PREFIX}.{env_key}='{value}'")
+        need(
+            f"{ENV_PREFIX}.{env_key}",
+            isinstance(value, str),
+            value,
+            "Ray takes only strings there (it fails after starting); quote the value: "
+            f"{ENV_PREFIX}.{env_key}='{value}'",
+        )
 
 
 def check_ray_resources(cfg: DictConfig, need: Findings) -> None:
@@ -325,20 +410,33 @@ def check_ray_resources(cfg: DictConfig, need: Findings) -> None:
     address = select(cfg, f"{RAY_INIT}.address")
     if address is not None:  # joining an existing cluster: its nodes' resources decide, and Ray refuses these two
         for key, value in ((f"{RAY_INIT}.num_gpus", num_gpus), (f"{RAY_INIT}.num_cpus", num_cpus)):
-            need(key, value is None, value, f"{RAY_INIT}.address={address} joins an existing Ray cluster, whose nodes' "
-                 f"resources decide (Ray refuses num_cpus/num_gpus when connecting); set {key}=null")
+            need(
+                key,
+                value is None,
+                value,
+                f"{RAY_INIT}.address={address} joins an existing Ray cluster, whose nodes' "
+                f"resources decide (Ray refuses num_cpus/num_gpus when connecting); set {key}=null",
+            )
         return
-    need(f"{RAY_INIT}.num_gpus", num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus, num_gpus,
-         f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
-         f"CPU these are fake: set ++{RAY_INIT}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
-         f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})")
+    need(
+        f"{RAY_INIT}.num_gpus",
+        num_gpus is not None and num_gpus >= gpus_needed + rollout_gpus,
+        num_gpus,
+        f"verl places each training process (and each rollout process on its own pool) on a Ray 'GPU'; on the "
+        f"CPU these are fake: set ++{RAY_INIT}.num_gpus={gpus_needed + rollout_gpus} (= trainer.n_gpus_per_node x "
+        f"trainer.nnodes{' + rollout.nnodes x rollout.n_gpus_per_node' if rollout_gpus else ''})",
+    )
     have = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
     required = required_ray_cpus(cfg)
     units = select(cfg, "transfer_queue.backend.SimpleStorage.num_data_storage_units", 8)
-    need(f"{RAY_INIT}.num_cpus", have >= required, num_cpus,
-         f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
-         f"logical Ray CPUs, Ray would have {have} and wait forever; set {RAY_INIT}.num_cpus=16 and "
-         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1")
+    need(
+        f"{RAY_INIT}.num_cpus",
+        have >= required,
+        num_cpus,
+        f"TransferQueue (1 controller + {units} storage units) and the placement groups need {required} "
+        f"logical Ray CPUs, Ray would have {have} and wait forever; set {RAY_INIT}.num_cpus=16 and "
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    )
 
 
 def check_training_ranks(cfg: DictConfig, need: Findings) -> None:
@@ -346,15 +444,25 @@ def check_training_ranks(cfg: DictConfig, need: Findings) -> None:
     n_gpus = select(cfg, "trainer.n_gpus_per_node", 1)
     nnodes = select(cfg, "trainer.nnodes", 1)
     if select(cfg, f"{RAY_INIT}.address") is None:
-        need("trainer.nnodes", nnodes == 1, nnodes, "a Ray cluster the run starts itself has one node; set trainer.nnodes=1, "
-             f"or join a cluster of several nodes ({RAY_INIT}.address, `verl-offpolicy cluster start`)")
-    need("trainer.n_gpus_per_node", isinstance(n_gpus, int) and n_gpus >= 1, n_gpus,
-         "the number of training processes (FSDP2 ranks on gloo, sharing this machine's cores): set "
-         "trainer.n_gpus_per_node=1, or 2 to train on two ranks (docs/cpu.md)")
+        need(
+            "trainer.nnodes",
+            nnodes == 1,
+            nnodes,
+            "a Ray cluster the run starts itself has one node; set trainer.nnodes=1, "
+            f"or join a cluster of several nodes ({RAY_INIT}.address, `verl-offpolicy cluster start`)",
+        )
+    need(
+        "trainer.n_gpus_per_node",
+        isinstance(n_gpus, int) and n_gpus >= 1,
+        n_gpus,
+        "the number of training processes (FSDP2 ranks on gloo, sharing this machine's cores): set "
+        "trainer.n_gpus_per_node=1, or 2 to train on two ranks (docs/cpu.md)",
+    )
 
 
 def check_cpu_config(cfg: DictConfig) -> list[str]:
-    """All problems of ``cfg`` for the CPU path, each naming the key and the value to set (:data:`CPU_RULES`, in order)."""
+    """All problems of ``cfg`` for the CPU path, each naming the key and the value to set (:data:`CPU_RULES`, in
+    order)."""
     need = Findings()
     for rule in CPU_RULES:
         rule(cfg, need)
@@ -382,7 +490,7 @@ class CPUStartupGuard(Callback):
             from verl_offpolicy.cpu.verl_shims import activate_cpu_platform
 
             activate_cpu_platform(check_stale=False)
-        except Exception as exc:  # noqa: BLE001 - Hydra would turn an Exception into a warning
+        except Exception as exc:
             raise SystemExit(f"verl-offpolicy: {exc}") from exc
         warn_if_not_loopback()
 
@@ -451,7 +559,8 @@ def warn_if_not_loopback() -> bool:
         setting = " ".join(f"{k}={v}" for k, v in missing.items())
         logger.warning(
             "verl-offpolicy: Ray, TransferQueue and the process groups will listen on every network interface; "
-            "start main_ppo with %s in its environment to keep them on 127.0.0.1", setting
+            "start main_ppo with %s in its environment to keep them on 127.0.0.1",
+            setting,
         )
     return bool(missing)
 
@@ -475,7 +584,15 @@ __all__ = [
 
 
 CPU_RULES = (
-    check_rollout, check_lora_values, check_lora, check_device, check_engines, check_models, check_data_files,
-    check_worker_env, check_ray_resources,
-    check_micro_batch_sizes, check_training_ranks,
+    check_rollout,
+    check_lora_values,
+    check_lora,
+    check_device,
+    check_engines,
+    check_models,
+    check_data_files,
+    check_worker_env,
+    check_ray_resources,
+    check_micro_batch_sizes,
+    check_training_ranks,
 )

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
@@ -75,7 +74,6 @@ def check_rollout_parallelism(config) -> None:
             f"rollout name={HF_ROLLOUT} does not support prefill/decode disaggregation; "
             "set actor_rollout_ref.rollout.disaggregation.enabled=false"
         )
-
 
 
 @dataclass
@@ -183,7 +181,6 @@ class HFRolloutServer:
 
     def _build_model(self):
         from transformers import AutoModelForCausalLM
-
         from verl.utils.torch_dtypes import PrecisionType
 
         dtype = PrecisionType.to_dtype(self.config.dtype)
@@ -315,7 +312,7 @@ class HFRolloutServer:
                                 await asyncio.to_thread(self._generate_batch, group)
                             finally:
                                 self.stats["busy_s"] += time.perf_counter() - started
-                        except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
+                        except Exception as exc:
                             logger.exception("hf rollout server %d: generation failed", self.replica_rank)
                             for request in group:
                                 if not request.future.done():

@@ -233,7 +233,9 @@ def shim_cuda_type_checks() -> None:
         return
     for cls in (distrib_optimizer.DistributedOptimizer, optimizer.Float16OptimizerWithFloat16Params):
         patch_once(cls, "__init__", _with_cuda_type_names)
-    optimizer.clip_grad_by_total_norm_fp32 = clip_grads.clip_grad_by_total_norm_fp32  # imported by name (optimizer.py:50)
+    optimizer.clip_grad_by_total_norm_fp32 = (
+        clip_grads.clip_grad_by_total_norm_fp32
+    )  # imported by name (optimizer.py:50)
 
 
 def causal_padding_mask(keep: torch.Tensor) -> torch.Tensor:
@@ -268,7 +270,8 @@ def shim_bshd_attention_mask() -> None:
             if attention_mask is not None and attention_mask.dim() == 2:
                 if self.attn_mask_type != AttnMaskType.causal:
                     raise NotImplementedError(
-                        f"verl-offpolicy's CPU Megatron path supports causal self-attention only (got {self.attn_mask_type})"
+                        "verl-offpolicy's CPU Megatron path supports causal self-attention only (got "
+                        f"{self.attn_mask_type})"
                     )
                 attention_mask = causal_padding_mask(attention_mask)
             return original(self, query, key, value, attention_mask, *args, **kwargs)

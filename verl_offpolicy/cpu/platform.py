@@ -29,9 +29,7 @@ from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
-
 from verl.plugin.platform import PlatformBase, PlatformRegistry
-
 
 logger = logging.getLogger("verl_offpolicy")
 

@@ -24,7 +24,6 @@ from typing import Optional
 
 import ray
 import torch
-
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 from verl.workers.rollout.utils import ensure_async_iterator

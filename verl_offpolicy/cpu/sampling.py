@@ -21,7 +21,6 @@ from typing import Optional, Sequence
 
 import torch
 
-
 # vLLM 0.30's logprobs_mode values (vllm/config/model.py: LogprobsMode); null is vLLM's default, raw_logprobs.
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits")
 VLLM_DEFAULT_LOGPROBS_MODE = "raw_logprobs"
@@ -58,7 +57,9 @@ def sample_next(
     """
     mode = VLLM_DEFAULT_LOGPROBS_MODE if logprobs_mode is None else logprobs_mode
     if mode not in LOGPROBS_MODES:
-        raise ValueError(f"actor_rollout_ref.rollout.logprobs_mode={logprobs_mode!r}; allowed values: {', '.join(LOGPROBS_MODES)}")
+        raise ValueError(
+            f"actor_rollout_ref.rollout.logprobs_mode={logprobs_mode!r}; allowed values: {', '.join(LOGPROBS_MODES)}"
+        )
     logits = raw = logits.float()
     if key.repetition_penalty != 1.0 and seen_tokens is not None:
         # Hugging Face/vLLM convention: divide positive, multiply negative logits of seen tokens.
@@ -148,7 +149,9 @@ class RequestSeeds:
         # (sampling key, prompt) -> requests seen since the last weight update
         self._occurrences: dict[tuple, int] = {}
 
-    def next(self, key: SamplingKey, prompt_ids: Sequence[int], version: Optional[int], seed: Optional[int] = None) -> int:
+    def next(
+        self, key: SamplingKey, prompt_ids: Sequence[int], version: Optional[int], seed: Optional[int] = None
+    ) -> int:
         """The seed of the next request with ``prompt_ids`` at weights ``version``; without a per-request
         ``seed`` and unless greedy, it counts as one more occurrence of its prompt."""
         occurrence = 0

@@ -128,7 +128,9 @@ def _gloo_default(original):
         store = loopback_rendezvous_store(rank, world_size, timeout)
         if store is None:
             return original(timeout_second=timeout_second, backend=backend)
-        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        torch.distributed.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
 
     return initialize_global_process_group_ray
 
@@ -178,9 +180,14 @@ def install_exact_merged_lora() -> bool:
         try:
             with fsdp_engine.merged_lora_context(self.module, backup_adapters=True):
                 model = getattr(self.module, "_fsdp_wrapped_module", self.module)
-                params = fsdp_engine.convert_weight_keys(fsdp_engine.normalize_peft_param_name(self.module.state_dict()), model)
+                params = fsdp_engine.convert_weight_keys(
+                    fsdp_engine.normalize_peft_param_name(self.module.state_dict()), model
+                )
                 for name, param in params.items():  # copies, made while the adapters are merged
-                    yield name, param.full_tensor() if isinstance(param, fsdp_engine.DTensor) else param.detach().clone()
+                    yield (
+                        name,
+                        param.full_tensor() if isinstance(param, fsdp_engine.DTensor) else param.detach().clone(),
+                    )
         finally:
             if self._is_offload_param:
                 fsdp_engine.offload_fsdp_model_to_cpu(self.module)
@@ -201,7 +208,6 @@ def install_seeded_lora_init() -> bool:
     if not cpu_selected():
         return False
     import torch
-
     import verl.workers.engine.fsdp.transformer_impl as fsdp_engine
 
     def seeded(build):

@@ -93,7 +93,7 @@ class VllmCpuDistributionFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         return None
 
-    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()) -> Iterator:
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()) -> Iterator:  # noqa: B008 - importlib's own default
         name = getattr(context, "name", None)
         if not name or _normalized(name) != VLLM_DISTRIBUTION:
             return iter(())

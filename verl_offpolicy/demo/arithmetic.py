@@ -37,7 +37,16 @@ REWARD_FUNCTION_NAME = "compute_score"
 INSTRUCTION = "Put the final answer in \\boxed{}."
 OPERATIONS = ("add", "sub", "add_sub")
 
-NAMES = (("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Sam", "He"), ("Lily", "She"), ("Ben", "He"))
+NAMES = (
+    ("Mia", "She"),
+    ("Tom", "He"),
+    ("Ava", "She"),
+    ("Leo", "He"),
+    ("Zoe", "She"),
+    ("Sam", "He"),
+    ("Lily", "She"),
+    ("Ben", "He"),
+)
 OBJECTS = ("apples", "marbles", "stickers", "pencils", "cookies", "books", "shells", "coins")
 TEMPLATES = {
     "add": (
@@ -49,8 +58,10 @@ TEMPLATES = {
         "{name} had {a} {obj} and lost {b} of them. How many {obj} does {name} have now?",
     ),
     "add_sub": (
-        "{name} has {a} {obj}. {pronoun} buys {b} more {obj} and then gives away {c} {obj}. How many {obj} does {name} have now?",
-        "{name} had {a} {obj}. A friend gave {name} {b} more {obj}, and then {name} lost {c} {obj}. How many {obj} does {name} have now?",
+        "{name} has {a} {obj}. {pronoun} buys {b} more {obj} and then gives away {c} {obj}. How many {obj} does "
+        "{name} have now?",
+        "{name} had {a} {obj}. A friend gave {name} {b} more {obj}, and then {name} lost {c} {obj}. How many "
+        "{obj} does {name} have now?",
     ),
 }
 
@@ -78,8 +89,11 @@ def operand_pairs(digits: int, operations: Sequence[str]) -> list[tuple]:
     return out
 
 
-def problem_text(operation: str, a: int, b: int, c: int = 0, *, name: str, pronoun: str, obj: str, template: int) -> str:
-    """The question: ``TEMPLATES[operation][template]`` about ``name`` (``pronoun``) and ``a``, ``b`` (``c``) ``obj``."""
+def problem_text(
+    operation: str, a: int, b: int, c: int = 0, *, name: str, pronoun: str, obj: str, template: int
+) -> str:
+    """The question: ``TEMPLATES[operation][template]`` about ``name`` (``pronoun``) and ``a``, ``b`` (``c``)
+    ``obj``."""
     return TEMPLATES[operation][template].format(name=name, pronoun=pronoun, a=a, b=b, c=c, obj=obj)
 
 
@@ -155,14 +169,18 @@ def generate(
     n_val = max(1, round(len(pairs) * val_fraction))
     held_out, train_pairs = pairs[:n_val], pairs[n_val:]
     if val_size > len(held_out):
-        raise ValueError(f"val_size={val_size} exceeds the {len(held_out)} held-out pairs (digits={digits}, val_fraction={val_fraction})")
+        raise ValueError(
+            f"val_size={val_size} exceeds the {len(held_out)} held-out pairs (digits={digits}, "
+            f"val_fraction={val_fraction})"
+        )
     train = [make_row(rng.choice(train_pairs), rng, split="train", index=i, shots=shots) for i in range(train_size)]
     val = [make_row(pair, rng, split="test", index=i, shots=shots) for i, pair in enumerate(held_out[:val_size])]
     return train, val
 
 
 def build_dataset(out_dir: str | os.PathLike, **kwargs: Any) -> dict[str, str]:
-    """Write ``train.parquet`` and ``val.parquet`` (:func:`generate` with ``kwargs``) to ``out_dir``; return their paths."""
+    """Write ``train.parquet`` and ``val.parquet`` (:func:`generate` with ``kwargs``) to ``out_dir``; return
+    their paths."""
     from verl_offpolicy.demo.repeat_task import write_splits
 
     return write_splits(out_dir, *generate(**kwargs))

@@ -51,7 +51,9 @@ CLUSTER_DIR_PREFIX = "vo-cluster-"
 STATE_NAME = "cluster.json"  # in the cluster's dir, written by the server once every node is up
 # In the cluster's dir from its creation: what `stop` requires before it ends a process or removes a file.
 MARKER_NAME = "vo-cluster"
-MARKER_TEXT = "a Ray cluster of `verl-offpolicy cluster start`; `verl-offpolicy cluster stop --dir <this dir>` ends it\n"
+MARKER_TEXT = (
+    "a Ray cluster of `verl-offpolicy cluster start`; `verl-offpolicy cluster stop --dir <this dir>` ends it\n"
+)
 LOG_NAME = "server.log"
 # In the cluster's dir from the server's spawn: {"pid": ..., "started": <its create time>}, what `stop` ends first.
 SERVER_NAME = "server.json"
@@ -75,7 +77,11 @@ class NodeSpec:
 def join_overrides(address: str) -> list[str]:
     """The ``main_ppo`` overrides that join the Ray cluster at ``address`` instead of starting one (the CPU
     configs size a cluster of their own: on an existing one its nodes' resources decide)."""
-    return [f"+ray_kwargs.ray_init.address={address}", "ray_kwargs.ray_init.num_cpus=null", "ray_kwargs.ray_init.num_gpus=null"]
+    return [
+        f"+ray_kwargs.ray_init.address={address}",
+        "ray_kwargs.ray_init.num_cpus=null",
+        "ray_kwargs.ray_init.num_gpus=null",
+    ]
 
 
 # What a demo run's workers need from its environment (where verl's file logger writes; no download):
@@ -92,7 +98,9 @@ def joins_cluster(command: list[str]) -> bool:
 def worker_env_overrides(env: dict[str, str]) -> list[str]:
     """The :data:`WORKER_ENV` variables of ``env`` as ``runtime_env`` overrides, for a run joining a cluster."""
     quoted = {key: "'" + env[key].replace("\\", "\\\\").replace("'", "\\'") + "'" for key in WORKER_ENV if key in env}
-    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={value}" for key, value in quoted.items()]  # strings, as Ray wants
+    return [
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={value}" for key, value in quoted.items()
+    ]  # strings, as Ray wants
 
 
 def node_resource(index: int) -> str:
@@ -116,8 +124,14 @@ class LocalCluster:
         self.path = Path(os.path.realpath(path))
 
     @classmethod
-    def start(cls, nodes: list[NodeSpec], parent: str = "/tmp", timeout: float = START_TIMEOUT_S,
-              log: Callable[[str], None] = print, base_env: Optional[dict[str, str]] = None) -> "LocalCluster":
+    def start(
+        cls,
+        nodes: list[NodeSpec],
+        parent: str = "/tmp",
+        timeout: float = START_TIMEOUT_S,
+        log: Callable[[str], None] = print,
+        base_env: Optional[dict[str, str]] = None,
+    ) -> "LocalCluster":
         """Start the server holding ``nodes`` and wait until every node is up (or stop it and raise). The
         server and its nodes start from ``base_env`` (default: this process's environment).
 
@@ -126,11 +140,14 @@ class LocalCluster:
         if not nodes:
             raise ClusterError("a cluster needs at least one node")
         base_env = dict(os.environ if base_env is None else base_env)
-        return retry_ray_start(lambda _: cls._start_once(nodes, parent, timeout, log, base_env), ClusterError, log, "[cluster]")
+        return retry_ray_start(
+            lambda _: cls._start_once(nodes, parent, timeout, log, base_env), ClusterError, log, "[cluster]"
+        )
 
     @classmethod
-    def _start_once(cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None],
-                    base_env: dict[str, str]) -> "LocalCluster":
+    def _start_once(
+        cls, nodes: list[NodeSpec], parent: str, timeout: float, log: Callable[[str], None], base_env: dict[str, str]
+    ) -> "LocalCluster":
         cluster = cls(make_owned_temp_dir(CLUSTER_DIR_PREFIX, parent))
         (cluster.path / MARKER_NAME).write_text(MARKER_TEXT)
         (cluster.path / "nodes.json").write_text(json.dumps([asdict(n) for n in nodes]))
@@ -140,14 +157,22 @@ class LocalCluster:
         with open(cluster.path / LOG_NAME, "w") as out:
             # its own session: a Ctrl-C of the terminal that started it does not end the cluster; in the cluster's
             # dir: `-m` puts the working directory first on sys.path, and the starting one may hold anything
-            server = subprocess.Popen([sys.executable, "-m", MODULE, "serve", str(cluster.path)], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                      cwd=str(cluster.path))
+            server = subprocess.Popen(
+                [sys.executable, "-m", MODULE, "serve", str(cluster.path)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=str(cluster.path),
+            )
         _write_json(cluster.path / SERVER_NAME, {"pid": server.pid, "started": _create_time(server.pid)})
         deadline = time.monotonic() + timeout
         while not (cluster.path / STATE_NAME).exists():
             if server.poll() is not None or time.monotonic() > deadline:
-                why = f"exited with {server.returncode}" if server.poll() is not None else f"not up within {timeout:g} s"
+                why = (
+                    f"exited with {server.returncode}" if server.poll() is not None else f"not up within {timeout:g} s"
+                )
                 message = f"the cluster {why}; end of {cluster.path / LOG_NAME}:\n{_tail(cluster.path / LOG_NAME)}"
                 cluster.stop()
                 raise ClusterError(message)
@@ -180,7 +205,10 @@ class LocalCluster:
         still runs: the same pid with the same start time (a pid reused by another process is not the server)."""
         import psutil
 
-        for name, pid_key, started_key in ((SERVER_NAME, "pid", "started"), (STATE_NAME, "server_pid", "server_started")):
+        for name, pid_key, started_key in (
+            (SERVER_NAME, "pid", "started"),
+            (STATE_NAME, "server_pid", "server_started"),
+        ):
             try:
                 record = json.loads((self.path / name).read_text())
                 pid, started = int(record[pid_key]), record.get(started_key)
@@ -214,13 +242,17 @@ class LocalCluster:
         if not path.is_dir() or path.is_symlink():
             raise ClusterError(f"{path} is not a directory: not a cluster dir; nothing was stopped")
         if not path.name.startswith(CLUSTER_DIR_PREFIX):
-            raise ClusterError(f"{path} is not a cluster dir (its name does not start with {CLUSTER_DIR_PREFIX!r}); "
-                               "nothing was stopped or removed")
+            raise ClusterError(
+                f"{path} is not a cluster dir (its name does not start with {CLUSTER_DIR_PREFIX!r}); "
+                "nothing was stopped or removed"
+            )
         if path.stat().st_uid != os.getuid():
             raise ClusterError(f"{path} belongs to another user (uid {path.stat().st_uid}); nothing was stopped")
         if not (path / MARKER_NAME).is_file():
-            raise ClusterError(f"{path} has no {MARKER_NAME} file, so `cluster start` did not make it; nothing was "
-                               f"stopped or removed (its entries: {', '.join(sorted(p.name for p in path.iterdir())[:8]) or 'none'})")
+            raise ClusterError(
+                f"{path} has no {MARKER_NAME} file, so `cluster start` did not make it; nothing was "
+                f"stopped or removed (its entries: {', '.join(sorted(p.name for p in path.iterdir())[:8]) or 'none'})"
+            )
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM the recorded server (it shuts its nodes down), end whatever of the cluster is left
@@ -238,14 +270,17 @@ class LocalCluster:
         if server is not None:
             with contextlib.suppress(psutil.Error):
                 tree = [server, *server.children(recursive=True)]  # found before the server ends: orphans then
-            # first the server alone (it shuts its nodes down), as processes() lists it: never this process or an ancestor
+            # first the server alone (it shuts its nodes down), as processes() lists it: never this process or
+            # an ancestor
             end_processes([p for p in self.processes() if p.pid == server.pid], grace_s)
         end_processes(self.processes(tree), 10.0)
         alive = self.processes(tree)
         if alive:
             names = ", ".join(f"{p.pid} ({_name(p)})" for p in alive[:8])
-            raise ClusterError(f"{len(alive)} process(es) of the cluster still run after SIGKILL: {names}; "
-                               f"{self.path} is kept (its token, state and logs)")
+            raise ClusterError(
+                f"{len(alive)} process(es) of the cluster still run after SIGKILL: {names}; "
+                f"{self.path} is kept (its token, state and logs)"
+            )
         shutil.rmtree(self.path, ignore_errors=True)
 
     def workers_by_node(self) -> dict[int, list[str]]:
@@ -315,8 +350,14 @@ def serve(path: Path) -> int:
     cluster = None
     try:
         for index, spec in enumerate(specs):
-            args = {"num_cpus": spec.cpus, "num_gpus": spec.gpus, "resources": {node_resource(index): 1},
-                    "include_dashboard": False, "env_vars": spec.env or None, "node_ip_address": "127.0.0.1"}
+            args = {
+                "num_cpus": spec.cpus,
+                "num_gpus": spec.gpus,
+                "resources": {node_resource(index): 1},
+                "include_dashboard": False,
+                "env_vars": spec.env or None,
+                "node_ip_address": "127.0.0.1",
+            }
             if cluster is None:
                 # Ray's temp dir (mode 0777) inside the cluster's private dir
                 cluster = Cluster(initialize_head=True, head_node_args={**args, "temp_dir": ray_dir_in(path)})
@@ -324,8 +365,13 @@ def serve(path: Path) -> int:
                 cluster.add_node(**args)
             print(f"node {index} up", flush=True)
         cluster.wait_for_nodes()
-        state = {"address": cluster.address, "nodes": [{"index": i, **asdict(s)} for i, s in enumerate(specs)],
-                 "server_pid": os.getpid(), "server_started": _create_time(os.getpid()), "ray_dir": ray_dir_in(path)}
+        state = {
+            "address": cluster.address,
+            "nodes": [{"index": i, **asdict(s)} for i, s in enumerate(specs)],
+            "server_pid": os.getpid(),
+            "server_started": _create_time(os.getpid()),
+            "ray_dir": ray_dir_in(path),
+        }
         _write_json(path / STATE_NAME, state)
         while not stop:
             time.sleep(0.5)

@@ -99,7 +99,8 @@ def demo_command(
     python: str = sys.executable,
     model: str = DEFAULT_MODEL,
 ) -> list[str]:
-    """The ``main_ppo`` command line of a demo run (overlay, inputs, preset, the model's settings, then ``overrides``)."""
+    """The ``main_ppo`` command line of a demo run (overlay, inputs, preset, the model's settings, then
+    ``overrides``)."""
     output_dir = Path(output_dir).resolve()
     _, overlay, seed_key = CPU_ENGINES[cpu_engine(config_name)]
     command = [
@@ -123,7 +124,9 @@ def demo_command(
     ]
     # joining an existing cluster: Ray would look for a node of that cluster in this temp dir, and fail
     if ray_temp_dir and not joins_cluster(list(overrides)):
-        command.append(f"+ray_kwargs.ray_init._temp_dir={ray_dir_in(ray_temp_dir)}")  # Ray's 0777 dir inside our 0700 one
+        command.append(
+            f"+ray_kwargs.ray_init._temp_dir={ray_dir_in(ray_temp_dir)}"
+        )  # Ray's 0777 dir inside our 0700 one
     return command + run_overrides(preset, config_name, model, overrides)
 
 

@@ -14,8 +14,14 @@ from typing import Callable, Optional, Sequence
 
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.process import (
-    SharedMemoryWatch, held_shared_memory, kill_process_tree, listening_addresses, orphaned_since,
-    remove_leftover_files, shared_memory_listing, spawn,
+    SharedMemoryWatch,
+    held_shared_memory,
+    kill_process_tree,
+    listening_addresses,
+    orphaned_since,
+    remove_leftover_files,
+    shared_memory_listing,
+    spawn,
 )
 from verl_offpolicy.demo.progress import STEP_LINE
 
@@ -58,7 +64,9 @@ def run_subprocess(
         try:
             log.write(log_banner)
         except OSError as exc:
-            raise DemoError(f"cannot write the run's log {log_path}: {exc.strerror or exc} ({_free_space(log_path)})") from None
+            raise DemoError(
+                f"cannot write the run's log {log_path}: {exc.strerror or exc} ({_free_space(log_path)})"
+            ) from None
         proc = spawn(command, env, cwd, pass_fds)
 
         def on_first_step() -> None:
@@ -73,7 +81,9 @@ def run_subprocess(
         reader.start()
         watch, stop_watch = SharedMemoryWatch(), threading.Event()
         if shared_memory is not None:
-            threading.Thread(target=_watch_shared_memory, args=(watch, stop_watch, proc, ray_marker), daemon=True).start()
+            threading.Thread(
+                target=_watch_shared_memory, args=(watch, stop_watch, proc, ray_marker), daemon=True
+            ).start()
         try:
             returncode = _wait(proc, reader, timeout, ray_marker, log_path, output_failed)
         finally:
@@ -90,7 +100,9 @@ def run_subprocess(
 SHM_POLL_S = 1.0  # how often the run's /dev/shm mappings are recorded (SharedMemoryWatch)
 
 
-def _watch_shared_memory(watch: SharedMemoryWatch, stop: threading.Event, proc: subprocess.Popen, ray_marker: Optional[str]) -> None:
+def _watch_shared_memory(
+    watch: SharedMemoryWatch, stop: threading.Event, proc: subprocess.Popen, ray_marker: Optional[str]
+) -> None:
     while not stop.is_set() and proc.poll() is None:
         try:
             watch.poll(proc, ray_marker)
@@ -107,7 +119,9 @@ def _free_space(path: Path) -> str:
     return f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB free on its file system"
 
 
-def _wait_or_output_failure(proc: subprocess.Popen, timeout: float, output_failed: list[OSError], log_path: Path) -> int:
+def _wait_or_output_failure(
+    proc: subprocess.Popen, timeout: float, output_failed: list[OSError], log_path: Path
+) -> int:
     """``proc.wait(timeout)``, cut short by a failed write of the run's log (raised as :class:`DemoError`)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -124,8 +138,14 @@ def _wait_or_output_failure(proc: subprocess.Popen, timeout: float, output_faile
                 raise
 
 
-def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_marker: Optional[str], log_path: Path,
-          output_failed: list[OSError]) -> int:
+def _wait(
+    proc: subprocess.Popen,
+    reader: threading.Thread,
+    timeout: float,
+    ray_marker: Optional[str],
+    log_path: Path,
+    output_failed: list[OSError],
+) -> int:
     """The run's exit code; on timeout, a failed write of its log or any interruption its process tree is killed
     (and a timeout or an output failure raises :class:`DemoError`). After a clean exit, what a failed run left of
     its Ray session is ended."""
@@ -147,8 +167,13 @@ def _wait(proc: subprocess.Popen, reader: threading.Thread, timeout: float, ray_
     return returncode
 
 
-def _pump(proc: subprocess.Popen, log, on_first_step: Callable[[], None], on_line: Optional[Callable[[str], None]],
-          output_failed: list[OSError]) -> None:
+def _pump(
+    proc: subprocess.Popen,
+    log,
+    on_first_step: Callable[[], None],
+    on_line: Optional[Callable[[str], None]],
+    output_failed: list[OSError],
+) -> None:
     """Copy the run's output to ``log`` line by line; call ``on_first_step`` at verl's ``step:1`` line
     and ``on_line`` for every line (its errors are swallowed: the pipe must keep draining or the child blocks).
     A failed write of the log (a full disk, an I/O error) is put in ``output_failed`` for the waiting thread,

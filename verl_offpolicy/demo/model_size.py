@@ -35,10 +35,17 @@ def count_parameters(model: dict[str, Any]) -> dict[str, Any]:
     if rank > 0:
         from peft import LoraConfig, TaskType, get_peft_model
 
-        module = get_peft_model(module, LoraConfig(
-            task_type=TaskType.CAUSAL_LM, r=rank, lora_alpha=model.get("lora_alpha", 16),
-            target_modules=model.get("target_modules"), exclude_modules=model.get("exclude_modules"), bias="none",
-        ))
+        module = get_peft_model(
+            module,
+            LoraConfig(
+                task_type=TaskType.CAUSAL_LM,
+                r=rank,
+                lora_alpha=model.get("lora_alpha", 16),
+                target_modules=model.get("target_modules"),
+                exclude_modules=model.get("exclude_modules"),
+                bias="none",
+            ),
+        )
     parameters = list(module.parameters())
     return {
         "parameters": sum(p.numel() for p in parameters),

@@ -81,7 +81,9 @@ def _build_smollm2(output_dir: Path, seed: int, *, operation: str = "add", val_s
     from verl_offpolicy.demo.smollm2 import prepare_smollm2
 
     folder = str(prepare_smollm2())
-    data = build_dataset(output_dir / "data", digits=1, operations=(operation,), train_size=256, val_size=val_size, seed=seed)
+    data = build_dataset(
+        output_dir / "data", digits=1, operations=(operation,), train_size=256, val_size=val_size, seed=seed
+    )
     return {"model_path": folder, "tokenizer_path": folder, **data}
 
 
@@ -113,7 +115,8 @@ def _smollm2_overrides() -> tuple[str, ...]:
     from verl_offpolicy.demo.arithmetic import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
 
     return (
-        "data.max_prompt_length=192",  # SmolLM2's default system prompt, the worked example and the question: ~130 tokens
+        # SmolLM2's default system prompt, the worked example and the question: ~130 tokens
+        "data.max_prompt_length=192",
         "data.max_response_length=48",
         "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=4",
@@ -152,10 +155,12 @@ def _smollm2_two_step_overrides() -> tuple[str, ...]:
         "actor_rollout_ref.rollout.temperature=0.7",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # one optimizer step per training step
         *BF16_OVERRIDES,
-        # Ray starts a worker that asks no CPUs with OMP_NUM_THREADS=1 (ray._private.utils.set_omp_num_threads_if_unset),
+        # Ray starts a worker that asks no CPUs with OMP_NUM_THREADS=1
+        # (ray._private.utils.set_omp_num_threads_if_unset),
         # so verl's training worker computes on one core; the study's one training process gets them all
         # (SmolLM2 forward + backward in bf16, 8 x 231 tokens: 7.1 s on one thread, 4.0 s on two).
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count() or 1}'",  # quoted: Ray wants a string
+        # quoted: Ray wants a string
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{os.cpu_count() or 1}'",
         "trainer.experiment_name=smollm2_2step",
     )
     changed = {c.split("=", 1)[0] for c in changes}
@@ -205,7 +210,8 @@ MODELS: dict[str, DemoModel] = {
     "smollm2-135m": DemoModel(
         name="smollm2-135m",
         title="SmolLM2-135M-Instruct, arithmetic",
-        preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) and the arithmetic data",
+        preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) "
+        "and the arithmetic data",
         build=_build_smollm2,
         default_steps=4,
         # measured on 2 heavily shared cores: 254 s start-up, 238 s per step (see the module docstring)
@@ -215,7 +221,8 @@ MODELS: dict[str, DemoModel] = {
     "smollm2-135m-2step": DemoModel(
         name="smollm2-135m-2step",
         title="SmolLM2-135M-Instruct, two-step arithmetic (bf16)",
-        preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) and the two-step arithmetic data",
+        preparing="SmolLM2-135M-Instruct (dequantised once into the cache, about a minute; reused afterwards) "
+        "and the two-step arithmetic data",
         build=partial(_build_smollm2, operation="add_sub", val_size=TWO_STEP_VAL_SIZE),
         default_steps=4,
         default_timeout_s=lambda steps: 900.0 + 400.0 * steps,
@@ -240,5 +247,3 @@ def get_model(name: str) -> DemoModel:
 
 def model_names() -> list[str]:
     return list(MODELS)
-
-

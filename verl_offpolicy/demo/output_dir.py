@@ -46,9 +46,12 @@ class OutputDirLock(ExclusiveLock):
             super().acquire()
         except LockHeld as exc:
             raise DemoInputError(
-                f"output directory {self.path.parent} is in use by another demo run (PID {exc.holder}, lock {self.path}); "
+                f"output directory {self.path.parent} is in use by another demo run (PID {exc.holder}, lock "
+                f"{self.path}); "
                 "wait for it to end or choose another --output-dir"
             ) from None
         except OSError as exc:
-            raise DemoInputError(f"cannot write in the output directory {self.path.parent}: {exc.strerror or exc}") from None
+            raise DemoInputError(
+                f"cannot write in the output directory {self.path.parent}: {exc.strerror or exc}"
+            ) from None
         return self

@@ -1,4 +1,5 @@
-"""Run a command that dies with the process that started it: ``python -m verl_offpolicy.demo.parent_death PID -- CMD ...``.
+"""Run a command that dies with the process that started it: ``python -m verl_offpolicy.demo.parent_death PID --
+CMD ...``.
 
 The demo runs ``main_ppo`` in a session of its own (so that it can kill the whole group), which also means
 nothing would end it when the demo itself is SIGKILLed (the OOM killer, ``kill -9``): it would run on for a

@@ -23,7 +23,10 @@ class PlotUnavailable(RuntimeError):
 
 
 def write_plot(
-    result_metrics: list[dict[str, Any]], validation: dict[int, float], path: str | os.PathLike, title: str = "tiny Llama, repeat task"
+    result_metrics: list[dict[str, Any]],
+    validation: dict[int, float],
+    path: str | os.PathLike,
+    title: str = "tiny Llama, repeat task",
 ) -> str:
     """Reward curve (train score per step, greedy validation reward) as a PNG.
 
@@ -39,7 +42,8 @@ def write_plot(
             from matplotlib.figure import Figure  # builds the font cache (matplotlib caches the dir it chose)
         except ImportError as exc:
             raise PlotUnavailable(
-                f"reward curve skipped: matplotlib is not installed ({exc}); pip install 'verl-offpolicy[plot]' to get it"
+                f"reward curve skipped: matplotlib is not installed ({exc}); pip install 'verl-offpolicy[plot]' "
+                "to get it"
             ) from None
         finally:
             if own_config:
@@ -49,7 +53,9 @@ def write_plot(
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     steps = [m["step"] for m in result_metrics if TRAIN_SCORE in m]
-    ax.plot(steps, [m[TRAIN_SCORE] for m in result_metrics if TRAIN_SCORE in m], marker="o", label="train reward (sampled)")
+    ax.plot(
+        steps, [m[TRAIN_SCORE] for m in result_metrics if TRAIN_SCORE in m], marker="o", label="train reward (sampled)"
+    )
     if validation:
         val_steps = sorted(validation)
         ax.plot(val_steps, [validation[s] for s in val_steps], marker="s", label="validation reward (greedy)")

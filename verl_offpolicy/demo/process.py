@@ -38,8 +38,10 @@ def retry_ray_start(start: Callable[[int], T], errors: type[Exception], say: Cal
         except errors as exc:
             if RAY_START_TIMED_OUT not in str(exc):
                 raise
-            say(f"{prefix} Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; nothing ran "
-                f"yet): starting again, attempt {attempt + 1} of {RAY_START_ATTEMPTS}")
+            say(
+                f"{prefix} Ray's raylet missed the fixed 30 s Ray gives it to start (a loaded machine; nothing ran "
+                f"yet): starting again, attempt {attempt + 1} of {RAY_START_ATTEMPTS}"
+            )
     return start(RAY_START_ATTEMPTS)
 
 
@@ -254,7 +256,9 @@ def orphaned_since(before: set[str], owned: Optional[set[tuple[str, int]]] = Non
         return []
     inodes = {p: _inode(p) for p in new}
     mapped = mapped_anywhere()
-    return sorted(p for p, ino in inodes.items() if ino is not None and ino not in mapped and (owned is None or ino in owned))
+    return sorted(
+        p for p, ino in inodes.items() if ino is not None and ino not in mapped and (owned is None or ino in owned)
+    )
 
 
 def remove_leftover_files(paths: Sequence[str]) -> list[str]:
@@ -365,7 +369,9 @@ def _wait_ended(procs: Sequence, timeout: float) -> list:
     return alive
 
 
-def spawn(command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+def spawn(
+    command: Sequence[str], env: dict[str, str], cwd: Optional[str], pass_fds: Sequence[int] = ()
+) -> subprocess.Popen:
     """Start ``command`` in its own session (killable as a group), stdout+stderr merged into one pipe."""
     return subprocess.Popen(
         list(command),

@@ -32,7 +32,10 @@ PHASES: tuple[Phase, ...] = (
     Phase(re.compile(r"Started a local Ray instance"), "Ray started (127.0.0.1)"),
     Phase(re.compile(r"^\(TaskRunner\w* pid=\d+\)"), "trainer process up (Ray actor)"),
     Phase(re.compile(r"^\(WorkerDict pid=\d+\)"), "training worker process up"),
-    Phase(re.compile(r"(?P<model>\w+) contains (?P<n>[\d.]+\w?) parameters"), "model loaded in the training worker: {model}, {n} parameters"),
+    Phase(
+        re.compile(r"(?P<model>\w+) contains (?P<n>[\d.]+\w?) parameters"),
+        "model loaded in the training worker: {model}, {n} parameters",
+    ),
     Phase(re.compile(r"hf rollout server \d+ ready"), "rollout server ready (model loaded)"),
     Phase(re.compile(r"synced \d+ tensors to replica \d+ \(global_steps=0\)"), "weights synced trainer -> rollout"),
     Phase(re.compile(r"Initial validation metrics"), "greedy validation before training done"),
@@ -76,16 +79,24 @@ def plain_summary(summary: dict[str, Any], *, log_path: str, metrics_path: str) 
     if summary.get("resumed_after_step"):
         resumed = summary["resumed_after_step"]
         lines[0] += f" (steps 1..{resumed} by the earlier run(s) in this directory, resumed from its checkpoint)"
-    lines.append(f"  train reward (sampled), step 1 -> last: {_fmt(summary.get('reward_first'))} -> {_fmt(summary.get('reward_last'))}")
+    lines.append(
+        f"  train reward (sampled), step 1 -> last: {_fmt(summary.get('reward_first'))} -> "
+        f"{_fmt(summary.get('reward_last'))}"
+    )
     if validation:
         first, last = min(validation), max(validation)
-        lines.append(f"  validation reward (greedy), step {first} -> step {last}: {_fmt(validation[first])} -> {_fmt(validation[last])}")
+        lines.append(
+            f"  validation reward (greedy), step {first} -> step {last}: {_fmt(validation[first])} -> "
+            f"{_fmt(validation[last])}"
+        )
     else:
         lines.append("  validation reward: not run")
     per_step = timings.get("mean_step_s")
     startup = timings.get("startup_s")
     lines.append(
-        f"  time: {per_step:.1f} s per step" + (f", start-up {startup:.0f} s" if startup is not None else "") + f", {timings.get('total_s', 0):.0f} s in all"
+        f"  time: {per_step:.1f} s per step"
+        + (f", start-up {startup:.0f} s" if startup is not None else "")
+        + f", {timings.get('total_s', 0):.0f} s in all"
     )
     if summary.get("plot"):
         lines.append(f"  reward curve: {summary['plot']}")

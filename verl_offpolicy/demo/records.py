@@ -104,7 +104,11 @@ def log_banner(output_dir: Path, resumed: int, steps: int) -> str:
     if not log.exists() or log.stat().st_size == 0:
         return ""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    what = f"resumed from the checkpoint of step {resumed}: steps {resumed + 1}..{steps}" if resumed else (
-        "started from scratch (no checkpoint to resume from)"
+    what = (
+        f"resumed from the checkpoint of step {resumed}: steps {resumed + 1}..{steps}"
+        if resumed
+        else ("started from scratch (no checkpoint to resume from)")
     )
-    return f"\n[cpu-demo] ===== {when}: a new run in this directory, {what}; the lines above are an earlier run's =====\n"
+    return (
+        f"\n[cpu-demo] ===== {when}: a new run in this directory, {what}; the lines above are an earlier run's =====\n"
+    )

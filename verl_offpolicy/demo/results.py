@@ -89,7 +89,9 @@ def validation_rewards(by_step: dict[int, dict[str, Any]]) -> dict[int, float]:
     return validation
 
 
-def run_timings(metrics: list[dict[str, Any]], *, total_s: float, subprocess_s: float, first_step_s: Optional[float]) -> dict[str, float]:
+def run_timings(
+    metrics: list[dict[str, Any]], *, total_s: float, subprocess_s: float, first_step_s: Optional[float]
+) -> dict[str, float]:
     """Seconds: in all, of the subprocess, per step (mean) and of start-up (launch to the end of step 1,
     minus step 1; only if the first step's line was seen at ``first_step_s``)."""
     step_times = [m[STEP_TIME] for m in metrics if STEP_TIME in m]

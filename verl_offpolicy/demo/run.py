@@ -40,16 +40,23 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, TextIO
 
 from verl_offpolicy.cpu.registration import FSDP_RUN_SKIPS, SKIP_ENGINES_ENV
+from verl_offpolicy.demo.cluster import joins_cluster, worker_env_overrides
 from verl_offpolicy.demo.command import DEFAULT_CONFIG_NAME, DemoInputs, build_inputs, cpu_engine, demo_command
 from verl_offpolicy.demo.environment import cpu_env, run_files_env
 from verl_offpolicy.demo.errors import DemoError, DemoInputError, DemoInterrupted
 from verl_offpolicy.demo.launch import failure_message, run_subprocess, tail
 from verl_offpolicy.demo.model_size import model_size
 from verl_offpolicy.demo.models import DEFAULT_MODEL, get_model
-from verl_offpolicy.demo.output_dir import LOG_NAME, METRICS_NAME, PLOT_NAME, SUMMARY_NAME, OutputDirLock, prepare_output_dir
-from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
+from verl_offpolicy.demo.output_dir import (
+    LOG_NAME,
+    METRICS_NAME,
+    PLOT_NAME,
+    SUMMARY_NAME,
+    OutputDirLock,
+    prepare_output_dir,
+)
 from verl_offpolicy.demo.parent_death import launcher
-from verl_offpolicy.demo.cluster import joins_cluster, worker_env_overrides
+from verl_offpolicy.demo.plot import PlotUnavailable, write_plot
 from verl_offpolicy.demo.process import (
     Interrupt,
     InterruptSignals,
@@ -68,7 +75,6 @@ from verl_offpolicy.demo.results import (
     training_metrics,
     validation_rewards,
 )
-
 
 RAY_DIR_PREFIX = "vo-ray-"
 
@@ -166,7 +172,9 @@ def run_demo(
         preset=preset,
         steps=steps,
         seed=seed,
-        output_dir=prepare_output_dir(output_dir if output_dir is not None else tempfile.mkdtemp(prefix="vo-cpu-demo-")),
+        output_dir=prepare_output_dir(
+            output_dir if output_dir is not None else tempfile.mkdtemp(prefix="vo-cpu-demo-")
+        ),
         timeout=timeout,
         overrides=tuple(overrides),
         config_name=config_name,
@@ -198,6 +206,7 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
     inputs = build_inputs(run.output_dir, seed=run.seed, model=run.model)
     listening: list[str] = []
     shared_memory: dict[str, list[str]] = {}
+
     def attempt_run(attempt: int) -> tuple[list[str], str, float, dict[str, float]]:
         # Short and unique: Ray puts unix sockets under it (path length limit) and we find its processes by it.
         ray_temp_dir = make_owned_temp_dir(RAY_DIR_PREFIX)
@@ -206,19 +215,36 @@ def _run_locked(run: DemoRun, console: Optional[TextIO], lock: OutputDirLock, si
             _say(
                 console,
                 f"[cpu-demo] output: {run.output_dir}; running {' '.join(command[:4])} ... (log: {run.log_path})\n"
-                "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to several "
+                "[cpu-demo] start-up (Ray, TransferQueue, the training worker, the rollout server) takes one to "
+                "several "
                 "minutes on a small machine; phases below as they complete, seconds since launch:",
             )
         wall, marks = _train(
-            run, command, ray_temp_dir=ray_temp_dir, lock=lock, listening=listening, shared_memory=shared_memory,
-            on_line=_console_lines(console, signals), resumed=resumed,
+            run,
+            command,
+            ray_temp_dir=ray_temp_dir,
+            lock=lock,
+            listening=listening,
+            shared_memory=shared_memory,
+            on_line=_console_lines(console, signals),
+            resumed=resumed,
         )
         return command, ray_temp_dir, wall, marks
 
-    command, ray_temp_dir, wall, marks = retry_ray_start(attempt_run, DemoError, lambda line: _say(console, line), "[cpu-demo]")
+    command, ray_temp_dir, wall, marks = retry_ray_start(
+        attempt_run, DemoError, lambda line: _say(console, line), "[cpu-demo]"
+    )
     result = _collect(
-        run, command, t0=t0, wall=wall, first_step_s=marks.get("first_step"), ray_temp_dir=ray_temp_dir,
-        listening=listening, shared_memory=shared_memory, resumed=resumed, console=console,
+        run,
+        command,
+        t0=t0,
+        wall=wall,
+        first_step_s=marks.get("first_step"),
+        ray_temp_dir=ray_temp_dir,
+        listening=listening,
+        shared_memory=shared_memory,
+        resumed=resumed,
+        console=console,
     )
     _report(result, console)
     return result
@@ -231,7 +257,8 @@ def _resume_step(run: DemoRun, console: Optional[TextIO]) -> int:
     if resumed:
         _say(
             console,
-            f"[cpu-demo] resuming from the checkpoint of step {resumed} in {run.output_dir} (verl's trainer.resume_mode): "
+            f"[cpu-demo] resuming from the checkpoint of step {resumed} in {run.output_dir} (verl's "
+            "trainer.resume_mode): "
             f"steps {resumed + 1}..{run.steps}; {LOG_NAME} and {METRICS_NAME} keep the earlier records "
             "(trainer.resume_mode=disable starts afresh)",
         )
@@ -312,7 +339,9 @@ def _collect(
             "stopped after their checkpoint and before verl logged them (verl saves a step's checkpoint first)",
         )
     if missing:
-        resume = f" (steps {resumed + 1}.. by this run, resumed from the checkpoint of step {resumed})" if resumed else ""
+        resume = (
+            f" (steps {resumed + 1}.. by this run, resumed from the checkpoint of step {resumed})" if resumed else ""
+        )
         raise DemoError(
             f"main_ppo exited 0 but {run.metrics_path} lacks training steps {missing} of 1..{run.steps}{resume}; "
             f"end of log:\n{tail(run.log_path)}"

@@ -63,7 +63,9 @@ def gguf_path() -> Path:
         )
     path = Path(dist.locate_file(files[0])).resolve()
     if not path.is_file():
-        raise ModelNotInstalled(f"'{DISTRIBUTION}' lists {files[0]} but {path} does not exist; reinstall it with: {INSTALL_COMMAND}")
+        raise ModelNotInstalled(
+            f"'{DISTRIBUTION}' lists {files[0]} but {path} does not exist; reinstall it with: {INSTALL_COMMAND}"
+        )
     return path
 
 
@@ -98,10 +100,11 @@ def _dequantise(gguf: Path, out: Path) -> None:
     try:
         import gguf as _gguf  # noqa: F401 - transformers' GGUF reader needs it
     except ImportError:
-        raise ModelNotInstalled(f"dequantising the GGUF file needs the package 'gguf'; install it with: {INSTALL_COMMAND}") from None
+        raise ModelNotInstalled(
+            f"dequantising the GGUF file needs the package 'gguf'; install it with: {INSTALL_COMMAND}"
+        ) from None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()

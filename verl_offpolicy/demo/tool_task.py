@@ -54,7 +54,9 @@ class LookupTool(BaseTool):
         instance_id, response = await super().create(instance_id)
         value = (kwargs.get("create_kwargs") or {}).get("value")
         if value is None:
-            raise ValueError(f"the {TOOL_NAME} tool needs its row's value: extra_info.tools_kwargs.{TOOL_NAME}.create_kwargs.value")
+            raise ValueError(
+                f"the {TOOL_NAME} tool needs its row's value: extra_info.tools_kwargs.{TOOL_NAME}.create_kwargs.value"
+            )
         self.values[instance_id] = str(value)
         return instance_id, response
 
@@ -72,11 +74,17 @@ def make_row(value: str, index: int, split: str) -> dict[str, Any]:
         "prompt": [{"role": "user", "content": QUESTION}],
         "ability": "tool",
         "reward_model": {"style": "rule", "ground_truth": value},
-        "extra_info": {"split": split, "index": index, "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"value": value}}}},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"value": value}}},
+        },
     }
 
 
-def build_dataset(out_dir: str | os.PathLike, *, train_size: int = 256, val_size: int = 16, seed: int = 0) -> dict[str, str]:
+def build_dataset(
+    out_dir: str | os.PathLike, *, train_size: int = 256, val_size: int = 16, seed: int = 0
+) -> dict[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` (each training row's value drawn from :data:`VALUES`, seeded)."""
     rng = random.Random(seed)
     train = [make_row(rng.choice(VALUES), i, "train") for i in range(train_size)]
@@ -93,7 +101,9 @@ def answer(solution_str: str) -> list[str]:
     return after[1 + REPLY_WORDS :] if after[:1] == [TOOL_ROLE] else []
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Optional[dict] = None, **kwargs
+) -> float:
     """verl custom reward function of the tool task: the fraction of the answer's :data:`ANSWER_SLOTS` first
     words that are the row's value (the value only the tool gave). 0 without a tool call."""
     return sum(word == str(ground_truth) for word in answer(solution_str)[:ANSWER_SLOTS]) / ANSWER_SLOTS

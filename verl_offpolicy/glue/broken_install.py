@@ -40,7 +40,9 @@ def module_this_machine_cannot_import(exc: BaseException) -> str | None:
         return exc.name
     # The innermost module body running when it raised (import frames are hidden; a module body is ``<module>``),
     # below the caller's own frame.
-    bodies = [frame for frame, _ in list(traceback.walk_tb(exc.__traceback__))[1:] if frame.f_code.co_name == "<module>"]
+    bodies = [
+        frame for frame, _ in list(traceback.walk_tb(exc.__traceback__))[1:] if frame.f_code.co_name == "<module>"
+    ]
     module = bodies[-1].f_globals.get("__name__") if bodies else None
     if module is None or module.startswith(PACKAGE):
         return None

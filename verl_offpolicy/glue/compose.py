@@ -55,7 +55,10 @@ def compose_main_ppo_argv(argv: Sequence[str], return_hydra_config: bool = False
     hydra = Hydra.create_main_hydra2(task_name="main_ppo", config_search_path=search_path)
     try:
         cfg = hydra.compose_config(
-            config_name=config_name, overrides=list(args.overrides), run_mode=RunMode.RUN, from_shell=True,
+            config_name=config_name,
+            overrides=list(args.overrides),
+            run_mode=RunMode.RUN,
+            from_shell=True,
             with_log_configuration=False,
         )
     finally:

@@ -26,7 +26,7 @@ from verl.workers.config import PolicyLossConfig
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue import algorithms
 from verl_offpolicy.glue.family import Family
-from verl_offpolicy.glue.knobs import (  # noqa: F401 - LOSS_PREFIX, OffPolicyConfigError: the scheduler's rules import them from here
+from verl_offpolicy.glue.knobs import (
     ALGO_PREFIX,
     LOSS_PREFIX,
     SECTIONS,
@@ -67,7 +67,8 @@ def _refuse_if_unloaded(kind: str, name: Any) -> None:
 
 
 def declared_knobs(section: str, families: tuple[Family, ...]) -> tuple[Knob, ...]:
-    """The knobs of ``section`` (``offpolicy`` or ``loss``) that ``families`` declare; a name declared twice is an error."""
+    """The knobs of ``section`` (``offpolicy`` or ``loss``) that ``families`` declare; a name declared twice is
+    an error."""
     prefix = SECTIONS[section]
     found: dict[str, tuple[Knob, str]] = {}
     for family in families:
@@ -86,7 +87,10 @@ def _docstring(summary: str, prefix: str, knobs: tuple[Knob, ...]) -> str:
 def _assemble(name: str, base: type, section: str, summary: str, namespace: dict) -> type:
     knobs = declared_knobs(section, _FAMILIES)
     prefix = SECTIONS[section]
-    kind, selector, default = {"loss": ("policy_loss", "loss_mode", "vanilla"), "offpolicy": ("adv_estimator", None, None)}[section]
+    kind, selector, default = {
+        "loss": ("policy_loss", "loss_mode", "vanilla"),
+        "offpolicy": ("adv_estimator", None, None),
+    }[section]
 
     def __new__(cls, *args, **kwargs):
         _refuse_if_unloaded(kind, kwargs.get(selector, default) if selector else default)
@@ -116,11 +120,18 @@ def _schedule(self) -> Schedule:
 
 _FAMILIES = knob_families()  # imported once: both sections are assembled from them
 OffPolicyConfig = _assemble(
-    "OffPolicyConfig", object, "offpolicy", "``algorithm.offpolicy``: estimator hyperparameters and the staleness scheduler.",
+    "OffPolicyConfig",
+    object,
+    "offpolicy",
+    "``algorithm.offpolicy``: estimator hyperparameters and the staleness scheduler.",
     {"schedule": property(_schedule)},
 )
 OffPolicyLossConfig = _assemble(
-    "OffPolicyLossConfig", PolicyLossConfig, "loss", "verl's ``PolicyLossConfig`` plus the parameters of our losses.", {}
+    "OffPolicyLossConfig",
+    PolicyLossConfig,
+    "loss",
+    "verl's ``PolicyLossConfig`` plus the parameters of our losses.",
+    {},
 )
 
 
@@ -159,7 +170,12 @@ def knobs_yaml() -> str:
         "  offpolicy:",
     ]
     loss = ["actor_rollout_ref:", "  actor:", "    policy_loss:"]
-    body = header + _yaml_block(OffPolicyConfig.KNOBS, "    ") + ["", *loss] + _yaml_block(OffPolicyLossConfig.KNOBS, "      ")
+    body = (
+        header
+        + _yaml_block(OffPolicyConfig.KNOBS, "    ")
+        + ["", *loss]
+        + _yaml_block(OffPolicyLossConfig.KNOBS, "      ")
+    )
     return "\n".join(body) + "\n"
 
 

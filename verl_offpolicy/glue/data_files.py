@@ -99,10 +99,16 @@ def file_problems(key: str, path: str, prompt_key: str, reward_columns: bool) ->
     needed = [prompt_key, *(REWARD_COLUMNS if reward_columns else ())]
     missing = [c for c in needed if c not in columns]
     if missing:
-        fix = f"set data.prompt_key to the prompt's column or write a {prompt_key!r} column" if prompt_key in missing else (
-            "the reward reads data_source and reward_model.ground_truth of every row")
-        return [f"{where} has no {'columns' if len(missing) > 1 else 'column'} {', '.join(map(repr, missing))} (its columns: "
-                f"{', '.join(columns)}); {fix}"]
+        fix = (
+            f"set data.prompt_key to the prompt's column or write a {prompt_key!r} column"
+            if prompt_key in missing
+            else ("the reward reads data_source and reward_model.ground_truth of every row")
+        )
+        return [
+            f"{where} has no {'columns' if len(missing) > 1 else 'column'} {', '.join(map(repr, missing))} (its "
+            "columns: "
+            f"{', '.join(columns)}); {fix}"
+        ]
     if is_table:
         prompts, bad_row, why = _column_values(data, prompt_key)
         if bad_row is not None:

@@ -49,7 +49,8 @@ def _why_not_loaded() -> str:
     if entry_point is None:
         return (
             f"no '{ENTRY_POINT_NAME}' entry point in the '{ENTRY_POINT_GROUP}' group of the installed packages "
-            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . from a checkout, or its built wheel)"
+            "(verl-offpolicy's metadata is missing or stale); reinstall it (pip install -e . from a checkout, or "
+            "its built wheel)"
         )
     try:
         entry_point.load()  # what verl did, but verl logged the error at DEBUG level only
@@ -58,7 +59,9 @@ def _why_not_loaded() -> str:
             f"verl's entry point {ENTRY_POINT_NAME} = {entry_point.value} failed to load: {type(exc).__name__}: {exc}; "
             "reinstall verl-offpolicy (pip install -e . from a checkout, or its built wheel)"
         )
-    return f"`import verl` did not load the entry point {ENTRY_POINT_NAME} = {entry_point.value}; reinstall verl-offpolicy"
+    return (
+        f"`import verl` did not load the entry point {ENTRY_POINT_NAME} = {entry_point.value}; reinstall verl-offpolicy"
+    )
 
 
 # The distributions whose versions a node must share with the driver (doctor --address).
@@ -165,19 +168,33 @@ def _cluster_state(address: str) -> dict[str, Any]:
 
     # The job's runtime_env variables (the startup check of a run joining the cluster): its workers see them too.
     env_vars = json.loads(os.environ.get(PROBE_ENV_VARS, "{}"))
-    ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env={"env_vars": env_vars} if env_vars else None)
+    ray.init(
+        address=address,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": env_vars} if env_vars else None,
+    )
     try:
         nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
         probe = ray.remote(worker_state)
         refs = [
-            probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            probe.options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote()
             for n in nodes
         ]
         states = ray.get(refs)
-        return {"nodes": [
-            {"node_id": n["NodeID"], "ip": n.get("NodeManagerAddress"), "resources": n.get("Resources", {}), "state": state}
-            for n, state in zip(nodes, states)
-        ]}
+        return {
+            "nodes": [
+                {
+                    "node_id": n["NodeID"],
+                    "ip": n.get("NodeManagerAddress"),
+                    "resources": n.get("Resources", {}),
+                    "state": state,
+                }
+                for n, state in zip(nodes, states)
+            ]
+        }
     finally:
         ray.shutdown()
 

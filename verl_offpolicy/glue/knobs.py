@@ -3,7 +3,8 @@
 A family (``FAMILY`` of ``glue/algorithms/<family>.py``, of the scheduler's ``glue/scheduler/knobs.py``:
 :class:`~verl_offpolicy.glue.family.Family`) declares its knobs once, as ``offpolicy_knobs`` (keys under
 ``algorithm.offpolicy``) and ``loss_knobs`` (keys under ``actor_rollout_ref.actor.policy_loss``): a :class:`Knob`
-each, with its default, its one-line help and its allowed values. :mod:`verl_offpolicy.glue.config` assembles the typed sections from them, and
+each, with its default, its one-line help and its allowed values. :mod:`verl_offpolicy.glue.config` assembles
+the typed sections from them, and
 ``configs/offpolicy_shared/knobs.yaml`` is generated from them (``python -m verl_offpolicy.configs
 --write-knobs``; a test fails on drift).
 

@@ -28,8 +28,12 @@ def check_lora_values(view) -> None:
     """``lora_rank`` an integer >= 0, ``lora.merge`` a boolean, and with LoRA on ``lora_alpha`` a number > 0."""
     rank = view.select(f"{MODEL}.lora_rank", 0)
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
-        _refuse(f"{MODEL}.lora_rank", rank, "must be an integer: 0 (no LoRA) or the adapter's rank > 0 (verl reads any "
-                "other value as no LoRA or passes it to peft unchecked; a negative rank trains every parameter)")
+        _refuse(
+            f"{MODEL}.lora_rank",
+            rank,
+            "must be an integer: 0 (no LoRA) or the adapter's rank > 0 (verl reads any "
+            "other value as no LoRA or passes it to peft unchecked; a negative rank trains every parameter)",
+        )
     merge = view.select(f"{MODEL}.lora.merge", False)
     if not isinstance(merge, bool):
         _refuse(f"{MODEL}.lora.merge", merge, "must be true or false")
@@ -37,8 +41,12 @@ def check_lora_values(view) -> None:
         return
     alpha = view.select(f"{MODEL}.lora_alpha", 16)
     if not (isinstance(alpha, int | float) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0):
-        _refuse(f"{MODEL}.lora_alpha", alpha, f"the adapter's update is scaled by lora_alpha / lora_rank, so it must be a "
-                f"number > 0 (0 trains nothing); e.g. {MODEL}.lora_alpha=16")
+        _refuse(
+            f"{MODEL}.lora_alpha",
+            alpha,
+            f"the adapter's update is scaled by lora_alpha / lora_rank, so it must be a "
+            f"number > 0 (0 trains nothing); e.g. {MODEL}.lora_alpha=16",
+        )
 
 
 RULES = (check_lora_values,)

@@ -94,14 +94,22 @@ def check_agent_loop(view) -> None:
         logging.getLogger(__name__).warning(
             "%s.enable=true with %s=%s (a single-turn loop): %s cannot be read here, so whether its rows name a "
             "multi-turn loop in their %r column (as verl's multi-turn preprocessing writes) is not checked",
-            MULTI_TURN, AGENT_LOOP, name, TRAIN_FILES, AGENT_NAME_COLUMN,
+            MULTI_TURN,
+            AGENT_LOOP,
+            name,
+            TRAIN_FILES,
+            AGENT_NAME_COLUMN,
         )
         return
     single = sorted(n for n in in_data if _single_turn(n))
     if in_data and not single:
         return  # every row names a loop that calls tools (or one registered in the workers)
-    where = (f"the rows of {TRAIN_FILES} name single-turn agent loops in their {AGENT_NAME_COLUMN!r} column ({', '.join(single)})"
-             if in_data else f"{AGENT_LOOP}={name} is a single-turn agent loop and {TRAIN_FILES} has no {AGENT_NAME_COLUMN!r} column")
+    where = (
+        f"the rows of {TRAIN_FILES} name single-turn agent loops in their {AGENT_NAME_COLUMN!r} column "
+        f"({', '.join(single)})"
+        if in_data
+        else f"{AGENT_LOOP}={name} is a single-turn agent loop and {TRAIN_FILES} has no {AGENT_NAME_COLUMN!r} column"
+    )
     raise OffPolicyConfigError(
         f"{MULTI_TURN}.enable=true, but {where}: it never calls a tool. Set {AGENT_LOOP} to a multi-turn one "
         f"(registered: {', '.join(multi)}), write it into the data's {AGENT_NAME_COLUMN!r} column, or set "
@@ -113,9 +121,8 @@ def check_tool_format(view) -> None:
     """``multi_turn.format`` names a registered tool-call parser."""
     if not _enabled(view):
         return
-    from verl.experimental.agent_loop.tool_parser import ToolParser
-
     import verl.experimental.agent_loop  # noqa: F401 - its import registers verl's parsers (and ours)
+    from verl.experimental.agent_loop.tool_parser import ToolParser
 
     name = view.select(f"{MULTI_TURN}.format")
     if name not in ToolParser._registry:
@@ -144,9 +151,15 @@ def _unimportable_tool_class(path: str) -> str | None:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # noqa: BLE001 - named
-            return f"tool class {attribute} cannot be imported: its module {module_name} raises {type(exc).__name__}: {exc}"
+            return (
+                f"tool class {attribute} cannot be imported: its module {module_name} raises "
+                f"{type(exc).__name__}: {exc}"
+            )
         if not hasattr(module, attribute):
-            return f"tool class {attribute} is not in its module {module_name} (renamed or removed; class_name={class_name})"
+            return (
+                f"tool class {attribute} is not in its module {module_name} "
+                f"(renamed or removed; class_name={class_name})"
+            )
     return None
 
 
@@ -170,7 +183,9 @@ def check_tool_config(view) -> None:
             f"{MULTI_TURN}.tool_config_path={path}: the tools do not load ({type(exc).__name__}: {exc})"
         ) from None
     if not tools:
-        raise OffPolicyConfigError(f"{MULTI_TURN}.tool_config_path={path} declares no tool (its `tools:` list is empty)")
+        raise OffPolicyConfigError(
+            f"{MULTI_TURN}.tool_config_path={path} declares no tool (its `tools:` list is empty)"
+        )
 
 
 AGENT_LOOP_CONFIG = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
@@ -245,7 +260,9 @@ def check_tool_format_tokenizer(view) -> None:
     try:
         parser = ToolParser.get_tool_parser(name, tokenizer)
     except Exception as exc:  # noqa: BLE001 - the parser's own refusal, named
-        raise OffPolicyConfigError(str(exc) if key in str(exc) else f"{key} cannot be used with this model's tokenizer: {exc}") from None
+        raise OffPolicyConfigError(
+            str(exc) if key in str(exc) else f"{key} cannot be used with this model's tokenizer: {exc}"
+        ) from None
     markers = sorted({v for k, v in vars(parser).items() if k.endswith("_token") and isinstance(v, str) and v})
     for marker in markers:
         ids = tokenizer.encode(marker, add_special_tokens=False)
@@ -294,6 +311,11 @@ def check_turn_limits(view) -> None:
 
 
 RULES = (
-    check_agent_loop_registered, check_agent_loop, check_tool_format, check_tool_format_tokenizer, check_tool_config,
-    check_tools_declared, check_turn_limits,
+    check_agent_loop_registered,
+    check_agent_loop,
+    check_tool_format,
+    check_tool_format_tokenizer,
+    check_tool_config,
+    check_tools_declared,
+    check_turn_limits,
 )

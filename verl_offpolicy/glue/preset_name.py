@@ -19,7 +19,8 @@ def _preset_name(key: str, value: Any) -> None:
 
 
 PRESET_KNOB = Knob(
-    "preset", None,
+    "preset",
+    None,
     "The preset this config comes from, written by the preset's own file (null: none). Startup compares the keys "
     "that define the preset's algorithm with the preset's values; a preset of your own that includes one of ours "
     "sets its own name here, or null.",

@@ -15,7 +15,8 @@ switch), not a magnitude.
 
 Hydra gives the startup callback a copy of the config and deletes ``hydra`` from the one the task gets, so
 verl's TaskRunner never sees the preset's choice or the command line. Each preset therefore writes its own name,
-``algorithm.offpolicy.preset`` (:mod:`verl_offpolicy.glue.preset_name`), and :func:`check_preset_name` compares the keys that define
+``algorithm.offpolicy.preset`` (:mod:`verl_offpolicy.glue.preset_name`), and :func:`check_preset_name` compares
+the keys that define
 its algorithm with the preset's own values wherever the config came from: a config composed without our callback
 (verl's yaml plus a copy of a preset, a script of its own) stops in the TaskRunner too.
 """
@@ -39,8 +40,6 @@ SHARED_PREFIX = "/offpolicy_shared/"
 # Included by every preset, but holding no preset's choice: generated knob defaults, the startup callback.
 NOT_PRESET_CHOICES = ("knobs", "validation")
 ACTOR = "actor_rollout_ref.actor"
-
-
 
 
 # ------------------------------------------------------------------------------------- the preset's keys
@@ -73,7 +72,7 @@ def _file_values(text: str) -> dict[str, Any]:
         if not isinstance(entry, str) or entry == "_self_":
             continue
         if entry.startswith(SHARED_PREFIX):
-            name = entry[len(SHARED_PREFIX):]
+            name = entry[len(SHARED_PREFIX) :]
             if name not in NOT_PRESET_CHOICES:
                 values.update(_file_values(_shared_text(name)))
         elif entry in preset_names():  # another preset of the group (grpo_proximal includes grpo)
@@ -183,7 +182,9 @@ def presets_matching(values: dict[str, Any]) -> list[str]:
     return matching
 
 
-def _stop(preset: str, replaced: list[Replaced], config: DictConfig, config_name: str, where: str) -> PresetOverrideError:
+def _stop(
+    preset: str, replaced: list[Replaced], config: DictConfig, config_name: str, where: str
+) -> PresetOverrideError:
     """The stop for ``replaced`` defining keys of ``preset``: the keys, both values, and the fix (delete them from
     ``where``, or the preset of the run's setting)."""
     run = {k: OmegaConf.select(config, k, default=None) for k in defining_keys()}
@@ -191,8 +192,10 @@ def _stop(preset: str, replaced: list[Replaced], config: DictConfig, config_name
     pairs = "; ".join(f"{r.key}={r.value} (the preset sets {r.preset})" for r in replaced)
     deletes = " ".join(f"`{r.override}`" for r in replaced)
     choose = (
-        f"or choose the preset of that setting ({', '.join(f'`{preset_selector(n, config_name)}`' for n in alternatives)})"
-        if alternatives else "or drop the preset to train verl's own setting, or write a preset of your own for this "
+        "or choose the preset of that setting "
+        f"({', '.join(f'`{preset_selector(n, config_name)}`' for n in alternatives)})"
+        if alternatives
+        else "or drop the preset to train verl's own setting, or write a preset of your own for this "
         "combination (docs/extending.md)"
     )
     return PresetOverrideError(
@@ -259,7 +262,9 @@ def _updates(config: DictConfig, mini_batch_size: Any, epochs: Any) -> int | Non
     return (batch // mini_batch_size) * epochs
 
 
-def _updates_effect(config: DictConfig, replaced: Replaced, mini_batch_size: tuple[Any, Any], epochs: tuple[Any, Any]) -> str:
+def _updates_effect(
+    config: DictConfig, replaced: Replaced, mini_batch_size: tuple[Any, Any], epochs: tuple[Any, Any]
+) -> str:
     before, after = _updates(config, mini_batch_size[0], epochs[0]), _updates(config, mini_batch_size[1], epochs[1])
     if before is None or after is None:
         return ""
@@ -290,7 +295,11 @@ def effect(config: DictConfig, replaced: Replaced, knob_help: dict[str, str]) ->
     if key == "algorithm.use_kl_in_reward":
         return "adds verl's KL penalty to the reward" if after else "removes the KL penalty from the reward"
     if key == "algorithm.norm_adv_by_std_in_grpo":
-        return "advantages divided by the group's reward std" if after else "advantages not divided by the group's reward std"
+        return (
+            "advantages divided by the group's reward std"
+            if after
+            else "advantages not divided by the group's reward std"
+        )
     return knob_help.get(key, "")
 
 
@@ -299,7 +308,9 @@ def _knob_help() -> dict[str, str]:
     from verl_offpolicy.glue.scheduler import knobs as scheduler
 
     families = (scheduler.FAMILY, preset_name.FAMILY, *algorithms.families())
-    return {f"{prefix}.{k.name}": k.help for f in families for prefix in (ALGO_PREFIX, LOSS_PREFIX) for k in f.knobs(prefix)}
+    return {
+        f"{prefix}.{k.name}": k.help for f in families for prefix in (ALGO_PREFIX, LOSS_PREFIX) for k in f.knobs(prefix)
+    }
 
 
 def override_notes(config: DictConfig, replaced: list[Replaced]) -> list[str]:

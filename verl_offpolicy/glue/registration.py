@@ -36,9 +36,15 @@ EAGER_REGISTRATIONS: tuple[str, ...] = (
 DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # Every family module of the algorithms part (read from its decorators, glue/algorithms/__init__.py),
     # after recording (and clearing) what another package registered earlier under one of our names.
-    "verl.trainer.ppo.core_algos": ("verl_offpolicy.glue.registration:take_over_our_names", *algorithms.family_modules()),
+    "verl.trainer.ppo.core_algos": (
+        "verl_offpolicy.glue.registration:take_over_our_names",
+        *algorithms.family_modules(),
+    ),
     # The scheduler's two trainer classes, one registered name each (colocated, overlapped).
-    "verl.trainer.ppo.v1.trainer_base": ("verl_offpolicy.glue.scheduler.colocated", "verl_offpolicy.glue.scheduler.overlapped"),
+    "verl.trainer.ppo.v1.trainer_base": (
+        "verl_offpolicy.glue.scheduler.colocated",
+        "verl_offpolicy.glue.scheduler.overlapped",
+    ),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
     "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory; merged LoRA
@@ -131,6 +137,8 @@ TRAINERS = tuple(SCHEDULER_MODES)
 def scheduler_trainer(hybrid_engine: bool) -> str:
     """The scheduler's trainer name for ``actor_rollout_ref.hybrid_engine``: colocated or overlapped."""
     return next(name for name, hybrid in SCHEDULER_MODES.items() if hybrid == bool(hybrid_engine))
+
+
 # verl's own asynchronous trainers (threshold-bounded staleness, partial rollouts): scheduler/checks.py's
 # check_verl_async_modes says what a preset keeps under them.
 VERL_ASYNC_TRAINERS = ("colocate_async", "separate_async")
@@ -144,7 +152,9 @@ CPU_CHECKPOINT_BACKEND = "cpu_mailbox"
 CPU_CHECKPOINT_MODULE = "verl_offpolicy.cpu.checkpoint_engine"
 SEEDED_AGENT_LOOP = "seeded_single_turn_agent"  # the CPU overlay's agent loop (verl_offpolicy.cpu.agent_loop)
 ORDERED_AGENT_LOOP = "ordered_single_turn_agent"  # the same, one priority at a time: the standalone overlay's
-SEEDED_TOOL_AGENT_LOOP = "seeded_tool_agent"  # verl's multi-turn tool agent loop, seeded (and ordered on a standalone rollout)
+SEEDED_TOOL_AGENT_LOOP = (
+    "seeded_tool_agent"  # verl's multi-turn tool agent loop, seeded (and ordered on a standalone rollout)
+)
 AGENT_LOOPS = (SEEDED_AGENT_LOOP, ORDERED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP)
 WORD_TOOL_PARSER = "words"  # the tool-call format of a word-level tokenizer (verl_offpolicy.cpu.tool_parser)
 TOOL_PARSERS = (WORD_TOOL_PARSER,)
@@ -160,7 +170,10 @@ TOOL_PARSERS = (WORD_TOOL_PARSER,)
 
 OWN_PACKAGE = "verl_offpolicy"
 # Where a config selects an estimator / a loss (the kinds a name collision concerns).
-CONFIG_KEYS = {"adv_estimator": "algorithm.adv_estimator", "policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode"}
+CONFIG_KEYS = {
+    "adv_estimator": "algorithm.adv_estimator",
+    "policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode",
+}
 # (kind, name) -> origin of the function that another package had registered before ours replaced it
 _replaced: dict[tuple[str, str], str] = {}
 # Names another package defines with different maths: said in every collision message on them.
@@ -173,7 +186,10 @@ OTHER_MEANINGS = {
 def _algorithm_registries() -> dict[str, tuple[dict, tuple[str, ...]]]:
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 
-    return {"adv_estimator": (ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATORS), "policy_loss": (POLICY_LOSS_REGISTRY, POLICY_LOSSES)}
+    return {
+        "adv_estimator": (ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATORS),
+        "policy_loss": (POLICY_LOSS_REGISTRY, POLICY_LOSSES),
+    }
 
 
 def origin(fn: Callable) -> str:
@@ -196,8 +212,11 @@ def take_over_our_names() -> None:
                 _replaced[(kind, name)] = origin(fn)
                 del registry[name]
                 logger.warning(
-                    "verl-offpolicy replaces the %s '%s' registered earlier by %s with its own (see `verl-offpolicy doctor`)",
-                    kind, name, origin(fn),
+                    "verl-offpolicy replaces the %s '%s' registered earlier by %s with its own (see "
+                    "`verl-offpolicy doctor`)",
+                    kind,
+                    name,
+                    origin(fn),
                 )
 
 
@@ -213,8 +232,8 @@ def collision(kind: str, name: str) -> str | None:
         return (
             f"{kind} '{name}' in verl's registry is {origin(fn)}, registered after verl-offpolicy's (verl keeps the "
             f"last one), so {key}={name} would not run verl-offpolicy's; remove or disable the package of "
-            f"{getattr(fn, '__module__', '?')} (VERL_USE_EXTERNAL_PLUGINS lists the plugins verl loads), or rename its {kind}"
-            + meaning
+            f"{getattr(fn, '__module__', '?')} (VERL_USE_EXTERNAL_PLUGINS lists the plugins verl loads), or "
+            f"rename its {kind}" + meaning
         )
     if (kind, name) in _replaced:
         return (
@@ -234,10 +253,15 @@ def collisions() -> list[dict]:
         for name in names:
             message = collision(kind, name)
             if message:
-                found.append({
-                    "kind": kind, "name": name, "config_key": CONFIG_KEYS[kind], "message": message,
-                    "fatal": not is_ours(registry.get(name)),
-                })
+                found.append(
+                    {
+                        "kind": kind,
+                        "name": name,
+                        "config_key": CONFIG_KEYS[kind],
+                        "message": message,
+                        "fatal": not is_ours(registry.get(name)),
+                    }
+                )
     return found
 
 
@@ -252,7 +276,10 @@ def expected_names() -> list[RegisteredName]:
         RegisteredName("agent_loop", n, "actor_rollout_ref.rollout.agent.default_agent_loop", _in_agent_loop_registry)
         for n in AGENT_LOOPS
     ]
-    names += [RegisteredName("tool_parser", n, "actor_rollout_ref.rollout.multi_turn.format", _in_tool_parser_registry) for n in TOOL_PARSERS]
+    names += [
+        RegisteredName("tool_parser", n, "actor_rollout_ref.rollout.multi_turn.format", _in_tool_parser_registry)
+        for n in TOOL_PARSERS
+    ]
     return names
 
 

@@ -50,8 +50,13 @@ def trainer_mode(hybrid_engine: bool) -> str:
 
 
 def register_resolvers() -> None:
-    """Register :data:`MINI_BATCH_RESOLVER`, :data:`RAY_GPUS_RESOLVER` and :data:`TRAINER_MODE_RESOLVER` once per process."""
-    for name, function in ((MINI_BATCH_RESOLVER, mini_batch_size), (RAY_GPUS_RESOLVER, ray_gpus), (TRAINER_MODE_RESOLVER, trainer_mode)):
+    """Register :data:`MINI_BATCH_RESOLVER`, :data:`RAY_GPUS_RESOLVER` and :data:`TRAINER_MODE_RESOLVER` once
+    per process."""
+    for name, function in (
+        (MINI_BATCH_RESOLVER, mini_batch_size),
+        (RAY_GPUS_RESOLVER, ray_gpus),
+        (TRAINER_MODE_RESOLVER, trainer_mode),
+    ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, function)
 
@@ -87,7 +92,8 @@ def check_preset_mini_batch(view) -> None:
         f"{view.select('data.train_batch_size')} into several optimizer updates) × actor_rollout_ref.rollout.n={n} = "
         f"{responses} responses per update do not split into {ranks} data-parallel rank(s) × "
         f"{actor}.ppo_micro_batch_size_per_gpu={micro}: set {actor}.ppo_micro_batch_size_per_gpu to a divisor of "
-        f"{responses // ranks if responses % ranks == 0 else 'the responses per rank'}, set {actor}.ppo_mini_batch_size "
+        f"{responses // ranks if responses % ranks == 0 else 'the responses per rank'}, set "
+        f"{actor}.ppo_mini_batch_size "
         f"explicitly, or set {actor}.use_dynamic_bsz=true"
     )
 

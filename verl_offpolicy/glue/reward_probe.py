@@ -50,7 +50,9 @@ def first_row_answers(config: Any, solutions: Sequence[str | None] = (GROUND_TRU
     answers = []
     for solution in solutions:
         solution = str(truth) if solution is GROUND_TRUTH else solution
-        result = function(data_source=row.get("data_source"), solution_str=solution, ground_truth=truth, extra_info=extra)
+        result = function(
+            data_source=row.get("data_source"), solution_str=solution, ground_truth=truth, extra_info=extra
+        )
         if inspect.isawaitable(result):
             result = asyncio.run(result)
         answers.append(result)

@@ -13,7 +13,8 @@ loss) and runs each part's rule group, first error wins. Each rule lives with wh
 4. the trainer mode (the scheduler, its overlapped mode, verl's async modes), ``RULES`` of
    :mod:`verl_offpolicy.glue.scheduler.checks`;
 5. the math-verify reward's keyword arguments, ``RULES`` of :mod:`verl_offpolicy.rewards.math_verify_reward`;
-6. verl's multi-turn rollout (agent loop, tool-call format, tool config), ``RULES`` of :mod:`verl_offpolicy.glue.multi_turn`;
+6. verl's multi-turn rollout (agent loop, tool-call format, tool config), ``RULES`` of
+:mod:`verl_offpolicy.glue.multi_turn`;
 7. verl's LoRA values (rank, alpha, ``lora.merge``), ``RULES`` of :mod:`verl_offpolicy.glue.lora`.
 
 It runs once in the driver, as a Hydra callback (:class:`verl_offpolicy.startup.StartupValidation`,
@@ -63,8 +64,14 @@ def rule_groups() -> tuple[tuple, ...]:
     from verl_offpolicy.rewards import math_verify_reward
 
     return (
-        preset_overrides.RULES, algorithms.rules(), scheduler.ROLLOUT_CORRECTION_RULES, resolvers.RULES, scheduler.RULES, math_verify_reward.RULES,
-        multi_turn.RULES, lora.RULES,
+        preset_overrides.RULES,
+        algorithms.rules(),
+        scheduler.ROLLOUT_CORRECTION_RULES,
+        resolvers.RULES,
+        scheduler.RULES,
+        math_verify_reward.RULES,
+        multi_turn.RULES,
+        lora.RULES,
     )
 
 
@@ -111,7 +118,9 @@ def validate_parts(*, algorithm: Any = None, actor: Any = None, loss_agg_mode: s
     if loss_agg_mode is not None:
         actor_values["loss_agg_mode"] = loss_agg_mode
     rollout = {"n": actor_values["rollout_n"]} if "rollout_n" in actor_values else {}  # verl copies rollout.n there
-    raw = OmegaConf.create({"algorithm": _plain(algorithm) or {}, "actor_rollout_ref": {"actor": actor_values, "rollout": rollout}})
+    raw = OmegaConf.create(
+        {"algorithm": _plain(algorithm) or {}, "actor_rollout_ref": {"actor": actor_values, "rollout": rollout}}
+    )
     view = ConfigView(raw, offpolicy_section(algorithm), loss if isinstance(loss, OffPolicySection) else None)
     for rule in algorithms.rules():
         rule(view)

@@ -50,9 +50,15 @@ def check_timeout_seconds(value) -> None:
     raised OverflowError on every answer above it)."""
     import math
 
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 < value <= threading.TIMEOUT_MAX:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= threading.TIMEOUT_MAX
+    ):
         raise ValueError(
-            f"{TIMEOUT_KEY} must be a finite number of seconds > 0 (default {TIMEOUT_SECONDS:g}), got {value!r}; at most "
+            f"{TIMEOUT_KEY} must be a finite number of seconds > 0 (default {TIMEOUT_SECONDS:g}), got {value!r}; "
+            "at most "
             f"{threading.TIMEOUT_MAX:.0f} (the longest wait this platform's timers hold)"
         )
 
@@ -155,7 +161,9 @@ class _ScoringProcess:
             raise RuntimeError(f"math_verify_reward: the scoring process did not start: {died}") from None
         if ready != _READY:
             self.stop()
-            raise RuntimeError(f"math_verify_reward: the scoring process did not start within {STARTUP_TIMEOUT_SECONDS:.0f}s")
+            raise RuntimeError(
+                f"math_verify_reward: the scoring process did not start within {STARTUP_TIMEOUT_SECONDS:.0f}s"
+            )
 
     def _died(self) -> ScorerDied:
         """The scoring process has gone: reap it (the next request starts a new one) and say how it ended."""
@@ -223,7 +231,9 @@ _SCORER = _ScoringProcess()
 atexit.register(_SCORER.stop)
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, timeout_seconds: float = TIMEOUT_SECONDS) -> float:
+def compute_score(
+    data_source, solution_str, ground_truth, extra_info=None, timeout_seconds: float = TIMEOUT_SECONDS
+) -> float:
     """1.0 if the response's last ``\\boxed{...}`` is mathematically equivalent to ``ground_truth``, else 0.0.
 
     0.0 with a warning if the scoring process does not answer within ``timeout_seconds`` or dies meanwhile.
@@ -234,12 +244,17 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, time
     except ScoreTimeout:
         logger.warning(
             "math_verify_reward: scoring a response (%d characters, ground truth %r) took over %.0f s; scored 0",
-            len(str(solution_str)), ground_truth, timeout_seconds,
+            len(str(solution_str)),
+            ground_truth,
+            timeout_seconds,
         )
     except ScorerDied as died:
         logger.warning(
             "math_verify_reward: %s while scoring a response (%d characters, ground truth %r); scored 0, "
-            "the next answer starts a new scoring process", died, len(str(solution_str)), ground_truth,
+            "the next answer starts a new scoring process",
+            died,
+            len(str(solution_str)),
+            ground_truth,
         )
     return 0.0
 

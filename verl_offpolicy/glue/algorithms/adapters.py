@@ -1,21 +1,25 @@
 """What the adapters of the algorithms part share: estimators' prepare/broadcast, losses' config/aggregation.
 
-Estimators (``@register_adv_est``). verl calls ``fn(token_level_rewards, response_mask, config=<algorithm config>, index=uid)`` and
+Estimators (``@register_adv_est``). verl calls ``fn(token_level_rewards, response_mask, config=<algorithm
+config>, index=uid)`` and
 expects ``(advantages, returns)``, both [B, T]. Each function here reads its hyperparameters from
-``algorithm.offpolicy`` (its family's ``offpolicy_knobs``, validated at startup), turns the uids into group ids (a hash table),
+``algorithm.offpolicy`` (its family's ``offpolicy_knobs``, validated at startup), turns the uids into group ids
+(a hash table),
 calls the formula in :mod:`verl_offpolicy.core.advantages` on the per-sequence scores
 r_i = Σ_t token_level_rewards, and broadcasts A_i over the response tokens (× mask).
 
 The formulas run in float64 (``COMPUTE_DTYPE``) on the per-sequence scores: for rewards of any
 finite float16, bfloat16 or float32 value no intermediate overflows there (centred rewards and their
 sums stay below 1e45 for groups of up to 1e6, agro's D² below 1e78, red_weight's d·e²⁰ below 1e48).
-The advantages come back in the rewards' dtype, as verl's estimators return them (float32 for integer or bool rewards); an advantage that
+The advantages come back in the rewards' dtype, as verl's estimators return them (float32 for integer or bool
+rewards); an advantage that
 this dtype cannot hold (e.g. red_weight's d·e²⁰ for a reward gap of 2e30 in float32), or that
 overflows float64 itself (float64 rewards near its maximum, or agro's D²/(2β) with an extreme β), is
 a ValueError naming the estimator and the samples, never inf or NaN. The sum over tokens is taken in
 float64 too when it exceeds the rewards' dtype.
 
-Losses (``@register_policy_loss``). verl's ``ppo_loss`` calls ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+Losses (``@register_policy_loss``). verl's ``ppo_loss`` calls ``fn(old_log_prob, log_prob, advantages,
+response_mask, loss_agg_mode,
 config=ActorConfig, rollout_is_weights)`` and expects ``(loss, metrics)``. Each function here reads
 its parameters from ``config.policy_loss`` (an :class:`OffPolicyLossConfig`) and ε_low/ε_high from the
 actor, builds the per-token loss with :mod:`verl_offpolicy.core.losses`, multiplies it by
@@ -126,7 +130,8 @@ def broadcast(
 
 
 def our_loss_config(loss_mode: str, config: Any) -> Any:
-    """The actor's ``policy_loss`` as our typed config, ``OffPolicyLossConfig`` (a TypeError naming the fix if it is verl's)."""
+    """The actor's ``policy_loss`` as our typed config, ``OffPolicyLossConfig`` (a TypeError naming the fix if
+    it is verl's)."""
     policy_loss = getattr(config, "policy_loss", None)
     if not isinstance(policy_loss, OffPolicySection):
         raise TypeError(

@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from verl_offpolicy.core import advantages as core
 from verl_offpolicy.glue.algorithms.adapters import broadcast, prepare
-from verl_offpolicy.glue.algorithms.kl_reward import check_kl_in_reward, check_proximal_kl_reward, one_update_per_batch_fixes
+from verl_offpolicy.glue.algorithms.kl_reward import (
+    check_kl_in_reward,
+    check_proximal_kl_reward,
+    one_update_per_batch_fixes,
+)
 from verl_offpolicy.glue.family import EstimatorExample, Family
 from verl_offpolicy.glue.knobs import Knob, OffPolicyConfigError, boolean, positive
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER, VERL_ASYNC_TRAINERS
@@ -69,7 +72,6 @@ def check_agro(view) -> None:
     check_proximal_kl_reward(view, AGRO, "β")
     if view.offpolicy.on_policy:
         check_agro_onpolicy_data(view)
-
 
 
 def check_agro_onpolicy_trainer(view) -> None:

@@ -1,9 +1,9 @@
-"""AsymRE (``adv_estimator=asymre``, docs/algo/asymre.md): its estimator adapter (its knob; no rule beyond its check)."""
+"""AsymRE (``adv_estimator=asymre``, docs/algo/asymre.md): its estimator adapter (its knob; no rule beyond its
+check)."""
 
 from __future__ import annotations
 
 import torch
-
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from verl_offpolicy.core import advantages as core

@@ -25,7 +25,8 @@ def check_kl_in_reward(algorithm: Any, coef: float, estimator: str, coef_key: st
     fixes = []
     if algorithm.get("use_kl_in_reward", True) is False:
         fixes.append(
-            f"algorithm.use_kl_in_reward=true ({estimator} needs a reference policy and R = r − {coef_key}·log(π/π_ref))"
+            f"algorithm.use_kl_in_reward=true ({estimator} needs a reference policy and R = r − "
+            f"{coef_key}·log(π/π_ref))"
         )
     kl_penalty = algorithm.get("kl_penalty", "kl")
     if kl_penalty not in AGRO_KL_PENALTIES:
@@ -44,7 +45,8 @@ def check_kl_in_reward(algorithm: Any, coef: float, estimator: str, coef_key: st
 
 
 def check_proximal_kl_reward(view, estimator: str, coef: str) -> None:
-    """R = r − coef·log(π/π_ref) of ``estimator`` needs old_log_prob = the proximal log-prob (log π at the trained weights).
+    """R = r − coef·log(π/π_ref) of ``estimator`` needs old_log_prob = the proximal log-prob (log π at the
+    trained weights).
 
     verl's bypass mode (and ``ratio_anchor=rollout``, which needs it) writes the rollout log-probs into
     old_log_probs before the KL penalty, so R would use a stale log π.
@@ -52,7 +54,8 @@ def check_proximal_kl_reward(view, estimator: str, coef: str) -> None:
     bypass, anchor = view.bypass, view.offpolicy.ratio_anchor
     if bypass or anchor == ROLLOUT:
         raise OffPolicyConfigError(
-            f"adv_estimator={estimator} computes its reward R = r − {coef}·log(π/π_ref) from old_log_prob, which must be "
+            f"adv_estimator={estimator} computes its reward R = r − {coef}·log(π/π_ref) from old_log_prob, which "
+            "must be "
             "the proximal log-prob (log π at the weights being trained), but algorithm.rollout_correction.bypass_mode="
             f"{str(bypass).lower()} and algorithm.offpolicy.ratio_anchor={anchor} put the rollout "
             "log-probs there: set algorithm.rollout_correction.bypass_mode=false and "

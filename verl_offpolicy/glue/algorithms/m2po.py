@@ -37,7 +37,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
-
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
@@ -52,13 +51,19 @@ logger = logging.getLogger("verl_offpolicy")
 
 LOSS_MODE = "m2po"
 LOSS_KNOBS = (
-    Knob("m2po_threshold", 0.04,
-         "m2po budget τ_M2 > 0 of the mini-batch's second moment mean (log ρ_t)² (the M2PO authors' 0.04).",
-         check=positive),
-    Knob("m2po_token_pool", "trust_region",
-         "m2po: the tokens it may mask: trust_region (the harmful ones, (A > 0 and ρ > 1) or (A < 0 and ρ < 1), "
-         "M2PO's Algorithm 1 and the authors' code) | all. Tokens outside the pool are never masked.",
-         choices=core.M2PO_TOKEN_POOLS),
+    Knob(
+        "m2po_threshold",
+        0.04,
+        "m2po budget τ_M2 > 0 of the mini-batch's second moment mean (log ρ_t)² (the M2PO authors' 0.04).",
+        check=positive,
+    ),
+    Knob(
+        "m2po_token_pool",
+        "trust_region",
+        "m2po: the tokens it may mask: trust_region (the harmful ones, (A > 0 and ρ > 1) or (A < 0 and ρ < 1), "
+        "M2PO's Algorithm 1 and the authors' code) | all. Tokens outside the pool are never masked.",
+        choices=core.M2PO_TOKEN_POOLS,
+    ),
 )
 # Engines whose forward_backward_batch carries the whole-mini-batch pre-pass (install_mini_batch_pre_pass).
 M2PO_STRATEGIES = ("fsdp", "fsdp2")
@@ -123,7 +128,9 @@ def micro_batch_masks(
     values, offset = (local, 0) if gather is None else gather(local)
     keep = core.m2po_keep(values, budget)[offset : offset + local.numel()]
     sizes = [int(in_pool.sum()) for in_pool in pools]
-    return [core.scatter_pool_keep(in_pool, part) for in_pool, part in zip(pools, torch.split(keep, sizes), strict=True)]
+    return [
+        core.scatter_pool_keep(in_pool, part) for in_pool, part in zip(pools, torch.split(keep, sizes), strict=True)
+    ]
 
 
 def mini_batch_parts(engine: Any, data: Any) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -137,7 +144,9 @@ def mini_batch_parts(engine: Any, data: Any) -> list[tuple[Tensor, Tensor, Tenso
     from verl.workers.utils.padding import no_padding_2_padding
 
     tu.assign_non_tensor(data, sp_size=engine.ulysses_sequence_parallel_size)
-    micro_batches, _ = prepare_micro_batches(data=data, dp_group=engine.get_data_parallel_group(), same_micro_num_in_dp=True)
+    micro_batches, _ = prepare_micro_batches(
+        data=data, dp_group=engine.get_data_parallel_group(), same_micro_num_in_dp=True
+    )
     parts = []
     with torch.no_grad():
         for micro_batch in micro_batches:
@@ -212,9 +221,12 @@ def warn_m2po_single_update(view) -> None:
         "data.train_batch_size, ppo_epochs=1) at %s: every ratio is 1 at the update, so M2PO masks nothing and is "
         "plain PPO (−A·log π); set %s.ppo_mini_batch_size below data.train_batch_size (the m2po preset's: >= 4 "
         "updates per batch) or a stale schedule for its trust region to act",
-        LOSS_PREFIX, actor, view.select(f"{actor}.ppo_mini_batch_size"), where, actor,
+        LOSS_PREFIX,
+        actor,
+        view.select(f"{actor}.ppo_mini_batch_size"),
+        where,
+        actor,
     )
-
 
 
 def _whole_mini_batch(log_prob: Tensor, config: Any) -> bool:
@@ -264,7 +276,9 @@ def compute_policy_loss_m2po(
         )
     loss_mat, keep, log_ratio, ratio = core.m2po_loss(log_prob, old_log_prob, advantages, mask, keep.to(mask.device))
     loss = aggregate(loss_mat, mask, loss_agg_mode, config, rollout_is_weights)
-    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, keep, ratio), FAMILY.loss_fraction_metric(LOSS_MODE))
+    return loss, as_metrics(
+        core.ratio_metrics(log_ratio, ratio, mask, keep, ratio), FAMILY.loss_fraction_metric(LOSS_MODE)
+    )
 
 
 FAMILY = Family(

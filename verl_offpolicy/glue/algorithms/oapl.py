@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
 from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 
 from verl_offpolicy.core import advantages as core_adv
@@ -38,16 +37,22 @@ OAPL = "oapl"
 OAPL_AGG_MODE = "seq-mean-token-sum"
 
 OFFPOLICY_KNOBS = (
-    Knob("oapl_beta1", 1.0,
-         "oapl estimator: β1 > 0 of the value estimate V̂* = β1·log mean_j exp(r_j/β1) over the group "
-         "(the OAPL authors' 1.0).",
-         check=positive),
+    Knob(
+        "oapl_beta1",
+        1.0,
+        "oapl estimator: β1 > 0 of the value estimate V̂* = β1·log mean_j exp(r_j/β1) over the group "
+        "(the OAPL authors' 1.0).",
+        check=positive,
+    ),
 )
 LOSS_KNOBS = (
-    Knob("oapl_beta2", 1.0e-3,
-         "oapl loss: β2 > 0 of L_i = (β2·Σ_t log(π_t/π_old,t) − A_i)², the KL strength against the lagged "
-         "policy (the OAPL authors' 1e-3, for responses of thousands of tokens).",
-         check=positive),
+    Knob(
+        "oapl_beta2",
+        1.0e-3,
+        "oapl loss: β2 > 0 of L_i = (β2·Σ_t log(π_t/π_old,t) − A_i)², the KL strength against the lagged "
+        "policy (the OAPL authors' 1e-3, for responses of thousands of tokens).",
+        check=positive,
+    ),
 )
 
 
@@ -68,7 +73,8 @@ def check_oapl_group(view) -> None:
     n = view.select("actor_rollout_ref.rollout.n")
     if isinstance(n, int) and not isinstance(n, bool) and n < 2:
         raise OffPolicyConfigError(
-            f"algorithm.adv_estimator={OAPL} estimates V̂* from the prompt's group, but actor_rollout_ref.rollout.n={n} "
+            f"algorithm.adv_estimator={OAPL} estimates V̂* from the prompt's group, but "
+            f"actor_rollout_ref.rollout.n={n} "
             "gives one response per group: V̂* = r, every advantage is 0 and the run learns nothing; set "
             "actor_rollout_ref.rollout.n >= 2"
         )
@@ -94,7 +100,6 @@ def check_oapl_anchor(view) -> None:
         )
 
 
-
 @register_adv_est("oapl")
 @torch.no_grad()
 def compute_oapl_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
@@ -114,7 +119,8 @@ def compute_policy_loss_oapl(
     config: Any = None,
     rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """L_i = (β2·Δ_i − A_i)², Δ_i = Σ_t log(π_t/π_old,t), β2 = ``policy_loss.oapl_beta2``; loss = mean of L_i over sequences.
+    """L_i = (β2·Δ_i − A_i)², Δ_i = Σ_t log(π_t/π_old,t), β2 = ``policy_loss.oapl_beta2``; loss = mean of L_i
+    over sequences.
 
     The sequence mean is the loss's definition (the authors' ``loss.mean()``), so it does not depend on
     ``loss_agg_mode``: the matrix L_i/|y_i| is aggregated with ``seq-mean-token-sum``.

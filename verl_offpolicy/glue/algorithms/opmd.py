@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
 from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 
 from verl_offpolicy.core import advantages as core_advantages
@@ -25,7 +24,11 @@ from verl_offpolicy.glue.algorithms.adapters import (
     prepare,
     unclipped_metrics,
 )
-from verl_offpolicy.glue.algorithms.kl_reward import check_kl_in_reward, check_proximal_kl_reward, one_update_per_batch_fixes
+from verl_offpolicy.glue.algorithms.kl_reward import (
+    check_kl_in_reward,
+    check_proximal_kl_reward,
+    one_update_per_batch_fixes,
+)
 from verl_offpolicy.glue.family import EstimatorExample, Family, LossExample
 from verl_offpolicy.glue.knobs import (
     ALGO_PREFIX,
@@ -56,22 +59,35 @@ def _partition_clamp(key: str, clamp: Any) -> None:
 
 
 OFFPOLICY_KNOBS = (
-    Knob("tau", None,
-         "Temperature τ of opmd (logavgexp baseline), pmd_partition, pairwise_opmd (also its KL coefficient) and "
-         "the opmd/pmd losses; null = each one's default (opmd 1.0, pmd_partition 0.01, pmd 0.01, pairwise_opmd 0.1).",
-         check=optional_finite),
-    Knob("baseline", "mean", "opmd estimator baseline: mean (r̄) | logavgexp (τ·(logsumexp(r/τ) − log K)).",
-         choices=OPMD_BASELINES),
-    Knob("partition_clamp", None,
-         "pmd_partition floor c ∈ (0, 1) of the leave-one-out partition term, A = min(A, −τ·log c) (OpenKimi's "
-         "ploo uses 1e-8); null = the exact form.",
-         check=_partition_clamp),
+    Knob(
+        "tau",
+        None,
+        "Temperature τ of opmd (logavgexp baseline), pmd_partition, pairwise_opmd (also its KL coefficient) and "
+        "the opmd/pmd losses; null = each one's default (opmd 1.0, pmd_partition 0.01, pmd 0.01, pairwise_opmd 0.1).",
+        check=optional_finite,
+    ),
+    Knob(
+        "baseline",
+        "mean",
+        "opmd estimator baseline: mean (r̄) | logavgexp (τ·(logsumexp(r/τ) − log K)).",
+        choices=OPMD_BASELINES,
+    ),
+    Knob(
+        "partition_clamp",
+        None,
+        "pmd_partition floor c ∈ (0, 1) of the leave-one-out partition term, A = min(A, −τ·log c) (OpenKimi's "
+        "ploo uses 1e-8); null = the exact form.",
+        check=_partition_clamp,
+    ),
 )
 LOSS_KNOBS = (
-    Knob("tau", None,
-         "opmd: ℓ = −A·log π/(1+τ), τ ≥ 0; pmd: ½τ(A/τ − Δ)²/|y|, τ > 0. One value: set algorithm.offpolicy.tau "
-         "(startup rejects a loss τ overridden apart from it); null = the loss's default (opmd 1.0, pmd 0.01).",
-         yaml=TAU_INTERPOLATION),
+    Knob(
+        "tau",
+        None,
+        "opmd: ℓ = −A·log π/(1+τ), τ ≥ 0; pmd: ½τ(A/τ − Δ)²/|y|, τ > 0. One value: set algorithm.offpolicy.tau "
+        "(startup rejects a loss τ overridden apart from it); null = the loss's default (opmd 1.0, pmd 0.01).",
+        yaml=TAU_INTERPOLATION,
+    ),
 )
 
 
@@ -171,7 +187,6 @@ def check_pairwise_opmd(view) -> None:
         )
 
 
-
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 
 
@@ -181,7 +196,8 @@ def check_pairwise_opmd_correction(view) -> None:
     if view.adv_estimator != PAIRWISE_OPMD:
         return
     corrections = [
-        f"{ROLLOUT_CORRECTION}.{key}={value}" for key in ("rollout_is", "rollout_rs")
+        f"{ROLLOUT_CORRECTION}.{key}={value}"
+        for key in ("rollout_is", "rollout_rs")
         if (value := view.select(f"{ROLLOUT_CORRECTION}.{key}")) is not None
     ]
     if corrections:
@@ -189,6 +205,7 @@ def check_pairwise_opmd_correction(view) -> None:
             f"algorithm.adv_estimator={PAIRWISE_OPMD} with {' and '.join(corrections)}: the pairwise gradient is exact "
             "for any data without a per-sample weight or rejection (fully off-policy); remove the correction"
         )
+
 
 # ---------------------------------------------------------------------- estimators
 
@@ -227,6 +244,7 @@ def compute_pairwise_opmd_advantage(token_level_rewards, response_mask, index=No
     tau = resolve_tau(section.tau, PAIRWISE_OPMD)
     advantage = core_advantages.pairwise_opmd_advantage(scores, group_ids, tau)
     return broadcast("pairwise_opmd", advantage, response_mask, token_level_rewards, index)
+
 
 # ---------------------------------------------------------------------- losses
 

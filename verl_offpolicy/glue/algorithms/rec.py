@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 from verl_offpolicy.core import losses as core
@@ -25,13 +24,20 @@ REGULARIZERS = ("none", "forward-kl", "k2", "k2_seq")
 
 LOSS_KNOBS = (
     Knob("clip_mode", "none", "rec token mask: " + " | ".join(CLIP_MODES) + ".", choices=CLIP_MODES),
-    Knob("weight", "none", "rec token weight: none | importance_sampling (ρ_t) | gspo_importance_sampling (ρ̄_i).",
-         choices=WEIGHTS),
-    Knob("regularizer", "none",
-         "rec regulariser: none | forward-kl (−c·log π) | k2 (token-level c·(log π_t − log π_old,t)², as Trinity-RFT) "
-         "| k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response; the 1/|y| is OpenKimi's "
-         "normalisation).",
-         choices=REGULARIZERS),
+    Knob(
+        "weight",
+        "none",
+        "rec token weight: none | importance_sampling (ρ_t) | gspo_importance_sampling (ρ̄_i).",
+        choices=WEIGHTS,
+    ),
+    Knob(
+        "regularizer",
+        "none",
+        "rec regulariser: none | forward-kl (−c·log π) | k2 (token-level c·(log π_t − log π_old,t)², as Trinity-RFT) "
+        "| k2_seq (sequence-level c·(Σ_t (log π_t − log π_old,t))²/|y| per response; the 1/|y| is OpenKimi's "
+        "normalisation).",
+        choices=REGULARIZERS,
+    ),
     Knob("regularizer_coef", 0.0, "Coefficient c ≥ 0 of the regulariser.", check=non_negative),
     Knob("ring_clip_ratio_low", 0.6, "ring ε′_low (must be ≥ the actor's clip_ratio_low).", check=non_negative),
     Knob("ring_clip_ratio_high", 2.0, "ring ε′_high (must be ≥ the actor's clip_ratio_high).", check=non_negative),
@@ -131,14 +137,35 @@ FAMILY = Family(
     first_rules=(check_actor_clip_ratios,),  # ε of the actor, for every loss of ours (any may set clip_mode)
     loss_rules=(check_sequence_ratio_aggregation,),
     loss_fractions={REC: "clipped"},
-    losses={REC: (
-        LossExample({"clip_mode": "one-side", "weight": "importance_sampling", "regularizer": "k2", "regularizer_coef": 0.1},
-                    {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2}, label="one-side-is-k2"),
-        LossExample({"clip_mode": "gspo-one-side", "weight": "gspo_importance_sampling"},
-                    {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "loss_agg_mode": "seq-mean-token-mean"}, label="gspo-is"),
-        LossExample({"clip_mode": "two-side"}, label="two-side"),
-        LossExample({"clip_mode": "ring", "ring_clip_ratio_low": 0.5, "ring_clip_ratio_high": 1.5, "regularizer": "forward-kl",
-                     "regularizer_coef": 0.05}, label="ring-forward-kl"),
-        LossExample(actor={"loss_agg_mode": "seq-mean-token-sum"}, label="none-seq-sum"),
-    )},
+    losses={
+        REC: (
+            LossExample(
+                {
+                    "clip_mode": "one-side",
+                    "weight": "importance_sampling",
+                    "regularizer": "k2",
+                    "regularizer_coef": 0.1,
+                },
+                {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2},
+                label="one-side-is-k2",
+            ),
+            LossExample(
+                {"clip_mode": "gspo-one-side", "weight": "gspo_importance_sampling"},
+                {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "loss_agg_mode": "seq-mean-token-mean"},
+                label="gspo-is",
+            ),
+            LossExample({"clip_mode": "two-side"}, label="two-side"),
+            LossExample(
+                {
+                    "clip_mode": "ring",
+                    "ring_clip_ratio_low": 0.5,
+                    "ring_clip_ratio_high": 1.5,
+                    "regularizer": "forward-kl",
+                    "regularizer_coef": 0.05,
+                },
+                label="ring-forward-kl",
+            ),
+            LossExample(actor={"loss_agg_mode": "seq-mean-token-sum"}, label="none-seq-sum"),
+        )
+    },
 )

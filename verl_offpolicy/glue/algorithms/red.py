@@ -1,4 +1,5 @@
-"""RED (``adv_estimator=red_weight`` / ``red_drop``, docs/algo/red.md): the estimator adapters (its knobs; no rule beyond their checks)."""
+"""RED (``adv_estimator=red_weight`` / ``red_drop``, docs/algo/red.md): the estimator adapters (its knobs; no
+rule beyond their checks)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import zlib
 import numpy as np
 import torch
 from torch import Tensor
-
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from verl_offpolicy.core import advantages as core

@@ -13,23 +13,36 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
 from verl.trainer.ppo.core_algos import register_adv_est, register_policy_loss
 
 from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.core import losses as core
-from verl_offpolicy.glue.algorithms.adapters import aggregate, as_metrics, broadcast, check_dtype, our_loss_config, prepare
+from verl_offpolicy.glue.algorithms.adapters import (
+    aggregate,
+    as_metrics,
+    broadcast,
+    check_dtype,
+    our_loss_config,
+    prepare,
+)
 from verl_offpolicy.glue.family import EstimatorExample, Family, LossExample
 from verl_offpolicy.glue.knobs import Knob, OffPolicyConfigError, finite
 from verl_offpolicy.glue.reward_probe import GROUND_TRUTH, first_row_answers, reward_of
 
 OFFPOLICY_KNOBS = (
-    Knob("topr_baseline", 0.0, "topr: scalar baseline c of A = R − c (TOPR's default 0; no group statistic).",
-         check=finite),
-    Knob("topr_reward", "signed",
-         "topr: reward R: signed (2r − 1: 0/1 rewards as TOPR's ±1; other rewards are an error) | raw (r).",
-         choices=core_adv.TOPR_REWARDS,
-         variant=False),  # the rewards' scale (0/1 or already ±1), not another algorithm: TOPR either way
+    Knob(
+        "topr_baseline",
+        0.0,
+        "topr: scalar baseline c of A = R − c (TOPR's default 0; no group statistic).",
+        check=finite,
+    ),
+    Knob(
+        "topr_reward",
+        "signed",
+        "topr: reward R: signed (2r − 1: 0/1 rewards as TOPR's ±1; other rewards are an error) | raw (r).",
+        choices=core_adv.TOPR_REWARDS,
+        variant=False,
+    ),  # the rewards' scale (0/1 or already ±1), not another algorithm: TOPR either way
 )
 
 
@@ -64,7 +77,6 @@ def check_topr_reward_range(view) -> None:
         )
 
 
-
 @register_adv_est("topr")
 @torch.no_grad()
 def compute_topr_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
@@ -74,7 +86,9 @@ def compute_topr_advantage(token_level_rewards, response_mask, index=None, confi
     try:
         advantage = core_adv.topr_advantage(scores, section.topr_baseline, section.topr_reward)
     except ValueError as error:
-        raise ValueError(f"adv_estimator=topr, algorithm.offpolicy.topr_reward={section.topr_reward}: {error}") from None
+        raise ValueError(
+            f"adv_estimator=topr, algorithm.offpolicy.topr_reward={section.topr_reward}: {error}"
+        ) from None
     return broadcast("topr", advantage, response_mask, token_level_rewards, index)
 
 
@@ -101,7 +115,10 @@ def compute_policy_loss_topr(
     log_ratio = core.clamp_log_ratio(core.token_log_ratio(log_prob, old_log_prob, mask))
     ratio = torch.exp(log_ratio)
     full_weight = weight >= 1.0  # tapered tokens (w_i < 1) count as "clipped" (below the band)
-    return loss, as_metrics(core.ratio_metrics(log_ratio, ratio, mask, full_weight, torch.zeros_like(ratio)), FAMILY.loss_fraction_metric("topr"))
+    return loss, as_metrics(
+        core.ratio_metrics(log_ratio, ratio, mask, full_weight, torch.zeros_like(ratio)),
+        FAMILY.loss_fraction_metric("topr"),
+    )
 
 
 FAMILY = Family(
@@ -110,7 +127,10 @@ FAMILY = Family(
     estimator_rules=(check_topr_reward_range,),
     loss_fractions={"topr": "truncated"},
     # raw: A = r − c with c = 0 and no group statistic, so a singleton and each member of an equal group get A = r
-    estimators={"topr": (EstimatorExample({"topr_reward": "raw", "topr_baseline": 0.0}, singleton="reward",
-                                          equal_group="reward"),)},
+    estimators={
+        "topr": (
+            EstimatorExample({"topr_reward": "raw", "topr_baseline": 0.0}, singleton="reward", equal_group="reward"),
+        )
+    },
     losses={"topr": (LossExample(),)},
 )

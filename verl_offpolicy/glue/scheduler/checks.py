@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 
 from verl_offpolicy.core.schedule import Schedule
+from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
+from verl_offpolicy.glue.registration import POLICY_LOSSES, SCHEDULER_MODES, VERL_ASYNC_TRAINERS, scheduler_trainer
+from verl_offpolicy.glue.scheduler.correction import check_rollout_correction_values
 from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, ROLLOUT
-from verl_offpolicy.glue.scheduler.correction import check_rollout_correction_values
-from verl_offpolicy.glue.config import LOSS_PREFIX, ConfigView, OffPolicyConfigError
-from verl_offpolicy.glue.registration import SCHEDULER_MODES, scheduler_trainer
-from verl_offpolicy.glue.registration import POLICY_LOSSES, VERL_ASYNC_TRAINERS
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 logger = logging.getLogger("verl_offpolicy")
@@ -42,7 +41,11 @@ def check_rollout_correction(view: ConfigView) -> None:
     bypass = view.bypass
     ours = loss is not None and loss.loss_mode in POLICY_LOSSES
     loss_mode = view.loss_mode
-    corrections = [f"{ROLLOUT_CORRECTION}.{key}={value}" for key, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)) if value is not None]
+    corrections = [
+        f"{ROLLOUT_CORRECTION}.{key}={value}"
+        for key, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs))
+        if value is not None
+    ]
     if corrections and not view.select("actor_rollout_ref.rollout.calculate_log_probs", False):
         raise OffPolicyConfigError(
             f"{' and '.join(corrections)} need the inference engine's log-probs, but "
@@ -58,7 +61,8 @@ def check_rollout_correction(view: ConfigView) -> None:
         if corrections:
             raise OffPolicyConfigError(
                 f"{ROLLOUT_CORRECTION}.bypass_mode=true with {' and '.join(corrections)}: verl computes these only in "
-                f"decoupled mode or inside its own bypass_mode loss, so {LOSS_PREFIX}.loss_mode={loss_mode} would train "
+                f"decoupled mode or inside its own bypass_mode loss, so {LOSS_PREFIX}.loss_mode={loss_mode} "
+                "would train "
                 f"without them; set {ROLLOUT_CORRECTION}.bypass_mode=false (decoupled) or remove the correction"
             )
         loss_type = view.select(f"{ROLLOUT_CORRECTION}.loss_type", "ppo_clip")
@@ -113,7 +117,9 @@ def check_verl_async_modes(view: ConfigView) -> None:
         raise OffPolicyConfigError(
             f"{prefix} bounds staleness by trainer.v1.sampler.max_off_policy_threshold and cannot follow "
             f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}: set "
-            f"sync_interval=1 sync_offset=0, or trainer.v1.trainer_mode={scheduler_trainer(view.select('actor_rollout_ref.hybrid_engine', True))} for a scheduled "
+            "sync_interval=1 sync_offset=0, or "
+            f"trainer.v1.trainer_mode={scheduler_trainer(view.select('actor_rollout_ref.hybrid_engine', True))} "
+            "for a scheduled "
             "staleness"
         )
     if offpolicy.ratio_anchor == BEHAVIOUR:
@@ -139,7 +145,9 @@ def check_rollout_pool(view: ConfigView, prefix: str) -> str:
     for key in ("nnodes", "n_gpus_per_node"):
         value = view.select(f"{rollout}.{key}", 0)
         if not isinstance(value, int) or value < 1:
-            raise OffPolicyConfigError(f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})")
+            raise OffPolicyConfigError(
+                f"{prefix} runs the rollout on a pool of its own: set {rollout}.{key} >= 1 (got {value})"
+            )
     backend = view.select(f"{rollout}.checkpoint_engine.backend")
     if backend == "naive":
         raise OffPolicyConfigError(
@@ -171,13 +179,16 @@ def check_verl_async_preconditions(view: ConfigView) -> None:
     mini_key = "actor_rollout_ref.actor.ppo_mini_batch_size"
     mini = view.select(mini_key)
     if batch != sync_step * mini:
+        fix = batch // mini if mini and batch % mini == 0 else f"<data.train_batch_size / {mini_key}>"
         raise OffPolicyConfigError(
             f"{prefix} needs data.train_batch_size == {sync_key} x {mini_key}, got {batch} != {sync_step} x {mini}: "
-            f"set {sync_key}={batch // mini if mini and batch % mini == 0 else '<data.train_batch_size / ' + mini_key + '>'} "
+            f"set {sync_key}={fix} "
             f"or {mini_key}={batch // sync_step}"
         )
     check_rollout_pool(view, prefix)
-    if view.select("reward.reward_model.enable", False) and not view.select("reward.reward_model.enable_resource_pool", False):
+    if view.select("reward.reward_model.enable", False) and not view.select(
+        "reward.reward_model.enable_resource_pool", False
+    ):
         raise OffPolicyConfigError(
             f"{prefix} cannot colocate the reward model (its rollout never pauses to free GPU memory): set "
             "reward.reward_model.enable_resource_pool=true"
@@ -230,8 +241,10 @@ def check_scheduler_mode(view: ConfigView) -> None:
         expected = scheduler_trainer(hybrid_engine)
         layout = "colocated" if hybrid_engine else "overlapped: the rollout on a pool of its own"
         raise OffPolicyConfigError(
-            f"trainer.v1.trainer_mode={view.trainer_mode} with actor_rollout_ref.hybrid_engine={hybrid_engine} ({layout}): "
-            f"that mode's trainer is {expected}; set trainer.v1.trainer_mode={expected}, or remove it (the presets pick "
+            f"trainer.v1.trainer_mode={view.trainer_mode} with actor_rollout_ref.hybrid_engine={hybrid_engine} "
+            f"({layout}): "
+            f"that mode's trainer is {expected}; set trainer.v1.trainer_mode={expected}, or remove it (the "
+            "presets pick "
             "it from actor_rollout_ref.hybrid_engine)"
         )
 
@@ -239,7 +252,8 @@ def check_scheduler_mode(view: ConfigView) -> None:
 def needs_scheduler(offpolicy) -> bool:
     """Whether a config needs the ``offpolicy`` trainer: a stale schedule (s, d) ≠ (1, 0), or the ``rollout`` anchor
     (the trainer swaps the rollout's log-probs in). At (1, 0) the ``behaviour`` anchor is the proximal policy (every
-    batch trains at the weights that generated it), so any trainer, verl's legacy ``RayPPOTrainer`` included, runs it."""
+    batch trains at the weights that generated it), so any trainer, verl's legacy ``RayPPOTrainer`` included,
+    runs it."""
     return offpolicy.schedule.is_stale or offpolicy.ratio_anchor == ROLLOUT
 
 
@@ -250,10 +264,16 @@ def check_scheduler_selected(view: ConfigView) -> None:
     offpolicy = view.offpolicy
     if needs_scheduler(offpolicy) and not _uses_scheduler(view):
         use_v1, mode = view.select("trainer.use_v1"), view.trainer_mode
-        what = (f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}"
-                if offpolicy.schedule.is_stale else f"algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor}")
-        on_policy = ("set algorithm.offpolicy.sync_interval=1 algorithm.offpolicy.sync_offset=0 (on-policy)"
-                     if offpolicy.schedule.is_stale else "set algorithm.offpolicy.ratio_anchor=proximal")
+        what = (
+            f"algorithm.offpolicy.sync_interval={offpolicy.sync_interval}, sync_offset={offpolicy.sync_offset}"
+            if offpolicy.schedule.is_stale
+            else f"algorithm.offpolicy.ratio_anchor={offpolicy.ratio_anchor}"
+        )
+        on_policy = (
+            "set algorithm.offpolicy.sync_interval=1 algorithm.offpolicy.sync_offset=0 (on-policy)"
+            if offpolicy.schedule.is_stale
+            else "set algorithm.offpolicy.ratio_anchor=proximal"
+        )
         raise OffPolicyConfigError(
             f"{what} needs verl-offpolicy's scheduler, which runs on verl's V1 trainer (got trainer.use_v1={use_v1}, "
             f"trainer.v1.trainer_mode={mode}): set trainer.use_v1=true "
@@ -293,7 +313,8 @@ def check_checkpoint_backend(backend, custom_module) -> None:
             importlib.import_module(custom_module)
         except ImportError as exc:
             raise OffPolicyConfigError(
-                f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={custom_module!r} cannot be imported: {exc}"
+                f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={custom_module!r} cannot be "
+                f"imported: {exc}"
             ) from None
     registered = set(CheckpointEngineRegistry._registry)
     unimportable = sorted(CheckpointEngineRegistry._import_errors)
@@ -386,9 +407,14 @@ def check_sampling_values(view: ConfigView) -> None:
         top_p = view.select(f"{prefix}.top_p", 1.0)
         number = lambda v: not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)  # noqa: E731
         if not number(temperature) or temperature < 0 or (temperature == 0 and not greedy_ok):
-            allowed = "a number >= 0 (0: greedy)" if greedy_ok else (
-                "a number > 0 (1.0 samples the policy itself; 0 would make every response of a group the same, so "
-                "every group-relative advantage is 0)")
+            allowed = (
+                "a number >= 0 (0: greedy)"
+                if greedy_ok
+                else (
+                    "a number > 0 (1.0 samples the policy itself; 0 would make every response of a group the same, so "
+                    "every group-relative advantage is 0)"
+                )
+            )
             raise OffPolicyConfigError(f"{prefix}.temperature={temperature!r} is not valid; allowed: {allowed}")
         if not number(top_p) or not 0 < top_p <= 1:
             raise OffPolicyConfigError(
@@ -420,7 +446,9 @@ def check_rollout_anchor_sampling(view: ConfigView) -> None:
         return
     rollout = "actor_rollout_ref.rollout"
     mode = view.select(LOGPROBS_MODE, VLLM_DEFAULT_LOGPROBS_MODE)
-    shown = f"{LOGPROBS_MODE}=" + (f"null (vLLM's default, {VLLM_DEFAULT_LOGPROBS_MODE})" if mode is None else str(mode))
+    shown = f"{LOGPROBS_MODE}=" + (
+        f"null (vLLM's default, {VLLM_DEFAULT_LOGPROBS_MODE})" if mode is None else str(mode)
+    )
     mode = VLLM_DEFAULT_LOGPROBS_MODE if mode is None else mode
     readers = " and ".join(as_old + in_correction)
     if mode not in LOGPROBS_MODES:
@@ -438,33 +466,46 @@ def check_rollout_anchor_sampling(view: ConfigView) -> None:
     top_p = view.select(f"{rollout}.top_p", 1.0)
     top_k = view.select(f"{rollout}.top_k", -1)
     untempered = mode == "raw_logprobs" and temperature != 1
-    truncated = [f"{rollout}.{key}={value}" for key, value, cut in (("top_p", top_p, top_p is not None and top_p < 1),
-                                                                  ("top_k", top_k, top_k is not None and top_k > 0)) if cut]
+    truncated = [
+        f"{rollout}.{key}={value}"
+        for key, value, cut in (
+            ("top_p", top_p, top_p is not None and top_p < 1),
+            ("top_k", top_k, top_k is not None and top_k > 0),
+        )
+        if cut
+    ]
     if as_old and untempered:
         raise OffPolicyConfigError(
             f"{as_old[0]} takes the rollout's log-probs as π_old, but {rollout}.temperature={temperature} with {shown} "
             f"returns log-probs at temperature 1, while the trainer computes log_softmax(logits/{temperature}): every "
             f"ratio would be biased, silently (huggingface/trl#4159). Set {LOGPROBS_MODE}=processed_logprobs (the "
-            "log-probs at the sampling temperature), or temperature=1.0, or ratio_anchor=behaviour (the training engine "
+            "log-probs at the sampling temperature), or temperature=1.0, or ratio_anchor=behaviour (the training "
+            "engine "
             "at the generating weights) or proximal"
         )
     if as_old and truncated:
-        reported = ("renormalised over the kept tokens: log π(y) − log S, S the kept probability mass"
-                    if mode == "processed_logprobs" else "those of the untruncated distribution, not of the one sampled")
+        reported = (
+            "renormalised over the kept tokens: log π(y) − log S, S the kept probability mass"
+            if mode == "processed_logprobs"
+            else "those of the untruncated distribution, not of the one sampled"
+        )
         raise OffPolicyConfigError(
             f"{as_old[0]} takes the rollout's log-probs as π_old, but {', '.join(truncated)} makes the rollout sample "
             f"from a truncated distribution, and with {shown} its log-probs are {reported}, while the trainer's are "
-            "over the whole vocabulary: every ratio would be biased, silently (huggingface/trl#6789). Set top_p=1.0 and "
+            "over the whole vocabulary: every ratio would be biased, silently (huggingface/trl#6789). Set "
+            "top_p=1.0 and "
             "top_k=-1, or ratio_anchor=behaviour (the training engine at the generating weights) or proximal"
         )
-    gaps = ([f"{rollout}.temperature={temperature} with {shown} (log-probs at temperature 1)"] if untempered else [])
+    gaps = [f"{rollout}.temperature={temperature} with {shown} (log-probs at temperature 1)"] if untempered else []
     gaps += [f"{key} (log-probs renormalised over the kept set)" for key in truncated]
     if in_correction and gaps:
         logger.warning(
             "verl-offpolicy: %s compare the rollout's log-probs with the trainer's, and %s add a sampling gap to the "
             "engines' mismatch there (every weight and rejection test carries it); set %s=processed_logprobs, "
             "top_p=1.0 and top_k=-1 for weights of the mismatch alone",
-            " and ".join(in_correction), " and ".join(gaps), LOGPROBS_MODE,
+            " and ".join(in_correction),
+            " and ".join(gaps),
+            LOGPROBS_MODE,
         )
 
 
@@ -499,9 +540,12 @@ def check_filter_groups(view: ConfigView) -> None:
             f"actor_rollout_ref.rollout.n={samples} gives one sample per group (never filtered): set "
             f"actor_rollout_ref.rollout.n >= 2 or {FILTER_GROUPS}.enable=false"
         )
-    if view.select("reward.reward_model.enable", False) and not view.select("reward.reward_model.enable_resource_pool", False):
+    if view.select("reward.reward_model.enable", False) and not view.select(
+        "reward.reward_model.enable_resource_pool", False
+    ):
         raise OffPolicyConfigError(
-            f"{FILTER_GROUPS}.enable=true needs each group's reward while it is generated, but a colocated reward model "
+            f"{FILTER_GROUPS}.enable=true needs each group's reward while it is generated, but a colocated "
+            "reward model "
             "(reward.reward_model.enable=true, enable_resource_pool=false) scores only after sampling: set "
             f"reward.reward_model.enable_resource_pool=true, use a rule-based reward, or {FILTER_GROUPS}.enable=false"
         )
@@ -525,7 +569,8 @@ def check_staleness_threshold(view: ConfigView) -> None:
     if schedule.worst_staleness + 1 > threshold:
         raise OffPolicyConfigError(
             f"algorithm.offpolicy.sync_interval={schedule.sync_interval}, sync_offset={schedule.sync_offset} train "
-            f"batches up to {schedule.worst_staleness} versions old (s + d - 1), spanning {schedule.worst_staleness + 1} "
+            f"batches up to {schedule.worst_staleness} versions old (s + d - 1), spanning "
+            f"{schedule.worst_staleness + 1} "
             f"versions, but {THRESHOLD}={threshold} allows at most {threshold}: set {THRESHOLD} >= "
             f"{schedule.capacity} (or null: the schedule alone bounds staleness), or lower sync_interval/sync_offset"
         )
@@ -533,11 +578,23 @@ def check_staleness_threshold(view: ConfigView) -> None:
 
 # verl's rollout correction (checked before the presets' mini-batch rule, as it always was).
 ROLLOUT_CORRECTION_RULES = (
-    check_rollout_correction_values, check_rollout_correction, check_sampling_values, check_rollout_anchor_sampling,
+    check_rollout_correction_values,
+    check_rollout_correction,
+    check_sampling_values,
+    check_rollout_anchor_sampling,
 )
 # The trainer mode: a registered one, verl's async modes, or the scheduler with its overlapped mode and its features.
 RULES = (
-    check_trainer_mode, check_legacy_trainer_colocated, check_verl_async_modes, check_verl_async_preconditions, check_lora_disaggregated,
-    check_scheduler_selected, check_scheduler_mode, check_overlapped, check_scheduler_features,
-    check_filter_groups, check_staleness_threshold, check_environment,
+    check_trainer_mode,
+    check_legacy_trainer_colocated,
+    check_verl_async_modes,
+    check_verl_async_preconditions,
+    check_lora_disaggregated,
+    check_scheduler_selected,
+    check_scheduler_mode,
+    check_overlapped,
+    check_scheduler_features,
+    check_filter_groups,
+    check_staleness_threshold,
+    check_environment,
 )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 
-
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
@@ -32,9 +31,9 @@ from verl.workers.utils.padding import response_from_nested
 from verl_offpolicy.glue.registration import OFFPOLICY_TRAINER
 from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR
-from verl_offpolicy.glue.scheduler.store import KVBatchMeta
 from verl_offpolicy.glue.scheduler.metrics import WAIT_S, rollout_call_metrics
 from verl_offpolicy.glue.scheduler.rollout import push_label
+from verl_offpolicy.glue.scheduler.store import KVBatchMeta
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_FIELD,
     BEHAVIOUR_TAG,
@@ -111,7 +110,11 @@ class ColocatedTrainer(OffPolicyTrainer):
             stale = self.schedule.staleness(step) > 0
             behaviour = stale and self.offpolicy.ratio_anchor == BEHAVIOUR
             assert self.schedule.version(step) == version
-            entries.append(QueuedBatch(step=step, version=version, uids=uids, behaviour=behaviour, settled=self.filter_groups is None))
+            entries.append(
+                QueuedBatch(
+                    step=step, version=version, uids=uids, behaviour=behaviour, settled=self.filter_groups is None
+                )
+            )
             tags += [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour} for _ in uids]
         all_uids = [uid for entry in entries for uid in entry.uids]
         # The schedule tags go in first (TransferQueue merges tags); verl then registers the prompts and

@@ -97,7 +97,10 @@ def check_rollout_correction_values(view) -> None:
     if rollout_is is not None:
         try:
             compute_rollout_correction_weights(
-                log_ratio, mask, rollout_is=rollout_is, rollout_is_threshold=RolloutCorrectionConfig.rollout_is_threshold
+                log_ratio,
+                mask,
+                rollout_is=rollout_is,
+                rollout_is_threshold=RolloutCorrectionConfig.rollout_is_threshold,
             )
         except (ValueError, TypeError) as exc:
             raise OffPolicyConfigError(
@@ -108,14 +111,21 @@ def check_rollout_correction_values(view) -> None:
     try:
         band = icepop_band(threshold)
     except (ValueError, TypeError) as exc:
-        raise OffPolicyConfigError(f"{key}={threshold!r} is not valid ({_verl_says(exc)}); allowed: {IS_THRESHOLD_FORMS}") from None
+        raise OffPolicyConfigError(
+            f"{key}={threshold!r} is not valid ({_verl_says(exc)}); allowed: {IS_THRESHOLD_FORMS}"
+        ) from None
     if any(math.isnan(v) for v in (band or (float(threshold),))):
         raise OffPolicyConfigError(f"{key}={threshold!r} is not a number; allowed: {IS_THRESHOLD_FORMS}")
     if rollout_is is not None and band is not None and not band[0] <= 1.0 <= band[1]:
         warn_once(
-            "verl-offpolicy: %s=%s is an IcePop band that excludes ratio 1: every IS weight of a batch whose ratios all "
+            "verl-offpolicy: %s=%s is an IcePop band that excludes ratio 1: every IS weight of a batch whose "
+            "ratios all "
             "fall outside [%g, %g] is zeroed (it trains nothing), and the run stops there; a band around 1 "
-            "(e.g. 0.5_5.0) keeps the on-policy tokens", key, threshold, band[0], band[1],
+            "(e.g. 0.5_5.0) keeps the on-policy tokens",
+            key,
+            threshold,
+            band[0],
+            band[1],
         )
     rollout_rs = view.select(f"{ROLLOUT_CORRECTION}.rollout_rs")
     if rollout_rs is not None:
@@ -156,7 +166,9 @@ def bypass_loss_types() -> tuple[str, ...]:
 
     from verl.trainer.ppo.core_algos import compute_policy_loss_bypass_mode
 
-    return tuple(dict.fromkeys(re.findall(r"loss_type == \"(\w+)\"", inspect.getsource(compute_policy_loss_bypass_mode))))
+    return tuple(
+        dict.fromkeys(re.findall(r"loss_type == \"(\w+)\"", inspect.getsource(compute_policy_loss_bypass_mode)))
+    )
 
 
 class ZeroEffectiveSampleSize(RuntimeError):

@@ -2,7 +2,8 @@
 
 A rollout process that is stopped (SIGSTOP), hung or dead finishes no prompt group. The trainer fails the
 run once no group has finished for :attr:`GenerationDeadline.bound_s`, a bound that follows the
-generations this run has measured (a fixed hour would hold a small run with a frozen rollout for an hour): ``factor`` × the slowest wait for a whole batch so far, at least ``floor_s``, at most
+generations this run has measured (a fixed hour would hold a small run with a frozen rollout for an hour):
+``factor`` × the slowest wait for a whole batch so far, at least ``floor_s``, at most
 ``limit_s``; before the first measurement (start-up, the first batch) it is ``limit_s``. Setting
 ``VERL_OFFPOLICY_GENERATION_TIMEOUT`` fixes the bound at that many seconds instead.
 """

@@ -49,7 +49,9 @@ class FilterGroups:
         section = config.algorithm.get("filter_groups", None)
         if section is None or not section.get("enable", False):
             return None
-        return cls(metric=str(section.get("metric")), max_num_gen_batches=int(section.get("max_num_gen_batches", 0) or 0))
+        return cls(
+            metric=str(section.get("metric")), max_num_gen_batches=int(section.get("max_num_gen_batches", 0) or 0)
+        )
 
 
 class FilterGroupsExhausted(RuntimeError):
@@ -103,7 +105,9 @@ def trajectory_metric(data: Any, metric: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def classify_groups(buffer: Any, pending: dict[int, list[str]], metric: str) -> dict[int, tuple[list[str], list[bool], list[float]]]:
+def classify_groups(
+    buffer: Any, pending: dict[int, list[str]], metric: str
+) -> dict[int, tuple[list[str], list[bool], list[float]]]:
     """For each step's groups of this round (``pending``: step -> prompt uids), in verl's replay ``buffer``: whether
     verl's filter drops it (:func:`zero_spread_groups`; the metric is the same on every sample of a finished group;
     a failed group stays, as verl's sync sampler keeps it) and that shared value."""
@@ -213,11 +217,14 @@ class VersionFill:
         shared = ", ".join(f"{value:g}: {count}" for value, count in sorted(values.items()))
         return (
             f"offpolicy scheduler: {FILTER_GROUPS}.max_num_gen_batches={self.max_rounds} exhausted: version "
-            f"{self.version} generated {generated} prompt groups in {self.rounds} round{'s' if self.rounds > 1 else ''} and kept {kept} of the {need} its "
+            f"{self.version} generated {generated} prompt groups in {self.rounds} "
+            f"round{'s' if self.rounds > 1 else ''} and kept {kept} of the {need} its "
             f"batches need (steps {sorted(short)} are short by {[short[s] for s in sorted(short)]} groups); "
             f"{sum(values.values())} groups had the same {self.metric} on every sample (value: groups = {{{shared}}}). "
-            f"The prompts are too hard or too easy for the model at this version: raise {FILTER_GROUPS}.max_num_gen_batches "
-            f"(<= 0: no bound), use more samples per prompt (actor_rollout_ref.rollout.n), or set {FILTER_GROUPS}.enable=false"
+            "The prompts are too hard or too easy for the model at this version: raise "
+            f"{FILTER_GROUPS}.max_num_gen_batches "
+            "(<= 0: no bound), use more samples per prompt (actor_rollout_ref.rollout.n), or set "
+            f"{FILTER_GROUPS}.enable=false"
         )
 
     def round_line(self, short: dict[int, int]) -> str:
@@ -225,11 +232,16 @@ class VersionFill:
         none: ``max_num_gen_batches <= 0`` is verl's "no bound", and a task where no group has spread never fills)."""
         need = sum(b.size for b in self.batches.values())
         kept = sum(min(len(b.kept), b.size) for b in self.batches.values())
-        bound = (f"round {self.rounds} of at most {self.max_rounds}" if self.max_rounds > 0 else
-                 f"round {self.rounds}, no bound ({FILTER_GROUPS}.max_num_gen_batches={self.max_rounds}; set it > 0 to stop "
-                 "a version that cannot fill)")
+        bound = (
+            f"round {self.rounds} of at most {self.max_rounds}"
+            if self.max_rounds > 0
+            else f"round {self.rounds}, no bound ({FILTER_GROUPS}.max_num_gen_batches={self.max_rounds}; set it "
+            "> 0 to stop "
+            "a version that cannot fill)"
+        )
         return (
-            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {bound}: kept {kept} of the {need} groups "
+            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {bound}: kept {kept} of the {need} "
+            "groups "
             f"its batches need after {self.generated} generated; {sum(short.values())} still missing, generating more"
         )
 
@@ -239,8 +251,10 @@ class VersionFill:
         dropped = sum(len(b.dropped) for b in self.batches.values())
         surplus = sum(len(b.surplus) for b in self.batches.values())
         return (
-            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation round{'s' if self.rounds > 1 else ''}, "
-            f"{generated} prompt groups generated, {dropped} dropped (same {self.metric} on every sample; value: groups = "
+            f"offpolicy scheduler: {FILTER_GROUPS} at version {self.version}: {self.rounds} generation "
+            f"round{'s' if self.rounds > 1 else ''}, "
+            f"{generated} prompt groups generated, {dropped} dropped (same {self.metric} on every sample; value: "
+            "groups = "
             f"{dict(sorted(values.items()))}), {surplus} surplus discarded, steps {sorted(self.batches)} full"
         )
 
@@ -269,7 +283,10 @@ def check_filter_metric(config) -> None:
     metric = section.get("metric")
     names = returned_metric_names(config)
     if isinstance(names, str):
-        print(f"verl-offpolicy: note: {FILTER_GROUPS}.metric={metric!r} not checked before the run: {names}", file=sys.stderr)
+        print(
+            f"verl-offpolicy: note: {FILTER_GROUPS}.metric={metric!r} not checked before the run: {names}",
+            file=sys.stderr,
+        )
     elif metric not in names:
         raise ValueError(
             f"{FILTER_GROUPS}.metric={metric!r} is not a value verl's reward loop gives a trajectory: the reward "

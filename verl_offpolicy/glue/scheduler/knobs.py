@@ -23,13 +23,20 @@ def _sync_offset(key: str, value) -> None:
 
 
 OFFPOLICY_KNOBS = (
-    Knob("sync_interval", 1, "s ≥ 1: rollout weights refreshed every s training steps (1 = on-policy, stock verl).",
-         check=_sync_interval),
+    Knob(
+        "sync_interval",
+        1,
+        "s ≥ 1: rollout weights refreshed every s training steps (1 = on-policy, stock verl).",
+        check=_sync_interval,
+    ),
     Knob("sync_offset", 0, "d ≥ 0: batches generated before training starts (delayed feedback).", check=_sync_offset),
-    Knob("ratio_anchor", PROXIMAL,
-         "What old_log_prob means in the loss: behaviour (training engine at the generating weights), rollout "
-         "(inference engine log-probs), proximal (verl's default, recomputed each step).",
-         choices=RATIO_ANCHORS),
+    Knob(
+        "ratio_anchor",
+        PROXIMAL,
+        "What old_log_prob means in the loss: behaviour (training engine at the generating weights), rollout "
+        "(inference engine log-probs), proximal (verl's default, recomputed each step).",
+        choices=RATIO_ANCHORS,
+    ),
 )
 
 FAMILY = Family("scheduler", offpolicy_knobs=OFFPOLICY_KNOBS)

@@ -23,8 +23,11 @@ import math
 
 import torch
 from torch import Tensor
-
-from verl.trainer.ppo.rollout_corr_helper import SAFETY_BOUND, compute_offpolicy_metrics, compute_rollout_correction_weights
+from verl.trainer.ppo.rollout_corr_helper import (
+    SAFETY_BOUND,
+    compute_offpolicy_metrics,
+    compute_rollout_correction_weights,
+)
 
 from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, PROXIMAL
 
@@ -44,7 +47,9 @@ ANCHOR_LOG_RATIO = "offpolicy/anchor_log_ratio/mean"
 WAIT_S = "offpolicy/wait_s"  # the trainer's wait for its batch at this step
 SYNC_WAIT_S = "offpolicy/sync_wait_s"  # overlapped: the wait for a weight push to the rollout
 WEIGHT_PUSHES = "offpolicy/weight_pushes"  # overlapped: the schedule's pushes so far
-VALIDATION_PUSHES = "offpolicy/validation_pushes"  # overlapped: pushes made only so that validation sees the step's weights
+VALIDATION_PUSHES = (
+    "offpolicy/validation_pushes"  # overlapped: pushes made only so that validation sees the step's weights
+)
 ROLLOUT_BUSY_FRACTION = "offpolicy/rollout_busy_fraction"
 OBSERVED_VERSION_MIN = "offpolicy/observed_version/min"  # the versions the rollout reported for the trained batch
 OBSERVED_VERSION_MAX = "offpolicy/observed_version/max"
@@ -61,22 +66,40 @@ FILTER_ROUNDS = "offpolicy/filter_groups/gen_rounds"
 ANCHOR_CORR_PREFIX = "offpolicy/anchor_corr/"
 # compute_offpolicy_metrics: every key it returns when given both log-probs
 ANCHOR_CORR_DIVERGENCE = (
-    "kl", "k3_kl", "chi2_token", "chi2_seq",
-    "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
-    "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+    "kl",
+    "k3_kl",
+    "chi2_token",
+    "chi2_seq",
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
 )
 # compute_rollout_correction_weights (token level): the keys that do not depend on a truncation threshold
 ANCHOR_CORR_WEIGHTS = (
-    "rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_std", "rollout_is_max", "rollout_is_min",
-    "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min", "rollout_is_seq_max_deviation",
+    "rollout_is_eff_sample_size",
+    "rollout_is_mean",
+    "rollout_is_std",
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_seq_mean",
+    "rollout_is_seq_std",
+    "rollout_is_seq_max",
+    "rollout_is_seq_min",
+    "rollout_is_seq_max_deviation",
 )
 ANCHOR_CORR_STATS = ANCHOR_CORR_DIVERGENCE + ANCHOR_CORR_WEIGHTS
 # The same statistics between the training engine's log-probs at the weights that generated the batch (verl's π_old
 # place) and the inference engine's (π_rollout): ENGINE_MISMATCH_PREFIX + each of ANCHOR_CORR_STATS.
 ENGINE_MISMATCH_PREFIX = "offpolicy/engine_mismatch/"
-# No truncation: the weights are verl's SAFETY_BOUND-clamped ratios (ρ ≤ e²⁰, as in our losses), so the ESS is the raw ratio's.
+# No truncation: the weights are verl's SAFETY_BOUND-clamped ratios (ρ ≤ e²⁰, as in our losses), so the ESS is
+# the raw ratio's.
 UNTRUNCATED = math.exp(SAFETY_BOUND)
-
 
 
 def staleness_key(stat: str = "mean") -> str:

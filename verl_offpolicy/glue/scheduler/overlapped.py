@@ -1,4 +1,5 @@
-"""The overlapped mode of the scheduler, ``trainer.v1.trainer_mode=offpolicy_overlapped`` (``actor_rollout_ref.hybrid_engine=false``).
+"""The overlapped mode of the scheduler, ``trainer.v1.trainer_mode=offpolicy_overlapped``
+(``actor_rollout_ref.hybrid_engine=false``).
 
 The same schedule, batches and versions as the colocated mode, but the rollout runs on a resource pool
 of its own (:class:`~verl_offpolicy.glue.scheduler.rollout.StandaloneRollout`) and generates while the
@@ -34,19 +35,24 @@ from __future__ import annotations
 
 import time
 
-
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
+from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.registration import OVERLAPPED_TRAINER
 from verl_offpolicy.glue.scheduler import store
-from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
-from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.metrics import (
-    GENERATED_BATCHES, ROLLOUT_BUSY_FRACTION, ROLLOUT_CALLS, SYNC_WAIT_S, VALIDATION_PUSHES, WAIT_S, WEIGHT_PUSHES,
+    GENERATED_BATCHES,
+    ROLLOUT_BUSY_FRACTION,
+    ROLLOUT_CALLS,
+    SYNC_WAIT_S,
+    VALIDATION_PUSHES,
+    WAIT_S,
+    WEIGHT_PUSHES,
 )
+from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
     STEP_TAG,
@@ -54,7 +60,6 @@ from verl_offpolicy.glue.scheduler.trainer import (
     OffPolicyTrainer,
     QueuedBatch,
 )
-
 
 # The per-prompt field verl's agent loop passes to the rollout as the request's priority (lower runs first).
 PRIORITY_FIELD = "priority"
@@ -159,7 +164,9 @@ class OverlappedTrainer(OffPolicyTrainer):
             uids = [str(u) for u in chunk["uid"]]
             store.tag(uids, [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: False}] * len(uids))
             self._submit_batch_to_rollout(chunk)
-            self.replay_buffer.push(QueuedBatch(step=step, version=version, uids=uids, behaviour=False, settled=self.filter_groups is None))
+            self.replay_buffer.push(
+                QueuedBatch(step=step, version=version, uids=uids, behaviour=False, settled=self.filter_groups is None)
+            )
         self.replay_buffer.last_generation_size = len(steps)
         self._last_submission = (version, len(steps))
 

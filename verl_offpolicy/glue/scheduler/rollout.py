@@ -20,7 +20,6 @@ import time
 from typing import Any, Iterable
 
 import ray
-
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.llm_server import LLMServerManager

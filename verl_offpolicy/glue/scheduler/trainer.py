@@ -1,4 +1,5 @@
-"""The staleness-controlled trainer: what both modes share (``trainer.v1.trainer_mode=offpolicy``, ``offpolicy_overlapped``).
+"""The staleness-controlled trainer: what both modes share (``trainer.v1.trainer_mode=offpolicy``,
+``offpolicy_overlapped``).
 
 It is verl's v1 ``PPOTrainer`` (stock FSDP/Megatron workers, TransferQueue, agent loop) with the
 schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
@@ -15,7 +16,8 @@ schedule of ``docs/scheduler.md`` (see :mod:`verl_offpolicy.core.schedule`):
   and on every step where the rollout's log-probs and the trainer's at the generating weights both exist the
   engines' mismatch between them (``offpolicy/engine_mismatch/*``);
 - ``algorithm.filter_groups.enable=true`` (DAPO dynamic sampling, :mod:`.filtering`): before the rollout leaves a
-  version, its batches are filtered and topped up with prompts generated at that same version (:meth:`OffPolicyTrainer._settle`).
+  version, its batches are filtered and topped up with prompts generated at that same version
+  (:meth:`OffPolicyTrainer._settle`).
 
 The queue lives in TransferQueue: each prompt's tag carries the step it is scheduled for and its
 version, so verl's own TransferQueue checkpoint saves and restores it (no batch lost or replayed).
@@ -43,23 +45,28 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-from verl_offpolicy.glue.scheduler import store
-from verl_offpolicy.glue.scheduler.store import TRAIN, KVBatchMeta
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.config import offpolicy_section
-from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
-from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, PROXIMAL, ROLLOUT
+from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.glue.scheduler.correction import compared_with_anchor, decoupled_correction, verl_correction_named
+from verl_offpolicy.glue.scheduler.deadline import GenerationDeadline
 from verl_offpolicy.glue.scheduler.filtering import FilterGroups, FilterGroupsExhausted, VersionFill, classify_groups
+from verl_offpolicy.glue.scheduler.knobs import BEHAVIOUR, PROXIMAL, ROLLOUT
 from verl_offpolicy.glue.scheduler.metrics import (
-    ANCHOR_LOG_RATIO, OBSERVED_VERSION_MAX, OBSERVED_VERSION_MIN, anchor_corr_metrics, engine_mismatch_metrics,
-    engine_mismatch_pair, filter_metrics, queue_metrics,
+    ANCHOR_LOG_RATIO,
+    OBSERVED_VERSION_MAX,
+    OBSERVED_VERSION_MIN,
+    anchor_corr_metrics,
+    engine_mismatch_metrics,
+    engine_mismatch_pair,
+    filter_metrics,
+    queue_metrics,
 )
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
+from verl_offpolicy.glue.scheduler.store import TRAIN, KVBatchMeta
 from verl_offpolicy.glue.validation import validate_offpolicy_config
 
 logger = logging.getLogger(__name__)
@@ -151,16 +158,23 @@ class StalenessQueue(ReplayBuffer):
         self.current = entry
         staleness = self.schedule.staleness(global_steps)
         assert staleness == (global_steps - 1) - entry.version, (staleness, entry)
-        return batch, {**queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size), **(entry.filtered or {})}
+        return batch, {
+            **queue_metrics(entry.version, len(self.batches) + 1, self.last_generation_size),
+            **(entry.filtered or {}),
+        }
 
 
-def steps_to_generate(schedule: Schedule, version: int, total_steps: int, queued=(), past_end: bool = False) -> list[int]:
+def steps_to_generate(
+    schedule: Schedule, version: int, total_steps: int, queued=(), past_end: bool = False
+) -> list[int]:
     """The steps of a run of ``total_steps`` whose batches are generated at ``version`` and are not in
     ``queued`` yet, in schedule order (bounded by the run's steps: O(1) in s and d). ``past_end``: a run
     that saves checkpoints also generates its versions' batches past its last step
     (:meth:`~verl_offpolicy.core.schedule.Schedule.generation_steps`)."""
     queued = set(queued)
-    return [t for t in schedule.generation_steps(version, total_steps=total_steps, past_end=past_end) if t not in queued]
+    return [
+        t for t in schedule.generation_steps(version, total_steps=total_steps, past_end=past_end) if t not in queued
+    ]
 
 
 class OffPolicyTrainer(PPOTrainer):
@@ -272,7 +286,9 @@ class OffPolicyTrainer(PPOTrainer):
             now = time.time()
             if done == len(uids):
                 if status["failure"]:
-                    logger.warning("offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version)
+                    logger.warning(
+                        "offpolicy scheduler: %d prompt groups failed at version %d", status["failure"], version
+                    )
                 deadline.observe(now - started)
                 return
             if done > done_before:
@@ -287,9 +303,15 @@ class OffPolicyTrainer(PPOTrainer):
             if now - last_report > PROGRESS_LOG_SECONDS:
                 last_report = now
                 logger.info(
-                    "offpolicy scheduler: waiting %.0f s for %d of %d prompt groups of version %d from the rollout (%s); "
+                    "offpolicy scheduler: waiting %.0f s for %d of %d prompt groups of version %d from the "
+                    "rollout (%s); "
                     "the run fails after %s",
-                    now - started, len(uids) - done, len(uids), version, dict(status), deadline.describe(),
+                    now - started,
+                    len(uids) - done,
+                    len(uids),
+                    version,
+                    dict(status),
+                    deadline.describe(),
                 )
             time.sleep(GENERATION_POLL_SECONDS)
 
@@ -314,7 +336,12 @@ class OffPolicyTrainer(PPOTrainer):
                 f"offpolicy scheduler: filtering batches of versions {sorted({e.version for e in todo})} at version "
                 f"{version}: a top-up would be generated under other weights"
             )
-        fill = VersionFill.start(version, {e.step: len(e.uids) for e in todo}, self.filter_groups.max_num_gen_batches, self.filter_groups.metric)
+        fill = VersionFill.start(
+            version,
+            {e.step: len(e.uids) for e in todo},
+            self.filter_groups.max_num_gen_batches,
+            self.filter_groups.metric,
+        )
         pending = {e.step: list(e.uids) for e in todo}
         behaviour = {e.step: e.behaviour for e in todo}
         while True:
