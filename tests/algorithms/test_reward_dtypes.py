@@ -12,18 +12,6 @@ from verl_offpolicy.core import advantages as core_adv
 from verl_offpolicy.glue.registration import ADV_ESTIMATORS
 
 F64 = torch.float64
-NAN, NINF = math.nan, -math.inf
-
-
-def _batch(bad_value, row=1, token=0):
-    """Three responses of two tokens (the third's second token is padding, with −inf there: allowed);
-    ``bad_value`` is the old log-prob of response token (``row``, ``token``)."""
-    old = torch.tensor([[-1.0, -0.5], [-0.7, -1.2], [-0.3, NINF]], dtype=F64)
-    old[row, token] = bad_value
-    log_prob = torch.tensor([[-1.1, -0.4], [-0.6, -1.3], [-0.2, 0.0]], dtype=F64)
-    mask = torch.tensor([[True, True], [True, True], [True, False]])
-    adv = torch.tensor([[1.0], [-1.0], [0.5]], dtype=F64).expand(3, 2) * mask
-    return old, log_prob, adv, mask
 
 
 # ---------------------------------------------------------------- integer rewards
