@@ -32,7 +32,8 @@ def command_line(script: str, argv) -> str:
 
 def measured_commit() -> str:
     """The commit the measurement ran at (``git rev-parse --short HEAD``), ``+ uncommitted changes`` when the
-    work tree differs from it, or ``unknown`` outside a checkout."""
+    work tree differs from it outside ``benchmarks/results/`` (which the measurement itself rewrites), or
+    ``unknown`` outside a checkout."""
     import subprocess
 
     root = RESULTS.parent.parent
@@ -41,7 +42,7 @@ def measured_commit() -> str:
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
             cwd=root,
             capture_output=True,
             text=True,

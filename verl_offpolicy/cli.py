@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from verl_offpolicy.configs import REPRODUCES, preset_header, preset_headers, preset_names  # noqa: F401 (preset_header: tests)
 
@@ -37,6 +38,28 @@ def schedule(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy schedule: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def tool_latency_overrides(args: argparse.Namespace, model) -> list[str]:
+    """``--tool-latency``: the tool task's tool config with that latency, written into the output directory, as
+    the run's ``tool_config_path``; ``ValueError`` naming the option on a model without the tool task or a value
+    the tool refuses."""
+    if args.tool_latency is None:
+        if args.tool_latency_spread != "fixed":
+            raise ValueError("--tool-latency-spread needs --tool-latency SECONDS")
+        return []
+    if not model.tool_task:
+        raise ValueError(f"--tool-latency needs a model of the tool task (tiny-tool, tiny-tool-h32), got {model.name}")
+    from verl_offpolicy.demo.tool_task import LATENCY_KEY, SPREADS, write_tool_config
+
+    if not (math.isfinite(args.tool_latency) and args.tool_latency >= 0):
+        raise ValueError(f"--tool-latency must be a number of seconds >= 0, got {args.tool_latency:g}")
+    if args.tool_latency_spread not in SPREADS:
+        raise ValueError(f"--tool-latency-spread {args.tool_latency_spread!r}: allowed: {', '.join(SPREADS)}")
+    folder = Path(args.output_dir).expanduser().absolute()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = write_tool_config(folder / f"lookup_tool_{LATENCY_KEY}.yaml", args.tool_latency, args.tool_latency_spread)
+    return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}"]
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -74,6 +97,11 @@ def demo(args: argparse.Namespace) -> int:
         print(f"verl-offpolicy demo: --timeout must be a number of seconds > 0, got {args.timeout:g}", file=sys.stderr)
         return 2
     try:
+        tool_overrides = tool_latency_overrides(args, model)
+    except ValueError as exc:
+        print(f"verl-offpolicy demo: {exc}", file=sys.stderr)
+        return 2
+    try:
         run_demo(
             preset=args.preset,
             steps=steps,
@@ -81,7 +109,8 @@ def demo(args: argparse.Namespace) -> int:
             output_dir=args.output_dir,
             timeout=model.default_timeout_s(steps) if args.timeout is None else args.timeout,
             overrides=rollout_overrides(
-                rollout, [*(join_overrides(args.ray_address) if args.ray_address else []), *args.overrides]
+                rollout,
+                [*(join_overrides(args.ray_address) if args.ray_address else []), *tool_overrides, *args.overrides],
             ),
             config_name=CPU_ENGINES[args.engine][0],
             model=args.model,
@@ -370,6 +399,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--steps", type=int, default=None, help="training steps (default: the model's, verl_offpolicy.demo.models)"
+    )
+    p.add_argument(
+        "--tool-latency",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the tool task's tool takes this long per call (tiny-tool models; default: no latency): a batch then "
+        "waits for its slowest trajectory",
+    )
+    p.add_argument(
+        "--tool-latency-spread",
+        default="fixed",
+        help="fixed (the default): every call takes --tool-latency; lognormal: a heavy-tailed draw with that median "
+        "(sigma 1)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="runs/cpu_demo", help="model, data, log, metrics and the reward-curve PNG")

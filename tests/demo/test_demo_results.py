@@ -85,6 +85,17 @@ def test_progress_line_of_verls_step_line():
     assert progress_line("INFO: nothing to see") is None
 
 
+def test_a_step_of_several_generation_rounds_says_so_on_its_console_line():
+    """DAPO's group filter regenerating for a batch (verl's console prints its rounds metric): the step's one
+    line says how many rounds; one round adds nothing."""
+    line = "(TaskRunnerV1 pid=7) step:4 - critic/score/mean:0.5 - offpolicy/filter_groups/gen_rounds:{}"
+    assert progress_line(line.format("np.float64(3.0)")) == (
+        "[cpu-demo] step 4: reward=0.5 (3 generation rounds: groups with one reward on every sample dropped and "
+        "regenerated)"
+    )
+    assert progress_line(line.format("1.0")) == "[cpu-demo] step 4: reward=0.5"
+
+
 def test_an_error_repeated_by_every_request_in_flight_is_shown_once():
     """A dead Ray actor fails each request in flight with the same error (ids and counts aside): one console line."""
     seen: set[str] = set()

@@ -365,6 +365,26 @@ def test_a_training_file_verl_cannot_use_is_named_with_its_row_and_column(cpu_ti
     )
 
 
+def test_a_training_file_verl_cannot_use_is_refused_on_gpu_configs_too(data_files):
+    """verl's stock config without the CPU overlay (a GPU cluster's command line): a file that is on this machine
+    is checked all the same."""
+    _refused(
+        [f"data.train_files={data_files['root'] / 'empty.parquet'}"],
+        f"data.train_files: {data_files['root']}/empty.parquet is empty (0 rows)",
+        config_name="ppo_trainer",
+        base=["+algorithm=opmd", *VALID_SIZES],
+    )
+
+
+def test_a_truncation_mode_verl_does_not_know_is_refused():
+    _refused(
+        ["data.truncation=bogus"],
+        "data.truncation='bogus' is not valid; allowed: error, left, right, middle",
+        config_name="ppo_trainer",
+        base=["+algorithm=opmd", *VALID_SIZES],
+    )
+
+
 def test_the_demos_data_files_pass(cpu_tiny, data_files):
     compose_and_check(
         "offpolicy_trainer",

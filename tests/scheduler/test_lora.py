@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import queued_at_start
+from tests.markers import needs_vllm
 from tests.scenario_runs import (
     PRIMARY_CONFIG,
     SMALL_DEMO,
@@ -29,7 +30,6 @@ from tests.scenario_runs import (
     check_stopped_before_training_on_a_wrong_version,
     checkpoint_of,
     dumped_batches,
-    needs_vllm,
     schedule,
     start_resumed,
 )

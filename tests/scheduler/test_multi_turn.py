@@ -134,7 +134,11 @@ def train_file(tmp_path):
     import pandas as pd
 
     def write(agent_name=None):
-        rows = {"prompt": [[{"role": "user", "content": "1+1"}]] * 2, "data_source": ["t"] * 2}
+        rows = {
+            "prompt": [[{"role": "user", "content": "1+1"}]] * 2,
+            "data_source": ["t"] * 2,
+            "reward_model": [{"style": "rule", "ground_truth": "2"}] * 2,
+        }
         if agent_name is not None:
             rows["agent_name"] = [agent_name] * 2
         path = tmp_path / f"train_{agent_name}.parquet"

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import queued_at_start
+from tests.markers import needs_vllm
 from tests.scenario_runs import (
     PRIMARY_CONFIG,
     SMALL_DEMO,
     STANDALONE,
     check_stopped_before_training_on_a_wrong_version,
     dumped_batches,
-    needs_vllm,
     schedule,
 )
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError, check_observed_version

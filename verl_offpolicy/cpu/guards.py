@@ -373,14 +373,6 @@ def check_models(cfg: DictConfig, need: Findings) -> None:
             )
 
 
-def check_data_files(cfg: DictConfig, need: Findings) -> None:
-    """The training and validation files on this machine: readable, not empty, the columns the task needs, text
-    prompts (:func:`verl_offpolicy.glue.data_files.data_file_problems`, naming the file, row and column)."""
-    from verl_offpolicy.glue.data_files import data_file_problems
-
-    need.extend(data_file_problems(cfg))
-
-
 def check_worker_env(cfg: DictConfig, need: Findings) -> None:
     """The variables every Ray worker needs (``CPU_ENV``), all of them strings."""
     for env_key, value in CPU_ENV.items():
@@ -590,7 +582,6 @@ CPU_RULES = (
     check_device,
     check_engines,
     check_models,
-    check_data_files,
     check_worker_env,
     check_ray_resources,
     check_micro_batch_sizes,

@@ -98,6 +98,7 @@ class DemoModel:
     overrides: tuple[str, ...] = ()
     # per preset, settings that fit this model's task (applied after the preset)
     task_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    tool_task: bool = False  # the tool task (demo/tool_task.py): its tool's latency can be set (--tool-latency)
 
 
 # AGRO's β on the repeat task (the presets' 0.1 suits GSM8K-style 0/1 rewards): the reward is spread
@@ -196,6 +197,7 @@ MODELS: dict[str, DemoModel] = {
         default_steps=80,  # train reward 0.879 over steps 71-80 (benchmarks/results/tool_task.md)
         default_timeout_s=lambda steps: 1200.0,
         overrides=_tool_task_overrides(),
+        tool_task=True,
     ),
     # the same with head_dim 32, for verl's vLLM rollout (`--rollout vllm`)
     "tiny-tool-h32": DemoModel(
@@ -206,6 +208,7 @@ MODELS: dict[str, DemoModel] = {
         default_steps=80,
         default_timeout_s=lambda steps: 1800.0,
         overrides=_tool_task_overrides(),
+        tool_task=True,
     ),
     "smollm2-135m": DemoModel(
         name="smollm2-135m",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from verl_offpolicy.demo.results import PROBS_DIFF_MAX, STEP_TIME, TRAIN_SCORE, validation_key
+from verl_offpolicy.glue.scheduler.metrics import FILTER_ROUNDS
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -119,6 +120,14 @@ STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - ")
 _ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception): |verl-offpolicy:")
 
 
+def _generation_rounds(value: Optional[str]) -> str:
+    """The step line's note when DAPO's group filter needed more than one generation round for the batch."""
+    rounds = float(_number(value)) if value is not None else 1.0
+    if rounds <= 1:
+        return ""
+    return f" ({rounds:g} generation rounds: groups with one reward on every sample dropped and regenerated)"
+
+
 def progress_line(line: str, seen_errors: Optional[set[str]] = None) -> Optional[str]:
     """A compact console line for verl's per-step console log, or None to stay quiet. With ``seen_errors``
     (the error lines shown so far, numbers and ids aside), an error line is shown once: a dead Ray actor fails
@@ -141,7 +150,7 @@ def progress_line(line: str, seen_errors: Optional[set[str]] = None) -> Optional
         shown = [f"{label}={_number(fields[k])}" for label, k in keys if k in fields]
         val_key = validation_key(fields)
         val = [f"val={_number(fields[val_key])}"] if val_key else []
-        return f"[cpu-demo] step {step}: " + " ".join(shown + val)
+        return f"[cpu-demo] step {step}: " + " ".join(shown + val) + _generation_rounds(fields.get(FILTER_ROUNDS))
     if "Warning" not in line and _ERROR_LINE.search(line):
         if seen_errors is not None:
             key = re.sub(r"[0-9a-f]{8,}|\d+", "#", line.strip())

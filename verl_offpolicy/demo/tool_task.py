@@ -18,6 +18,8 @@ construction (a stop token), and the template puts the reply right after it.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import random
 from pathlib import Path
@@ -41,6 +43,39 @@ ANSWER_SLOTS = 4  # the answer repeats the value: a dense reward, as the repeat 
 REPLY_WORDS = 3
 # The tool's config for verl (actor_rollout_ref.rollout.multi_turn.tool_config_path), shipped with the package.
 TOOL_CONFIG = str(Path(__file__).with_name("lookup_tool.yaml"))
+# The tool's latency (its config's keys): each call takes LATENCY_KEY seconds ("fixed") or a log-normal draw with
+# that median and σ = 1 ("lognormal": heavy-tailed, the mean is e^0.5 ≈ 1.65 times the median, one call in 20
+# takes over 5.2 times it), so that waiting for a batch's slowest trajectory costs time on the CPU path too.
+LATENCY_KEY = "latency_s"
+SPREAD_KEY = "latency_spread"
+SPREADS = ("fixed", "lognormal")
+
+
+def call_latency(median_s: float, spread: str, rng: random.Random) -> float:
+    """One call's seconds: ``median_s`` ("fixed"), or ``median_s · exp(z)``, z ~ N(0, 1) ("lognormal")."""
+    return median_s if spread == "fixed" else median_s * math.exp(rng.gauss(0.0, 1.0))
+
+
+def latency_setting(config: dict) -> tuple[float, str]:
+    """The tool config's ``(latency_s, latency_spread)``, or ``ValueError`` naming the key and what it takes."""
+    latency, spread = config.get(LATENCY_KEY, 0.0), config.get(SPREAD_KEY, "fixed")
+    if isinstance(latency, bool) or not isinstance(latency, int | float) or not (0 <= latency < math.inf):
+        raise ValueError(f"the {TOOL_NAME} tool's {LATENCY_KEY}={latency!r}: must be a number of seconds >= 0")
+    if spread not in SPREADS:
+        raise ValueError(f"the {TOOL_NAME} tool's {SPREAD_KEY}={spread!r}: allowed: {', '.join(SPREADS)}")
+    return float(latency), spread
+
+
+def write_tool_config(path: str | os.PathLike, latency_s: float, spread: str = "fixed") -> str:
+    """The shipped tool config with the tool's latency set, written to ``path`` (for
+    ``actor_rollout_ref.rollout.multi_turn.tool_config_path``); checked as the tool will check it."""
+    import yaml
+
+    latency_setting({LATENCY_KEY: latency_s, SPREAD_KEY: spread})
+    config = yaml.safe_load(Path(TOOL_CONFIG).read_text())
+    config["tools"][0]["config"].update({LATENCY_KEY: latency_s, SPREAD_KEY: spread})
+    Path(path).write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
 
 
 class LookupTool(BaseTool):
@@ -49,6 +84,8 @@ class LookupTool(BaseTool):
     def __init__(self, config: dict, tool_schema):
         super().__init__(config, tool_schema)
         self.values: dict[str, str] = {}
+        self.latency_s, self.spread = latency_setting(config)
+        self.rng = random.Random(0)  # the latency draws (they change when a reply arrives, not what it says)
 
     async def create(self, instance_id: Optional[str] = None, **kwargs) -> tuple[str, ToolResponse]:
         instance_id, response = await super().create(instance_id)
@@ -61,6 +98,8 @@ class LookupTool(BaseTool):
         return instance_id, response
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        if self.latency_s > 0:
+            await asyncio.sleep(call_latency(self.latency_s, self.spread, self.rng))
         return ToolResponse(text=" ".join([self.values[instance_id]] * REPLY_WORDS)), 0.0, {}
 
     async def release(self, instance_id: str, **kwargs) -> None:

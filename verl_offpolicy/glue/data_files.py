@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from verl_offpolicy.glue.knobs import OffPolicyConfigError
+
 DATA_KEYS = ("data.train_files", "data.val_files")
 FORMATS = (".parquet", ".json", ".jsonl")  # verl/utils/dataset/rl_dataset.py: RLHFDataset._read_files_and_tokenize
 REWARD_COLUMNS = ("data_source", "reward_model")
@@ -40,17 +42,24 @@ def _needs_reward_columns(cfg: Any) -> bool:
     return manager.get("source", "register") == "register"
 
 
-def _read(path: str):
-    """The file as a pyarrow table (parquet), or a list of row dicts (json, jsonl)."""
+def _read(path: str, prompt_key: str):
+    """``(rows, columns, data)``: a parquet file's row count and column names from its footer and, as a pyarrow
+    table, only its prompt column (a training set's other columns are not read); a json/jsonl file's rows as
+    dicts."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        return pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        columns = list(parquet.schema_arrow.names)
+        read = [prompt_key] if prompt_key in columns else []
+        return parquet.metadata.num_rows, columns, parquet.read(columns=read)
     with open(path, encoding="utf-8") as f:
         if path.endswith(".jsonl"):
-            return [json.loads(line) for line in f if line.strip()]
-        rows = json.load(f)
-        return rows if isinstance(rows, list) else [rows]
+            rows = [json.loads(line) for line in f if line.strip()]
+        else:
+            rows = json.load(f)
+            rows = rows if isinstance(rows, list) else [rows]
+    return len(rows), sorted({c for row in rows if isinstance(row, dict) for c in row}), rows
 
 
 def _not_text(value: Any) -> str | None:
@@ -68,9 +77,29 @@ def _not_text(value: Any) -> str | None:
     return None
 
 
+def _holds_bytes(arrow_type) -> bool:
+    """Whether values of ``arrow_type`` (a prompt column's type, nested or not) can hold bytes."""
+    import pyarrow as pa
+
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return True
+    if pa.types.is_struct(arrow_type):
+        return any(_holds_bytes(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return _holds_bytes(arrow_type.value_type)
+    return False
+
+
 def _column_values(table, column: str) -> tuple[list[Any], int | None, str | None]:
-    """A parquet column's values; or, when one does not decode (a string that is not UTF-8), the row and why."""
+    """A parquet column's values to check one by one (none when the column is valid UTF-8 text throughout, which
+    Arrow checks in one pass); or, when one does not decode (a string that is not UTF-8), the row and why."""
     values = table.column(column)
+    if not _holds_bytes(values.type):
+        try:
+            values.validate(full=True)  # every string of every chunk, nested ones too, is UTF-8
+            return [], None, None
+        except Exception:  # noqa: BLE001 - pyarrow's ArrowInvalid: find the row below
+            pass
     try:
         return values.to_pylist(), None, None
     except UnicodeDecodeError:
@@ -88,14 +117,12 @@ def file_problems(key: str, path: str, prompt_key: str, reward_columns: bool) ->
     if not path.endswith(FORMATS):
         return [f"{where} is not a file verl reads (allowed formats: {', '.join(FORMATS)})"]
     try:
-        data = _read(os.path.expanduser(path))
+        rows, columns, data = _read(os.path.expanduser(path), prompt_key)
     except Exception as exc:  # noqa: BLE001 - any failure to read is the answer, named
         return [f"{where} cannot be read ({type(exc).__name__}: {exc})"]
     is_table = not isinstance(data, list)
-    rows = data.num_rows if is_table else len(data)
     if rows == 0:
         return [f"{where} is empty (0 rows): verl would fail after Ray started"]
-    columns = list(data.column_names) if is_table else sorted({c for row in data if isinstance(row, dict) for c in row})
     needed = [prompt_key, *(REWARD_COLUMNS if reward_columns else ())]
     missing = [c for c in needed if c not in columns]
     if missing:
@@ -133,3 +160,14 @@ def data_file_problems(cfg: Any) -> list[str]:
             if os.path.isfile(local):
                 problems += file_problems(key, path, prompt_key, reward_columns)
     return problems
+
+
+def check_data_files(view) -> None:
+    """Every training and validation file on this machine is one verl can train on (:func:`data_file_problems`);
+    on every config, the CPU path's and a GPU cluster's: a file that is not here is left to verl."""
+    problems = data_file_problems(view.cfg)
+    if problems:
+        raise OffPolicyConfigError("; ".join(problems))
+
+
+RULES = (check_data_files,)

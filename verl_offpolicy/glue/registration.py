@@ -46,7 +46,11 @@ DEFERRED_REGISTRATIONS: dict[str, tuple[str, ...]] = {
         "verl_offpolicy.glue.scheduler.overlapped",
     ),
     "verl.workers.rollout": ("verl_offpolicy.cpu.registration:register_rollout",),
-    "verl.experimental.agent_loop": ("verl_offpolicy.cpu.agent_loop",),
+    # data.truncation on the agent loop's too-long prompts (every job); the CPU path's ordered agent loops.
+    "verl.experimental.agent_loop": (
+        "verl_offpolicy.glue.prompt_length:install_truncation_rule",
+        "verl_offpolicy.cpu.agent_loop",
+    ),
     # CPU path only (no-op unless VERL_PLATFORM=cpu): the reference model's offload must not pin memory; merged LoRA
     # weights reach the rollout in their own dtype; LoRA adapters start from a fixed seed.
     # m2po's whole-mini-batch pre-pass (runs only for loss_mode=m2po): verl_offpolicy.glue.algorithms.m2po.

@@ -15,7 +15,9 @@ loss) and runs each part's rule group, first error wins. Each rule lives with wh
 5. the math-verify reward's keyword arguments, ``RULES`` of :mod:`verl_offpolicy.rewards.math_verify_reward`;
 6. verl's multi-turn rollout (agent loop, tool-call format, tool config), ``RULES`` of
 :mod:`verl_offpolicy.glue.multi_turn`;
-7. verl's LoRA values (rank, alpha, ``lora.merge``), ``RULES`` of :mod:`verl_offpolicy.glue.lora`.
+7. verl's LoRA values (rank, alpha, ``lora.merge``), ``RULES`` of :mod:`verl_offpolicy.glue.lora`;
+8. ``data.truncation``, ``RULES`` of :mod:`verl_offpolicy.glue.prompt_length`;
+9. the training and validation files on this machine, ``RULES`` of :mod:`verl_offpolicy.glue.data_files`.
 
 It runs once in the driver, as a Hydra callback (:class:`verl_offpolicy.startup.StartupValidation`,
 installed by every preset and our primary configs) before ``verl.trainer.main_ppo`` starts Ray or any
@@ -59,7 +61,7 @@ def rule_groups() -> tuple[tuple, ...]:
     its adapters (the typed sections too are assembled from them), and a module that fails to import must
     surface as the registration error that names its cause, not as a failure to import this module.
     """
-    from verl_offpolicy.glue import algorithms, lora, multi_turn, preset_overrides, resolvers
+    from verl_offpolicy.glue import algorithms, data_files, lora, multi_turn, preset_overrides, prompt_length, resolvers
     from verl_offpolicy.glue.scheduler import checks as scheduler
     from verl_offpolicy.rewards import math_verify_reward
 
@@ -72,6 +74,8 @@ def rule_groups() -> tuple[tuple, ...]:
         math_verify_reward.RULES,
         multi_turn.RULES,
         lora.RULES,
+        prompt_length.RULES,
+        data_files.RULES,
     )
 
 
