@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from tests.scenario_runs import SCHEDULED_STEPS, opmd_overrides
+from tests.scenario_runs import SCHEDULED_STEPS, demo_command, opmd_overrides
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
 from verl_offpolicy.demo.results import read_metrics, training_metrics
 from verl_offpolicy.doctor import STORAGE_NODE_KEY
@@ -100,21 +100,7 @@ def run_on_cluster(out: Path, environ: dict[str, str]) -> ClusterRun:
             listening.update(_listening(cluster.processes() + [c for p in cluster.processes() for c in _children(p)]))
             time.sleep(1.0)
 
-    command = [
-        sys.executable,
-        "-m",
-        "verl_offpolicy.cli",
-        "demo",
-        "--preset",
-        "opmd",
-        "--steps",
-        str(STEPS),
-        "--output-dir",
-        str(out),
-        "--ray-address",
-        cluster.address,
-        *cluster_overrides(out),
-    ]
+    command = demo_command(out, STEPS, "--ray-address", cluster.address, *cluster_overrides(out))
     env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

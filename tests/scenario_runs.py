@@ -10,6 +10,7 @@ what the tests read back from a run's output (verl's rollout dumps, checkpoints)
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,25 @@ from typing import Any, Optional, Sequence
 
 from tests.jobs import SharedJob, SharedJobs
 from verl_offpolicy.demo.process import RAY_SUBDIR
+
+
+def demo_command(out: Path, steps: int, *args: str, preset: str = "opmd") -> list[str]:
+    """``python -m verl_offpolicy.cli demo`` as the end-to-end tests start it: ``preset``, ``steps`` training
+    steps into ``out``, then ``args`` (options and Hydra overrides)."""
+    return [
+        sys.executable,
+        "-m",
+        "verl_offpolicy.cli",
+        "demo",
+        "--preset",
+        preset,
+        "--steps",
+        str(steps),
+        "--output-dir",
+        str(out),
+        *args,
+    ]
+
 
 # Demo overrides of the end-to-end tests: no validation, 4 prompts x 4 samples per step (the demo's default is 8 x 16).
 NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]

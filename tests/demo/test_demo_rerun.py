@@ -22,14 +22,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.jobs import queued_at_start
-from tests.scenario_runs import SMALL_DEMO
+from tests.scenario_runs import SMALL_DEMO, demo_command
 from verl_offpolicy.demo.process import kill_process_tree, spawn
 from verl_offpolicy.demo.records import PART_NAME, RESTART_KEY
 from verl_offpolicy.demo.results import read_metrics, training_metrics
@@ -43,19 +42,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def _command(out: Path, steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "verl_offpolicy.cli",
-        "demo",
-        "--preset",
-        "opmd",
-        "--steps",
-        str(steps),
-        "--output-dir",
-        str(out),
-        *OVERRIDES,
-    ]
+    return demo_command(out, steps, *OVERRIDES)
 
 
 def _env(base: dict[str, str]) -> dict[str, str]:

@@ -15,7 +15,6 @@ one node, rollout replicas on the other).
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +23,17 @@ import pytest
 
 from tests.jobs import queued_at_start
 from tests.scenario_cluster import record_workers
-from tests.scenario_runs import PAIR, PAIR_RANKS, SMALL_DEMO, dumped_batches, opmd_run, opmd_timeout, ranks, schedule
+from tests.scenario_runs import (
+    PAIR,
+    PAIR_RANKS,
+    SMALL_DEMO,
+    demo_command,
+    dumped_batches,
+    opmd_run,
+    opmd_timeout,
+    ranks,
+    schedule,
+)
 from verl_offpolicy.demo.cluster import LocalCluster, NodeSpec, node_resource
 from verl_offpolicy.demo.results import read_metrics, training_metrics
 from verl_offpolicy.doctor import STORAGE_NODE_KEY
@@ -51,23 +60,15 @@ def _run_across_nodes(out: Path, environ: dict[str, str]):
             time.sleep(1.0)
 
     out.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "verl_offpolicy.cli",
-        "demo",
-        "--preset",
-        "opmd",
-        "--steps",
-        str(STEPS),
-        "--output-dir",
-        str(out),
+    command = demo_command(
+        out,
+        STEPS,
         "--ray-address",
         cluster.address,
         *ACROSS_NODES,
         f"trainer.rollout_data_dir={out / 'rollouts'}",
         f"+{STORAGE_NODE_KEY}={node_resource(0)}",
-    ]
+    )
     env = {**environ, **cluster.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

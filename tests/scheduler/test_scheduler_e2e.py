@@ -36,35 +36,11 @@ from tests.scenario_schedule import (
     VERL_OFF_POLICY,
     start_rec_s4d1,
 )
+from verl_offpolicy.glue.scheduler.metrics import ANCHOR_CORR_PREFIX, ANCHOR_CORR_STATS
 
 STEPS = SCHEDULED_STEPS
 # off-policy health (docs/scheduler.md): verl's rollout_corr/* suffixes under our prefix, on stale steps only
-ANCHOR_CORR = "offpolicy/anchor_corr/"
-ANCHOR_CORR_SUFFIXES = (
-    "kl",
-    "k3_kl",
-    "chi2_token",
-    "chi2_seq",
-    "training_ppl",
-    "training_log_ppl",
-    "rollout_ppl",
-    "rollout_log_ppl",
-    "log_ppl_diff",
-    "log_ppl_abs_diff",
-    "log_ppl_diff_max",
-    "log_ppl_diff_min",
-    "ppl_ratio",
-    "rollout_is_eff_sample_size",
-    "rollout_is_mean",
-    "rollout_is_std",
-    "rollout_is_max",
-    "rollout_is_min",
-    "rollout_is_seq_mean",
-    "rollout_is_seq_std",
-    "rollout_is_seq_max",
-    "rollout_is_seq_min",
-    "rollout_is_seq_max_deviation",
-)
+ANCHOR_CORR, ANCHOR_CORR_SUFFIXES = ANCHOR_CORR_PREFIX, ANCHOR_CORR_STATS
 REC_CLIPPED = "actor/offpolicy/rec/clipped_frac"
 TIMEOUT = SHARED_RUN_TIMEOUT
 SMALL = SMALL_DEMO  # 4 prompts x 4 samples per step (the demo's default is 8 x 16)
