@@ -314,6 +314,33 @@ def test_lora_values_are_refused_on_gpu_configs_too(overrides, fragment):
     _refused(overrides, fragment, config_name="ppo_trainer", base=["+algorithm=opmd", *VALID_SIZES])
 
 
+@pytest.mark.parametrize("case", ["target_modules", "adapter_folder"])
+def test_lora_files_on_this_machine_are_checked_on_gpu_configs_too(tiny_model, tmp_path, case):
+    """verl's stock config (a GPU cluster's command line) whose model folder is on this machine: target modules that
+    name no module of it, or an adapter folder without peft's config, are refused as on the CPU path."""
+    overrides = [f"{MODEL}.path={tiny_model['model_path']}", f"{MODEL}.lora_rank=8"]
+    if case == "target_modules":
+        overrides.append(f"{MODEL}.target_modules=[query,value]")
+        fragment = f"{MODEL}.target_modules=['query', 'value']: names no module of the model"
+    else:
+        overrides.append(f"{MODEL}.lora_adapter_path={tmp_path}")
+        fragment = f"{MODEL}.lora_adapter_path='{tmp_path}': is not a saved peft adapter (no adapter_config.json"
+    _refused(overrides, fragment, config_name="ppo_trainer", base=["+algorithm=opmd", *VALID_SIZES])
+
+
+def test_an_adapter_path_that_is_not_here_is_left_to_the_cluster_on_gpu_configs(tiny_model):
+    compose_and_check(
+        "ppo_trainer",
+        [
+            "+algorithm=opmd",
+            *VALID_SIZES,
+            f"{MODEL}.path={tiny_model['model_path']}",
+            f"{MODEL}.lora_rank=8",
+            f"{MODEL}.lora_adapter_path=/cluster/only/adapter",
+        ],
+    )
+
+
 def test_lora_values_that_train_pass(cpu_tiny):
     # the tiny Llama's attention projections are q_proj ... o_proj (peft matches a name's last part)
     compose_and_check(

@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl_offpolicy.cpu.engine_guards import (
     MEGATRON_STRATEGY,
@@ -252,10 +252,10 @@ MODEL = "actor_rollout_ref.model"
 
 
 def check_lora_values(cfg: DictConfig, need: Findings) -> None:
-    """LoRA's values that need this machine's files, with LoRA on: a ``lora_adapter_path`` that is a local adapter
-    folder (nothing is downloaded on the CPU path), and ``target_modules`` naming at least one module of the model
-    (matched by peft's own rule). The values that are pure config (rank, alpha, ``lora.merge``) are startup rules on
-    every machine: :mod:`verl_offpolicy.glue.lora`."""
+    """With LoRA on, a ``lora_adapter_path`` is a local adapter folder (nothing is downloaded on the CPU path).
+    What the files say where they are here (an adapter folder without its config, ``target_modules`` naming no
+    module of the model) and the values that are pure config are startup rules on every machine:
+    :mod:`verl_offpolicy.glue.lora`."""
     rank = select(cfg, f"{MODEL}.lora_rank", 0)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
         return
@@ -269,47 +269,6 @@ def check_lora_values(cfg: DictConfig, need: Findings) -> None:
             "must be a local folder holding a saved peft adapter (adapter_config.json; nothing is downloaded on the "
             "CPU path), or null to train a new adapter",
         )
-        return  # the saved adapter's own target modules apply
-    targets = select(cfg, f"{MODEL}.target_modules", "all-linear")
-    if OmegaConf.is_config(targets):
-        targets = OmegaConf.to_container(targets, resolve=True)
-    modules = model_module_names(select(cfg, f"{MODEL}.path"))
-    if modules is None or targets == "all-linear":
-        return
-    from peft import LoraConfig
-    from peft.tuners.tuners_utils import check_target_module_exists
-
-    try:
-        config = LoraConfig(r=rank, target_modules=targets, exclude_modules=select(cfg, f"{MODEL}.exclude_modules"))
-        matched = any(check_target_module_exists(config, name) for name in modules)
-    except (TypeError, ValueError) as exc:
-        need(f"{MODEL}.target_modules", False, targets, f"peft does not take it ({exc})")
-        return
-    leaves = sorted({name.rsplit(".", 1)[-1] for name, linear in modules.items() if linear})
-    need(
-        f"{MODEL}.target_modules",
-        matched,
-        targets,
-        f"names no module of the model at {MODEL}.path (peft would refuse it in the worker); its linear modules: "
-        f"{', '.join(leaves)}, or all-linear",
-    )
-
-
-def model_module_names(model_path) -> dict[str, bool] | None:
-    """The module names of the HF model folder ``model_path`` (built on the meta device: no weights are read), each
-    with whether it is a ``torch.nn.Linear``; None if the folder or its config cannot be read here."""
-    if not model_path or not os.path.isfile(os.path.join(os.path.expanduser(str(model_path)), "config.json")):
-        return None
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(str(model_path)))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception:  # noqa: BLE001 - a model this check cannot build is verl's to report
-        return None
-    return {name: isinstance(module, torch.nn.Linear) for name, module in model.named_modules() if name}
 
 
 def check_device(cfg: DictConfig, need: Findings) -> None:
