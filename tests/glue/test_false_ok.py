@@ -337,6 +337,7 @@ def test_an_adapter_path_that_is_not_here_is_left_to_the_cluster_on_gpu_configs(
             f"{MODEL}.path={tiny_model['model_path']}",
             f"{MODEL}.lora_rank=8",
             f"{MODEL}.lora_adapter_path=/cluster/only/adapter",
+            "actor_rollout_ref.rollout.name=vllm",  # verl's stock config leaves it to the script
         ],
     )
 
