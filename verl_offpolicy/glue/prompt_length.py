@@ -70,7 +70,7 @@ def _cap_by_truncation(original):
             _announced.add(mode)
             print(
                 f"verl-offpolicy: warning: prompts longer than {LIMIT_KEY}={limit} tokens are {mode}-truncated "
-                f"({TRUNCATION_KEY}={mode}; the first had {len(prompt_ids)} tokens; verl logs each one)",
+                f"({TRUNCATION_KEY}={mode}; the first had {len(prompt_ids)} tokens)",
                 file=sys.stderr,
                 flush=True,
             )
