@@ -15,7 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_offpolicy.core.token_versions import token_staleness, token_version_stats, version_contract_violation
+from verl_offpolicy.core.token_versions import (
+    token_staleness,
+    token_version_stats,
+    version_contract_violation,
+    versions_from_segments,
+)
 
 VERSIONS = torch.tensor([[4, 4, 5, 9], [5, 5, 5, 5], [0, 0, 0, 0]])
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
@@ -66,3 +71,16 @@ def test_one_version_throughout_is_the_batch_staleness():
 )
 def test_a_token_outside_the_contract_is_named(scheduled, trained, fragment):
     assert version_contract_violation(VERSIONS, MASK, scheduled, trained) == fragment
+
+
+def test_segments_are_laid_onto_the_masked_positions_in_order():
+    """Row 0: segments (4, 2), (5, 3) over mask 1 1 0 1 1 1 (a tool reply at position 2): versions 4 4 _ 5 5 5, the
+    last segment token cut by the response length; row 1: no masked token, all ``fill``."""
+    mask = torch.tensor([[1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+    versions = versions_from_segments([[(4, 2), (5, 3)], [(6, 4)]], mask, fill=-1)
+    assert versions.tolist() == [[4, 4, -1, 5, 5, -1], [-1] * 6]
+
+
+def test_a_masked_token_without_a_segment_is_an_error():
+    with pytest.raises(ValueError, match="response 0 has 3 response-mask tokens but its version segments"):
+        versions_from_segments([[(4, 2)]], torch.tensor([[1, 1, 1]]), fill=0)

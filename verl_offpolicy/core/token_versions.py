@@ -11,6 +11,10 @@ at version t − 1) and scheduled at version v(t):
 - a response spans versions when its tokens' versions are not all equal.
 
 Tokens outside the mask (padding, a tool's reply) carry no version that matters and are ignored.
+
+The rollout reports a response's versions as segments ``[(version, tokens), ...]``, one per generation call
+(a call ends at a turn's end or at a push that interrupted it), in the order the model's tokens were sampled;
+:func:`versions_from_segments` lays them onto the masked positions of the response.
 """
 
 from __future__ import annotations
@@ -19,6 +23,29 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+def versions_from_segments(segments: list[list[tuple[int, int]]], mask: Tensor, fill: int) -> Tensor:
+    """``versions`` [batch, response length]: row i's masked positions, in order, take the versions of its segments
+    expanded (version v repeated over its token count), the rest ``fill``. A response truncated to the response
+    length keeps the first masked tokens' versions; a row whose segments hold fewer tokens than its mask is an
+    error (a token without a version)."""
+    keep = mask.bool()
+    counts = keep.sum(dim=-1).tolist()
+    rows = []
+    for i, (row, needed) in enumerate(zip(segments, counts, strict=True)):
+        values = torch.tensor([int(v) for v, _ in row], dtype=torch.long)
+        repeats = torch.tensor([int(n) for _, n in row], dtype=torch.long)
+        expanded = torch.repeat_interleave(values, repeats)
+        if expanded.numel() < needed:
+            raise ValueError(
+                f"response {i} has {needed} response-mask tokens but its version segments {row} cover "
+                f"{expanded.numel()}: a token without a recorded version"
+            )
+        rows.append(expanded[:needed])
+    versions = torch.full(mask.shape, fill, dtype=torch.long)
+    versions[keep] = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+    return versions
 
 
 def token_staleness(versions: Tensor, trained_version: int) -> Tensor:

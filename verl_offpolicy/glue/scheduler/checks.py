@@ -298,6 +298,52 @@ def check_overlapped(view: ConfigView) -> None:
         )
 
 
+PARTIAL_ROLLOUT = "algorithm.offpolicy.partial_rollout"
+# verl 0.9.1's sglang server reports no weights version (extra_fields["global_steps"]): no per-token versions.
+UNVERSIONED_ROLLOUTS = ("sglang",)
+
+
+def check_partial_rollout(view: ConfigView) -> None:
+    """``algorithm.offpolicy.partial_rollout=true`` is the overlapped mode's: a push interrupts in-flight generation,
+    which needs something in flight (a rollout pool of its own), per-token versions from the rollout, and an anchor
+    that is one policy per token (``behaviour`` is one recomputation at one version)."""
+    if not view.offpolicy.partial_rollout:
+        return
+    if not _uses_scheduler(view):
+        raise OffPolicyConfigError(
+            f"{PARTIAL_ROLLOUT}=true is a mode of verl-offpolicy's overlapped scheduler (got trainer.use_v1="
+            f"{view.select('trainer.use_v1')}, trainer.v1.trainer_mode={view.trainer_mode}): set trainer.use_v1=true "
+            f"trainer.v1.trainer_mode={scheduler_trainer(False)} actor_rollout_ref.hybrid_engine=false, or "
+            f"{PARTIAL_ROLLOUT}=false"
+        )
+    if view.select("actor_rollout_ref.hybrid_engine", True):
+        raise OffPolicyConfigError(
+            f"{PARTIAL_ROLLOUT}=true interrupts generation that is in flight at a weight push, but the colocated mode "
+            "(actor_rollout_ref.hybrid_engine=true) generates only while the trainer waits, so nothing is in flight "
+            f"at a push: set actor_rollout_ref.hybrid_engine=false trainer.v1.trainer_mode={scheduler_trainer(False)} "
+            f"(the overlapped mode), or {PARTIAL_ROLLOUT}=false"
+        )
+    if view.offpolicy.ratio_anchor == BEHAVIOUR:
+        raise OffPolicyConfigError(
+            f"{PARTIAL_ROLLOUT}=true cannot use algorithm.offpolicy.ratio_anchor=behaviour: a response's tokens may "
+            "come from several versions, and behaviour is one recomputation at one version; set ratio_anchor=rollout "
+            "(each token's own engine log-prob, the policy that sampled it) or proximal"
+        )
+    if view.select("algorithm.filter_groups.enable", False):
+        raise OffPolicyConfigError(
+            f"{PARTIAL_ROLLOUT}=true with algorithm.filter_groups.enable=true is not supported: group filtering "
+            "tops a version's batches up before its push, which is the wait partial rollouts remove; set "
+            f"{PARTIAL_ROLLOUT}=false (the push waits for the drain) or algorithm.filter_groups.enable=false"
+        )
+    name = view.select("actor_rollout_ref.rollout.name")
+    if name in UNVERSIONED_ROLLOUTS:
+        raise OffPolicyConfigError(
+            f"{PARTIAL_ROLLOUT}=true records the weights version of every response token, but "
+            f"actor_rollout_ref.rollout.name={name} reports no version (verl's server returns no global_steps): use "
+            f"vllm (or hf on the CPU path), or {PARTIAL_ROLLOUT}=false"
+        )
+
+
 def check_checkpoint_backend(backend, custom_module) -> None:
     """The overlapped mode's weight transport is one verl's CheckpointEngineRegistry knows (once verl's engines and the
     configured ``custom_backend_module`` are imported). A backend whose engine module cannot be imported on this
@@ -592,6 +638,7 @@ RULES = (
     check_lora_disaggregated,
     check_scheduler_selected,
     check_scheduler_mode,
+    check_partial_rollout,
     check_overlapped,
     check_scheduler_features,
     check_filter_groups,

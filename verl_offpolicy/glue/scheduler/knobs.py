@@ -1,11 +1,12 @@
 """The scheduler's knobs under ``algorithm.offpolicy`` (:class:`~verl_offpolicy.glue.knobs.Knob`, assembled by
-:mod:`verl_offpolicy.glue.config`): the schedule (s, d) and the ratio anchor."""
+:mod:`verl_offpolicy.glue.config`): the schedule (s, d), the ratio anchor and partial
+rollouts."""
 
 from __future__ import annotations
 
 from verl_offpolicy.core.schedule import check_schedule
 from verl_offpolicy.glue.family import Family
-from verl_offpolicy.glue.knobs import Knob
+from verl_offpolicy.glue.knobs import Knob, boolean
 
 # algorithm.offpolicy.ratio_anchor, what old_log_prob means in the loss (docs/scheduler.md, "The ratio anchor"):
 BEHAVIOUR = "behaviour"  # the training engine's log-probs at the weights that generated the batch
@@ -36,6 +37,14 @@ OFFPOLICY_KNOBS = (
         "What old_log_prob means in the loss: behaviour (training engine at the generating weights), rollout "
         "(inference engine log-probs), proximal (verl's default, recomputed each step).",
         choices=RATIO_ANCHORS,
+    ),
+    Knob(
+        "partial_rollout",
+        False,
+        "Overlapped mode only: a weight push interrupts in-flight generation, which resumes under the new weights "
+        "(every response token records the version that sampled it); false: a push waits for the drain.",
+        check=boolean,
+        variant=False,
     ),
 )
 

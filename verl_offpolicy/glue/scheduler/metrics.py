@@ -53,6 +53,11 @@ VALIDATION_PUSHES = (
 ROLLOUT_BUSY_FRACTION = "offpolicy/rollout_busy_fraction"
 OBSERVED_VERSION_MIN = "offpolicy/observed_version/min"  # the versions the rollout reported for the trained batch
 OBSERVED_VERSION_MAX = "offpolicy/observed_version/max"
+# Partial rollouts (algorithm.offpolicy.partial_rollout): the versions that sampled the trained batch's tokens.
+TOKEN_VERSION = "offpolicy/token_version"  # /min, /max, /mean over response tokens
+TOKEN_STALENESS = "offpolicy/token_staleness"  # /mean, /max: (t − 1) − the token's version
+SPANNING_FRACTION = "offpolicy/token_version/spanning_fraction"  # of responses whose tokens span versions
+TOKENS_AT_OFFSET = "offpolicy/token_version/tokens_at_offset_"  # + k: tokens sampled k versions after v(t)
 
 # DAPO group filtering (algorithm.filter_groups, glue/scheduler/filtering.py), logged at the step that trains the
 # batch: verl's names for what was filtered (verl counts prompt groups as "samples"), ours for the rounds.
@@ -133,6 +138,25 @@ def filter_metrics(generated: int, dropped: int, surplus: int, rounds: int, drop
         from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
 
         metrics[DAPO_FILTERED_REWARD_COUNTS_KEY] = dict(dropped_values)
+    return metrics
+
+
+def token_version_metrics(stats, scheduled: int) -> dict[str, float]:
+    """The per-token provenance of a trained batch (a :class:`~verl_offpolicy.core.token_versions.TokenVersionStats`,
+    None when it has no response token) scheduled at version ``scheduled``; the tokens per version are named by their
+    offset from ``scheduled`` (at most the schedule's staleness bound), so a run logs a fixed set of names."""
+    if stats is None:
+        return {}
+    metrics = {
+        f"{TOKEN_VERSION}/min": float(stats.version_min),
+        f"{TOKEN_VERSION}/max": float(stats.version_max),
+        f"{TOKEN_VERSION}/mean": stats.version_mean,
+        f"{TOKEN_STALENESS}/mean": stats.staleness_mean,
+        f"{TOKEN_STALENESS}/max": float(stats.staleness_max),
+        SPANNING_FRACTION: stats.spanning_fraction,
+    }
+    for version, tokens in stats.tokens_per_version.items():
+        metrics[f"{TOKENS_AT_OFFSET}{version - scheduled}"] = float(tokens)
     return metrics
 
 

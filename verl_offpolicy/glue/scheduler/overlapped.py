@@ -52,6 +52,7 @@ from verl_offpolicy.glue.scheduler.metrics import (
     WAIT_S,
     WEIGHT_PUSHES,
 )
+from verl_offpolicy.glue.scheduler.partial import VersionedClient
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
@@ -105,7 +106,8 @@ class OverlappedTrainer(OffPolicyTrainer):
         self.standalone = StandaloneRollout(self.config, self.actor_rollout_wg)
 
     def get_llm_client(self):
-        return self.standalone.client()
+        # partial rollouts: verl's resuming client, recording each token's version (:mod:`.partial`)
+        return self.standalone.client(VersionedClient if self.offpolicy.partial_rollout else None)
 
     def _rollout_server_managers(self) -> list:
         managers = super()._rollout_server_managers()
@@ -118,6 +120,9 @@ class OverlappedTrainer(OffPolicyTrainer):
         self.dispatch = BackgroundDispatch(agent_loop_manager)
         return super().fit(self.dispatch)
 
+    def _held_versions(self) -> set[int]:
+        return self.standalone.held
+
     def _raise_dispatch_failures(self) -> None:
         if self.dispatch is not None:
             self.dispatch.raise_failures()
@@ -125,6 +130,9 @@ class OverlappedTrainer(OffPolicyTrainer):
     # ------------------------------------------------------------------ hooks
 
     def on_init_end(self):
+        if self.global_steps > 0:
+            # resumed: the queued batches were generated before the checkpoint, by versions up to the step it saved
+            self.standalone.held.update(range(self.global_steps))
         self.standalone.push(self.global_steps)
 
     def on_train_begin(self):
@@ -134,7 +142,8 @@ class OverlappedTrainer(OffPolicyTrainer):
         if not self._generates_after(self.global_steps):
             return
         with marked_timer("update_weights", self.timing_raw, color="red"):
-            sync_wait = self._wait_in_flight()  # nothing of the previous version in flight: nothing aborted
+            # nothing of the previous version in flight (nothing aborted), unless partial rollouts interrupt it
+            sync_wait = 0.0 if self.offpolicy.partial_rollout else self._wait_in_flight()
             metrics = self.standalone.push(self.global_steps)
         self._submit(self.global_steps)
         self._pending_sync_metrics = {**metrics, SYNC_WAIT_S: sync_wait}
@@ -143,7 +152,8 @@ class OverlappedTrainer(OffPolicyTrainer):
         if self.standalone.version == self.global_steps:  # a version's first step, or validation before training
             return
         with marked_timer("update_weights", self.timing_raw, color="red"):
-            self._wait_in_flight()  # the rollout's version generated all its batches: none sees the new weights
+            if not self.offpolicy.partial_rollout:
+                self._wait_in_flight()  # the rollout's version generated all its batches: none sees the new weights
             self.standalone.push(self.global_steps, for_validation=True)
 
     def _save_checkpoint(self):

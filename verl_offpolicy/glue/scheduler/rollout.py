@@ -90,13 +90,15 @@ class StandaloneRollout:
             config=ce_config, actor_wg=actor_wg, replicas=self.server_manager.get_replicas()
         )
         self.version: int | None = None  # the version last pushed
+        self.held: set[int] = set()  # every version pushed (what a token may have been sampled by)
         self.pushes = 0  # the schedule's pushes, one per generating version
         self.validation_pushes = 0  # pushes of a step's weights for verl's validation (between scheduled versions)
         self._busy_s = self._read_busy_s()
         self._busy_at = time.perf_counter()
 
-    def client(self):
-        return self.server_manager.get_client()
+    def client(self, client_cls=None):
+        """verl's client of the replicas (``client_cls``: verl's default when None)."""
+        return self.server_manager.get_client(client_cls=client_cls)
 
     def push(self, version: int, *, for_validation: bool = False) -> dict:
         """Push the trainer's current weights, tagged ``version``, to every replica (once per version); counted
@@ -105,6 +107,7 @@ class StandaloneRollout:
             raise ObservedVersionError(f"offpolicy scheduler: version {version} pushed twice")
         metrics = self.checkpoint_manager.update_weights(push_label(version)) or {}
         self.version = version
+        self.held.add(version)
         if for_validation:
             self.validation_pushes += 1
         else:

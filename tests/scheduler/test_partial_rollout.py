@@ -1,0 +1,227 @@
+"""Partial rollouts (``algorithm.offpolicy.partial_rollout=true``, :mod:`verl_offpolicy.glue.scheduler.partial`).
+
+Fast tier: the client's version segments across an interrupted call and across turns (verl's real resume loop,
+``FullyAsyncLLMServerClient``, over a scripted server call), the per-token check and its negative controls, and the
+startup rules. End to end (e2e): the tool task with a tool latency at (2, 1) in the overlapped mode, where a push
+falls between a trajectory's turns: per-token versions within the contract on every step and trajectories that
+span versions; and the same run with its pushes tagged one version ahead stops at its first step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+from tests.hydra_utils import VALID_SIZES, compose_main_ppo
+from tests.jobs import queued_at_start
+from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
+from tests.scenario_schedule import OVERLAPPED
+from verl_offpolicy.glue.scheduler.partial import TOKEN_VERSIONS, VersionedClient, check_token_versions
+from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError
+from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
+
+# ------------------------------------------------------------------------------ the client's segments
+
+
+def _scripted(monkeypatch, script):
+    """The base client's server call replaced by ``script`` (request id -> outputs, one per call): the only stand-in
+    here, for the Ray actor of a rollout server; verl's resume loop above it is real."""
+    calls = {key: list(outputs) for key, outputs in script.items()}
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        version, tokens, stop = calls[request_id].pop(0)
+        return TokenOutput(
+            token_ids=list(range(tokens)), log_probs=[-1.0] * tokens, stop_reason=stop,
+            extra_fields={"global_steps": version},
+        )  # fmt: skip
+
+    monkeypatch.setattr(LLMServerClient, "generate", generate)
+    monkeypatch.setattr(asyncio, "sleep", _no_sleep)  # verl's loop waits 1 s before resending an aborted request
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _no_sleep(seconds, *args):
+    await _real_sleep(0)
+
+
+def _client():
+    client = VersionedClient.__new__(VersionedClient)  # no load balancer: the server call is scripted
+    client.config = None  # verl's loop then reads no response length, and resumes (no async_training section)
+    return client
+
+
+def test_an_interrupted_call_and_a_later_turn_record_their_versions(monkeypatch):
+    """Trajectory a: turn 1 is cut by a push after 3 tokens at version 0 and resumed for 2 at version 1; turn 2 (after
+    the tool) samples 4 at version 1. Trajectory b, in its own task: 5 tokens at version 1. Hand-derived segments:
+    a [[0, 3], [1, 6]], b [[1, 5]]; turn 1's output carries the same list, so the agent loop's kept extra_fields see
+    turn 2."""
+    _scripted(monkeypatch, {"a": [(0, 3, "aborted"), (1, 2, "stop"), (1, 4, "stop")], "b": [(1, 5, "stop")]})
+    client = _client()
+
+    async def trajectory(request_id, turns):
+        outputs = [await client.generate(request_id=request_id, prompt_ids=[1], sampling_params={}) for _ in turns]
+        return outputs
+
+    async def main():
+        return await asyncio.gather(trajectory("a", [1, 2]), trajectory("b", [1]))
+
+    (a1, a2), (b1,) = asyncio.run(main())
+    assert a1.token_ids == [0, 1, 2, 0, 1]  # verl's loop merged the interrupted call
+    assert a1.extra_fields[TOKEN_VERSIONS] == [[0, 3], [1, 6]]
+    assert a2.extra_fields[TOKEN_VERSIONS] is a1.extra_fields[TOKEN_VERSIONS]
+    assert b1.extra_fields[TOKEN_VERSIONS] == [[1, 5]]
+    assert (a1.extra_fields["min_global_steps"], a1.extra_fields["max_global_steps"]) == (0, 1)
+
+
+# ------------------------------------------------------------------------------ the per-token check
+
+# Step 5 (the trainer's weights at version 4) trains a batch scheduled at version 2; the rollout held 0, 2 and 4.
+HELD = {0, 2, 4}
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+
+
+def _fields(*rows):
+    return [{TOKEN_VERSIONS: [list(s) for s in row]} for row in rows]
+
+
+def test_a_batch_within_the_contract_gives_its_statistics():
+    """Row 0: 2 tokens at 2, then 4 (its segments hold 4 tokens; the mask keeps 3); row 1: 2 tokens at 4.
+    Versions 2, 2, 4, 4, 4: mean 16/5, staleness 4 − v: 2, 2, 0, 0, 0 (mean 4/5, max 2); row 0 spans."""
+    stats = check_token_versions(5, 2, HELD, _fields([(2, 2), (4, 2)], [(4, 2)]), MASK)
+    assert (stats.version_min, stats.version_max, stats.tokens) == (2, 4, 5)
+    assert stats.version_mean == pytest.approx(16 / 5)
+    assert stats.staleness_mean == pytest.approx(4 / 5) and stats.staleness_max == 2
+    assert stats.spanning_fraction == 0.5
+    assert stats.tokens_per_version == {2: 2, 4: 3}
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (([(2, 3)], [(3, 2)]), r"tagged with versions \[3\] that the rollout never held"),
+        (([(0, 3)], [(2, 2)]), "older than the batch's scheduled version 2"),
+        (([(2, 1)], [(2, 2)]), "has 3 response-mask tokens but its version segments"),
+    ],
+    ids=["a version never pushed", "a token older than its batch", "a token without a version"],
+)
+def test_negative_control_a_token_off_its_version_stops_the_run(rows, message):
+    with pytest.raises(ObservedVersionError, match=message):
+        check_token_versions(5, 2, HELD, _fields(*rows), MASK)
+
+
+def test_a_token_newer_than_the_trainers_weights_stops_the_run():
+    with pytest.raises(ObservedVersionError, match=r"newer than the trainer's weights \(version 3\)"):
+        check_token_versions(4, 2, HELD, _fields([(2, 3)], [(4, 2)]), MASK)
+
+
+def test_a_trajectory_without_versions_names_the_agent_loop():
+    with pytest.raises(ObservedVersionError, match="carries no per-token versions"):
+        check_token_versions(5, 2, HELD, [{}, {}], MASK)
+
+
+# ------------------------------------------------------------------------------ startup rules
+
+PARTIAL = "algorithm.offpolicy.partial_rollout=true"
+
+
+def _validate(extra, preset="opmd"):
+    validate_offpolicy_config(compose_main_ppo("ppo_trainer", [f"+algorithm={preset}", *VALID_SIZES, *extra]))
+
+
+@pytest.mark.slow
+def test_partial_rollouts_are_the_overlapped_modes():
+    _validate(OVERLAPPED + [PARTIAL, "algorithm.offpolicy.sync_offset=1"])
+    refused = {
+        "the colocated mode": ([PARTIAL, "algorithm.offpolicy.sync_offset=1"], "nothing is in flight at a push"),
+        "verl's own trainer": ([PARTIAL, "trainer.use_v1=false"], "is a mode of verl-offpolicy's overlapped scheduler"),
+        "the behaviour anchor": (
+            OVERLAPPED + [PARTIAL, "algorithm.offpolicy.ratio_anchor=behaviour"],
+            "cannot use algorithm.offpolicy.ratio_anchor=behaviour",
+        ),
+        "group filtering": (
+            OVERLAPPED + [PARTIAL, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward"],
+            "with algorithm.filter_groups.enable=true is not supported",
+        ),
+        "sglang": (OVERLAPPED + [PARTIAL, "actor_rollout_ref.rollout.name=sglang"], "reports no version"),
+        "not a boolean": (OVERLAPPED + ["algorithm.offpolicy.partial_rollout=sometimes"], "must be true or false"),
+    }
+    for what, (extra, message) in refused.items():
+        with pytest.raises((OffPolicyConfigError, ValueError), match=message):
+            _validate(extra)
+            pytest.fail(f"{what} was accepted")
+
+
+# ------------------------------------------------------------------------------ end to end
+
+SETTING, STEPS, TIMEOUT = (2, 1), 4, 900
+TOOL_LATENCY_S = 1.5  # the tool's reply takes longer than a step: a push falls between a trajectory's turns
+
+
+def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS):
+    from verl_offpolicy.demo.tool_task import write_tool_config
+
+    folder = demo_runs.tmp_dir("partial_tool_config")
+    tool_config = write_tool_config(folder / "lookup_tool.yaml", TOOL_LATENCY_S)
+    overrides = SMALL_DEMO + schedule(*SETTING) + STANDALONE + [
+        PARTIAL,
+        "algorithm.offpolicy.ratio_anchor=rollout",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+    ]  # fmt: skip
+    return demo_runs.start("opmd", steps, overrides, PRIMARY_CONFIG, TIMEOUT, name=name, env=env, model="tiny-tool")
+
+
+@queued_at_start()
+def partial_tool_run(demo_runs):
+    return _partial_tool_run(demo_runs)
+
+
+@queued_at_start()
+def wrong_version_partial_run(demo_runs):
+    return _partial_tool_run(demo_runs, env={PUSH_VERSION_FAULT_ENV: "1"}, name="partial_wrong_version", steps=2)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_partial_tool_run_keeps_every_token_within_its_batchs_versions(partial_tool_run):
+    """(2, 1): v(t) = 0, 0, 0, 2 (docs/scheduler.md). Every step's tokens lie in [v(t), t − 1] (the run checks each
+    token and would stop otherwise; here the logged range is read back), the push does not wait, and at least one
+    step trains trajectories that span versions (a push between turns: the tool takes longer than a step)."""
+    result = partial_tool_run.result()
+    scheduled = {1: 0, 2: 0, 3: 0, 4: 2}
+    spanning = []
+    for row in result.metrics:
+        step = row["step"]
+        low, high = row["offpolicy/token_version/min"], row["offpolicy/token_version/max"]
+        assert scheduled[step] <= low <= high <= step - 1, (step, low, high)
+        assert row["offpolicy/token_staleness/max"] == (step - 1) - low
+        per_version = {k: v for k, v in row.items() if k.startswith("offpolicy/token_version/tokens_at_offset_")}
+        assert sum(per_version.values()) > 0
+        if "offpolicy/sync_wait_s" in row:
+            assert row["offpolicy/sync_wait_s"] == 0.0
+        spanning.append(row["offpolicy/token_version/spanning_fraction"])
+        if row["offpolicy/token_version/spanning_fraction"] > 0:
+            assert high > low
+            assert row["training/off_policy/trajectory_spans/max"] >= 2  # verl's own count agrees
+    assert [row["step"] for row in result.metrics] == [1, 2, 3, 4]
+    assert max(spanning) > 0, spanning
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_negative_control_a_partial_run_with_mislabelled_pushes_stops(wrong_version_partial_run):
+    """The pushes are tagged one version ahead: step 1's tokens carry version 1, which was never pushed."""
+    from verl_offpolicy.demo.errors import DemoError
+
+    with pytest.raises(DemoError):
+        wrong_version_partial_run.result()
+    log = (wrong_version_partial_run.output_dir / "train.log").read_text(errors="replace")
+    assert "of step 1 has tokens tagged with versions [1] that the rollout never held" in log, log[-3000:]
+    assert "step:1 - " not in log
