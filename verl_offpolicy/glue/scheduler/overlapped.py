@@ -19,16 +19,20 @@ hook (verl PPOTrainer) what happens to the rollout
                       version (the version the rollout holds) first
 ``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
                       request is aborted or resumed under new weights) and its batches are filtered and topped
-                      up, push version t, submit its batches
+                      up, push version t, submit its batches; with ``algorithm.offpolicy.partial_rollout`` the
+                      push does not wait: verl's manager aborts the in-flight requests and resumes them under
+                      the new weights, each token's version recorded (:mod:`.partial`)
 ``on_validate_begin``  verl validates after ``on_step_end``: if the rollout holds an older version than the step
-                      just trained, wait until nothing is in flight (every batch of its version is generated),
-                      then push this step's weights, so validation sees the weights the colocated mode's does
+                      just trained, wait until nothing is in flight (every batch of its version is generated;
+                      not with partial rollouts), then push this step's weights, so validation sees the weights
+                      the colocated mode's does
 ``_save_checkpoint``  wait until nothing is in flight, then save (the FIFO is checkpointed finished)
 ====================  =====================================================================================
 
 ``ratio_anchor=behaviour`` is rejected in this mode at startup (the trainer has moved past the generating
 weights when a batch arrives); ``rollout`` is the behaviour policy's own log-probs here, since every
-batch is generated entirely at one version (checked: ``offpolicy/observed_version``).
+batch is generated entirely at one version (checked: ``offpolicy/observed_version``), or, with partial rollouts,
+each token's own engine log-prob at the version that sampled it (checked per token).
 """
 
 from __future__ import annotations
