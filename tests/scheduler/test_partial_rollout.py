@@ -4,7 +4,8 @@ Fast tier: the client's version segments across an interrupted call and across t
 ``FullyAsyncLLMServerClient``, over a scripted server call), the per-token check and its negative controls, and the
 startup rules. End to end (e2e): the tool task with a tool latency at (2, 1) in the overlapped mode, where a push
 falls between a trajectory's turns: per-token versions within the contract on every step and trajectories that
-span versions; and the same run with its pushes tagged one version ahead stops at its first step.
+span versions (on verl's vLLM rollout too, ``-m extended``); and the same run with its pushes tagged one version
+ahead stops at its first step.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.jobs import queued_at_start
+from tests.markers import needs_vllm
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
 from tests.scenario_schedule import OVERLAPPED
 from verl_offpolicy.glue.scheduler.partial import TOKEN_VERSIONS, VersionedClient, check_token_versions
@@ -163,22 +165,33 @@ SETTING, STEPS, TIMEOUT = (2, 1), 4, 900
 TOOL_LATENCY_S = 1.5  # the tool's reply takes longer than a step: a push falls between a trajectory's turns
 
 
-def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS):
+# The rollouts a partial run is verified on: overlay and model (vLLM's CPU attention needs head_dim >= 32).
+ROLLOUTS = {"hf": (STANDALONE, "tiny-tool"), "vllm": (["+cpu_rollout=[vllm,standalone]"], "tiny-tool-h32")}
+
+
+def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS, rollout="hf"):
     from verl_offpolicy.demo.tool_task import write_tool_config
 
     folder = demo_runs.tmp_dir("partial_tool_config")
     tool_config = write_tool_config(folder / "lookup_tool.yaml", TOOL_LATENCY_S)
-    overrides = SMALL_DEMO + schedule(*SETTING) + STANDALONE + [
+    overlay, model = ROLLOUTS[rollout]
+    overrides = SMALL_DEMO + schedule(*SETTING) + overlay + [
         PARTIAL,
         "algorithm.offpolicy.ratio_anchor=rollout",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
     ]  # fmt: skip
-    return demo_runs.start("opmd", steps, overrides, PRIMARY_CONFIG, TIMEOUT, name=name, env=env, model="tiny-tool")
+    timeout = TIMEOUT * (2 if rollout == "vllm" else 1)
+    return demo_runs.start("opmd", steps, overrides, PRIMARY_CONFIG, timeout, name=name, env=env, model=model)
 
 
 @queued_at_start()
 def partial_tool_run(demo_runs):
     return _partial_tool_run(demo_runs)
+
+
+@queued_at_start()
+def vllm_partial_tool_run(demo_runs):
+    return _partial_tool_run(demo_runs, name="partial_tool_vllm", rollout="vllm")
 
 
 @queued_at_start()
@@ -193,7 +206,21 @@ def test_a_partial_tool_run_keeps_every_token_within_its_batchs_versions(partial
     """(2, 1): v(t) = 0, 0, 0, 2 (docs/scheduler.md). Every step's tokens lie in [v(t), t − 1] (the run checks each
     token and would stop otherwise; here the logged range is read back), the push does not wait, and at least one
     step trains trajectories that span versions (a push between turns: the tool takes longer than a step)."""
-    result = partial_tool_run.result()
+    _check_partial_run(partial_tool_run.result())
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(3600)
+@needs_vllm
+def test_a_partial_tool_run_on_verls_vllm_rollout_keeps_every_token_within_its_batchs_versions(vllm_partial_tool_run):
+    """The same run on verl's vLLM rollout (its own pool): verl aborts and resumes vLLM's requests at each push, and
+    vLLM tags every call with its weights version."""
+    _check_partial_run(vllm_partial_tool_run.result())
+
+
+def _check_partial_run(result) -> None:
     scheduled = {1: 0, 2: 0, 3: 0, 4: 2}
     spanning = []
     for row in result.metrics:
