@@ -49,14 +49,17 @@ from verl_offpolicy.glue.scheduler import store
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.metrics import (
     GENERATED_BATCHES,
+    OBSERVED_VERSION_MAX,
+    OBSERVED_VERSION_MIN,
     ROLLOUT_BUSY_FRACTION,
     ROLLOUT_CALLS,
     SYNC_WAIT_S,
     VALIDATION_PUSHES,
     WAIT_S,
     WEIGHT_PUSHES,
+    token_version_metrics,
 )
-from verl_offpolicy.glue.scheduler.partial import VersionedClient
+from verl_offpolicy.glue.scheduler.partial import VersionedClient, check_token_versions
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
@@ -124,9 +127,6 @@ class OverlappedTrainer(OffPolicyTrainer):
         self.dispatch = BackgroundDispatch(agent_loop_manager)
         return super().fit(self.dispatch)
 
-    def _held_versions(self) -> set[int]:
-        return self.standalone.held
-
     def _raise_dispatch_failures(self) -> None:
         if self.dispatch is not None:
             self.dispatch.raise_failures()
@@ -165,6 +165,22 @@ class OverlappedTrainer(OffPolicyTrainer):
         # never regenerates a batch under other weights (verl would re-issue in-flight prompts).
         self._wait_in_flight()
         super()._save_checkpoint()
+
+    def _observed_version_metrics(self, entry: QueuedBatch) -> dict:
+        """Partial rollouts: every response token's version, checked per token (:func:`.partial.check_token_versions`)
+        against the versions pushed, and its statistics; otherwise the trajectories' versions (the base's check)."""
+        if not self.offpolicy.partial_rollout:
+            return super()._observed_version_metrics(entry)
+        data = store.read(list(self._trajectories(entry)), ["extra_fields", "response_mask"])
+        extra_fields = data.pop("extra_fields").tolist()
+        mask = data.to_padded_tensor()["response_mask"]
+        stats = check_token_versions(entry.step, entry.version, self.standalone.held, extra_fields, mask)
+        metrics = token_version_metrics(stats, entry.version)
+        if stats is not None:
+            metrics.update(
+                {OBSERVED_VERSION_MIN: float(stats.version_min), OBSERVED_VERSION_MAX: float(stats.version_max)}
+            )
+        return metrics
 
     # ------------------------------------------------------------------ submission and waiting
 

@@ -64,9 +64,7 @@ from verl_offpolicy.glue.scheduler.metrics import (
     engine_mismatch_pair,
     filter_metrics,
     queue_metrics,
-    token_version_metrics,
 )
-from verl_offpolicy.glue.scheduler.partial import check_token_versions
 from verl_offpolicy.glue.scheduler.rollout import check_observed_version
 from verl_offpolicy.glue.scheduler.store import TRAIN, KVBatchMeta
 from verl_offpolicy.glue.validation import validate_offpolicy_config
@@ -225,14 +223,16 @@ class OffPolicyTrainer(PPOTrainer):
     def _queued_steps(self) -> set[int]:
         return {b.step for b in self.replay_buffer.batches}
 
+    @staticmethod
+    def _trajectories(entry: QueuedBatch) -> dict[str, dict]:
+        """The trajectories of a queued batch in TransferQueue: key -> tags."""
+        uids = set(entry.uids)
+        items = store.tags()
+        return {k: t for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids}
+
     def _observed_version_metrics(self, entry: QueuedBatch) -> dict:
         """The version the rollout reports for the head batch's trajectories, checked against the schedule."""
-        items = store.tags()
-        uids = set(entry.uids)
-        trajectories = {k: t for k, t in items.items() if not t.get("is_prompt", False) and k.split("_")[0] in uids}
-        if self.offpolicy.partial_rollout:
-            return self._token_version_metrics(entry, list(trajectories))
-        tags = list(trajectories.values())
+        tags = list(self._trajectories(entry).values())
         observed = check_observed_version(entry.step, entry.version, tags)
         if observed is None:
             if not self._warned_unobserved:
@@ -245,24 +245,6 @@ class OffPolicyTrainer(PPOTrainer):
             return {}
         low, high = observed
         return {OBSERVED_VERSION_MAX: float(high), OBSERVED_VERSION_MIN: float(low)}
-
-    def _held_versions(self) -> set[int]:
-        """The versions the rollout held so far (partial rollouts: what a token may have been sampled by)."""
-        raise NotImplementedError
-
-    def _token_version_metrics(self, entry: QueuedBatch, keys: list[str]) -> dict:
-        """Partial rollouts: every response token's version, checked per token (:func:`.partial.check_token_versions`),
-        and its statistics."""
-        data = store.read(keys, ["extra_fields", "response_mask"])
-        extra_fields = data.pop("extra_fields").tolist()
-        mask = data.to_padded_tensor()["response_mask"]
-        stats = check_token_versions(entry.step, entry.version, self._held_versions(), extra_fields, mask)
-        metrics = token_version_metrics(stats, entry.version)
-        if stats is not None:
-            metrics.update(
-                {OBSERVED_VERSION_MIN: float(stats.version_min), OBSERVED_VERSION_MAX: float(stats.version_max)}
-            )
-        return metrics
 
     # ------------------------------------------------------------------ sampler and checkpoint
 
