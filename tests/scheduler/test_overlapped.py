@@ -439,6 +439,88 @@ def test_a_failed_sample_releases_its_turn():
     asyncio.run(main())
 
 
+def test_a_sample_away_at_its_tool_lets_the_next_priority_start_and_comes_back_on_its_turn():
+    """A tool call (:meth:`PriorityGate.away`) gives the sample's turn up while the tool runs: step 2's sample
+    starts at once; step 1's comes back without waiting (nothing lower is in flight), while step 2's second
+    sample, back from its own tool while step 1 runs, waits until step 1 has ended."""
+    import asyncio
+
+    from verl_offpolicy.cpu.agent_loop import PriorityGate
+
+    events: list[str] = []
+
+    async def main():
+        gate = PriorityGate()
+        tool_1, tool_2 = asyncio.Event(), asyncio.Event()
+
+        async def step_1():
+            await gate.hold(1)
+            events.append("1 generates")
+            async with gate.away():
+                events.append("1 at its tool")
+                await tool_1.wait()
+            events.append("1 back")
+            tool_2.set()  # step 2's tool replies while step 1 still runs
+            for _ in range(5):
+                await asyncio.sleep(0)
+            events.append("1 ends")
+
+        async def step_2():
+            await gate.hold(2)
+            events.append("2 generates")
+            async with gate.away():
+                tool_1.set()
+                await tool_2.wait()
+            events.append("2 back")
+
+        first = asyncio.create_task(step_1())
+        await asyncio.sleep(0)
+        second = asyncio.create_task(step_2())
+        await asyncio.wait_for(asyncio.gather(first, second), 60)
+        assert not gate.in_flight and not gate._held
+
+    asyncio.run(main())
+    assert events == ["1 generates", "1 at its tool", "2 generates", "1 back", "1 ends", "2 back"]
+
+
+def test_a_sample_cancelled_while_coming_back_from_its_tool_holds_nothing():
+    """Cancelled while it waits for its turn back (a lower priority runs), a sample leaves the gate empty: its
+    turn is neither released twice nor kept."""
+    import asyncio
+
+    from verl_offpolicy.cpu.agent_loop import PriorityGate
+
+    async def main():
+        gate = PriorityGate()
+        low_runs, release_low = asyncio.Event(), asyncio.Event()
+
+        async def high():
+            await gate.hold(2)
+            async with gate.away():
+                await low_runs.wait()
+            return "never"
+
+        async def low():
+            await gate.hold(1)
+            low_runs.set()
+            await release_low.wait()
+
+        waiting, running = asyncio.create_task(high()), None
+        await asyncio.sleep(0)
+        running = asyncio.create_task(low())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert gate.in_flight == {1: 1}  # high is away and waits for low to end
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert gate.in_flight == {1: 1}
+        release_low.set()
+        await asyncio.wait_for(running, 60)
+        assert not gate.in_flight and not gate._held
+
+    asyncio.run(main())
+
+
 def test_the_standalone_overlay_selects_the_ordered_agent_loop(tmp_path):
     """``+cpu_rollout=standalone`` (the overlapped mode on the CPU) orders the agent loop; ``+cpu=demo`` alone keeps
     the unordered seeded loop (colocated generates a version in one call: nothing to order). Through every

@@ -23,6 +23,7 @@ with most of its version. One priority at a time, B_t is finished about when it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections import Counter, OrderedDict
 from typing import Any
@@ -78,22 +79,51 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
 class PriorityGate:
     """Admits a sample once no sample of a lower priority is in flight (higher ones never hold a lower one back).
 
-    A sample is in flight from :meth:`hold` until the task that called it ends. Waiting samples are woken only
-    when a priority has nothing left in flight, the only change that can admit one.
+    A sample is in flight from :meth:`hold` until the task that called it ends, except while it is
+    :meth:`away` (a tool call: it needs neither the server nor the worker's event loop, and higher priorities
+    start meanwhile; it comes back on its turn). Waiting samples are woken only when a priority has nothing left
+    in flight, the only change that can admit one.
     """
 
     def __init__(self) -> None:
         self.in_flight: Counter[int] = Counter()
+        self._held: dict[asyncio.Task, int] = {}  # task -> the priority it holds (not while away)
         self._waiting: list[asyncio.Future] = []
 
     async def hold(self, priority: int) -> None:
         """Wait for the turn of ``priority``, then hold it until the current task ends (however it ends)."""
+        await self._admit(priority)
+        task = asyncio.current_task()
+        self._held[task] = priority
+        task.add_done_callback(self._task_done)
+
+    @contextlib.asynccontextmanager
+    async def away(self):
+        """The body runs without the current task's turn (nothing if it holds none); the turn is taken back, on
+        the same rule as :meth:`hold`, before the body's caller goes on."""
+        task = asyncio.current_task()
+        priority = self._held.pop(task, None)
+        if priority is None:
+            yield
+            return
+        self._release(priority)
+        try:
+            yield
+        finally:
+            await self._admit(priority)
+            self._held[task] = priority
+
+    async def _admit(self, priority: int) -> None:
         while any(p < priority for p in self.in_flight):
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
             await waiter
         self.in_flight[priority] += 1
-        asyncio.current_task().add_done_callback(lambda _task: self._release(priority))
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        priority = self._held.pop(task, None)
+        if priority is not None:  # None: it ended away (cancelled while waiting for its turn back)
+            self._release(priority)
 
     def _release(self, priority: int) -> None:
         self.in_flight[priority] -= 1
@@ -111,11 +141,15 @@ _gates: weakref.WeakKeyDictionary = (
 )  # event loop -> its gate (an agent-loop worker runs one loop)
 
 
+def _gate() -> PriorityGate:
+    """The running agent-loop worker's gate."""
+    return _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
+
+
 async def hold_turn(kwargs: dict[str, Any]) -> None:
     """Wait until this worker's :class:`PriorityGate` admits the sample's ``priority``; it is held until verl's
     ``_run_agent_loop`` task (this sample: run, reward, TransferQueue write) ends."""
-    gate = _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
-    await gate.hold(int(kwargs.get("priority", 0) or 0))
+    await _gate().hold(int(kwargs.get("priority", 0) or 0))
 
 
 @register(ORDERED_AGENT_LOOP)
@@ -131,9 +165,14 @@ class SeededToolAgentLoop(ToolAgentLoop):
     sample's seed (the ``hf`` server draws the turn's sampler from it, the version and the turn's prompt). On a
     rollout with its own pool (``actor_rollout_ref.hybrid_engine=false``, the overlapped mode) it also admits
     samples one priority at a time, as ``ordered_single_turn_agent`` does: a sample holds its priority through
-    all its turns and tool calls."""
+    all its turns, but not while its tools run (and their replies are tokenised): then the next priority's
+    samples start, so a slow tool is waited for by several batches at once, not by one batch after another."""
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if not self.config.actor_rollout_ref.hybrid_engine:
             await hold_turn(kwargs)
         return await super().run(seeded(sampling_params, self.rollout_config.name, kwargs), **kwargs)
+
+    async def _handle_processing_tools_state(self, agent_data):
+        async with _gate().away():
+            return await super()._handle_processing_tools_state(agent_data)
