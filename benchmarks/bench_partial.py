@@ -8,9 +8,10 @@ Steps 2.. are measured (step 1 holds the first version's generation and the warm
 (``offpolicy/sync_wait_s``), the fraction of trained responses spanning versions, the mean train reward; and the
 ratio of step times drain / partial.
 
-    python benchmarks/bench_partial.py [--steps 8] [--latency 1.5] [--settings 2,1 4,1]
+    python benchmarks/bench_partial.py [--steps 8] [--latency 1.5] [--spread fixed|lognormal] [--settings 1,1 2,1 4,1]
 
-Run it on an idle machine; it writes ``benchmarks/results/partial_rollout.md`` (the command and the commit in it).
+Run it on an idle machine; it writes ``benchmarks/results/partial_rollout.md`` (``partial_rollout_lognormal.md`` with
+``--spread lognormal``), the command and the commit in it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _results import RESULTS, command_line, measured_commit
 
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
+from verl_offpolicy.demo.tool_task import SPREADS
 
 ROLLOUT_ANCHOR = "algorithm.offpolicy.ratio_anchor=rollout"
 MODES = {
@@ -42,13 +44,13 @@ def _mean(rows, key):
     return statistics.fmean(values) if values else float("nan")
 
 
-def run(mode: str, s: int, d: int, steps: int, latency: float, root: Path) -> dict:
+def run(mode: str, s: int, d: int, steps: int, latency: float, spread: str, root: Path) -> dict:
     from verl_offpolicy.demo.run import run_demo
     from verl_offpolicy.demo.tool_task import write_tool_config
 
     out = root / f"{mode.replace(', ', '_').replace(' ', '_')}_s{s}d{d}"
     out.mkdir(parents=True)
-    tool = write_tool_config(out / "lookup_tool.yaml", latency)
+    tool = write_tool_config(out / "lookup_tool.yaml", latency, spread)
     tool_override = f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool}"
     overrides = SMALL_DEMO + schedule(s, d) + MODES[mode] + [tool_override]
     print(f"[bench_partial] {mode} at ({s}, {d}) ...", flush=True)
@@ -72,7 +74,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--latency", type=float, default=1.5, help="seconds the tool takes to reply")
-    parser.add_argument("--settings", nargs="+", default=["2,1", "4,1"])
+    parser.add_argument("--spread", choices=SPREADS, default="fixed", help="the tool's latency: fixed or heavy-tailed")
+    parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1"])
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-partial-"))
     lines = [
@@ -82,8 +85,8 @@ def main(argv=None) -> int:
         "",
         f"    {command_line('bench_partial.py', argv)}",
         "",
-        f"Tool latency {args.latency:g} s, {args.steps} steps, means over steps 2..{args.steps}; ratio = overlapped "
-        "drain step time / partial step time (> 1: partial is faster).",
+        f"Tool latency {args.latency:g} s ({args.spread}), {args.steps} steps, means over steps 2..{args.steps}; "
+        "ratio = overlapped drain step time / partial step time (> 1: partial is faster).",
         "",
         "| (s, d) | mode | step s | wait s | push wait s | spanning | reward (mean) |",
         "|---|---|---|---|---|---|---|",
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
     ratios = []
     for setting in args.settings:
         s, d = (int(x) for x in setting.split(","))
-        results = {mode: run(mode, s, d, args.steps, args.latency, root) for mode in MODES}
+        results = {mode: run(mode, s, d, args.steps, args.latency, args.spread, root) for mode in MODES}
         for mode, r in results.items():
             lines.append(
                 f"| ({s}, {d}) | {mode} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['sync_wait_s']:.2f} | "
@@ -101,7 +104,8 @@ def main(argv=None) -> int:
         ratios.append(f"({s}, {d}): {ratio:.2f}x")
     lines += ["", "Drain / partial step time: " + ", ".join(ratios) + ".", ""]
     text = "\n".join(lines)
-    (RESULTS / "partial_rollout.md").write_text(text)
+    name = "partial_rollout.md" if args.spread == "fixed" else f"partial_rollout_{args.spread}.md"
+    (RESULTS / name).write_text(text)
     print(text)
     return 0
 

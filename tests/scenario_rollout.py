@@ -40,6 +40,7 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from verl_offpolicy.demo.tiny import build_tiny
+    from verl_offpolicy.glue.scheduler.partial import SAMPLED_VERSIONS
 
     paths = build_tiny(Path(workdir) / "tiny")
     server, cfg = in_process_server(paths["model_path"], paths["tokenizer_path"])
@@ -85,6 +86,8 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
         out["max_tokens_respected"] = all(len(o.token_ids) <= 6 for o in single)
         out["stop_reasons"] = sorted({o.stop_reason for o in single})
         out["global_steps"] = single[0].extra_fields.get("global_steps")
+        # The server's own record of the weights that sampled each token: (record, tokens) per output.
+        out["sampled_at_start"] = (single[0].extra_fields[SAMPLED_VERSIONS], len(single[0].token_ids))
         # Sampled log-probs = log_softmax(logits / T) of the reference, for T = 0.7 and 1.0.
         diffs = {}
         for temperature in (0.7, 1.0):
@@ -110,18 +113,23 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
         out["stops_at_stop_token"] = (cut.token_ids, whole.token_ids[: whole.token_ids.index(stop) + 1])
         # A weight update that misses parameters is refused; a full one tags global_steps.
         state = {k: v.clone() for k, v in reference.state_dict().items()}
+        await server.update_weights_chunk(list(state.items()))  # the same weights, complete: version 3
+        await server.finish_weight_update(global_steps=3)
         await server.update_weights_chunk(list(state.items())[:3])
         try:
             await server.finish_weight_update(global_steps=7)
             out["partial_update_refused"] = False
         except RuntimeError as exc:
             out["partial_update_refused"] = "did not cover" in str(exc)
+        mixed = await server.generate(prompts[0], dict(greedy, max_tokens=6), request_id="mixed")
+        out["sampled_partly_loaded"] = (mixed.extra_fields[SAMPLED_VERSIONS], len(mixed.token_ids))
         for name in state:
             state[name] = state[name] * 0.5
         await server.update_weights_chunk(list(state.items()))
         await server.finish_weight_update(global_steps=7)
         after = await server.generate(prompts[0], dict(greedy, max_tokens=6), request_id="after")
         out["global_steps_after_update"] = after.extra_fields.get("global_steps")
+        out["sampled_after_update"] = (after.extra_fields[SAMPLED_VERSIONS], len(after.token_ids))
         new_ref = AutoModelForCausalLM.from_pretrained(paths["model_path"], attn_implementation="sdpa").eval()
         new_ref.load_state_dict(state)
         ids = list(prompts[0])
@@ -135,6 +143,7 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
         await server.abort_all_requests(reject_request=True)
         rejected = await server.generate(prompts[0], dict(greedy), request_id="rej")
         out["rejected_while_paused"] = rejected.stop_reason == "aborted" and rejected.token_ids == []
+        out["sampled_rejected"] = rejected.extra_fields[SAMPLED_VERSIONS]
         await server.resume_generation()
         resumed = await server.generate(prompts[0], dict(greedy, max_tokens=6), request_id="res")
         out["serves_after_resume"] = resumed.token_ids == after.token_ids

@@ -318,15 +318,17 @@ def start_resumed(
     config_name: str,
     timeout: float,
     name: str,
+    model: Optional[str] = None,
 ):
-    """Queue a run that resumes ``reference``'s configuration (``overrides``, without its checkpointing) from
-    its step-``step`` checkpoint, once ``reference`` is done; its future gives (output dir, log, metrics by
-    step) (:func:`run_resumed`)."""
+    """Queue a run that resumes ``reference``'s configuration (``overrides``, without its checkpointing; the demo's
+    ``model``) from its step-``step`` checkpoint, once ``reference`` is done; its future gives (output dir, log,
+    metrics by step) (:func:`run_resumed`)."""
 
     def job():
         out = demo_runs.tmp_dir(name) / "resumed"
         checkpoint = checkpoint_of(reference.result(), step)
-        command = demo_run_command(out, preset, steps, [*overrides, *resume_overrides(checkpoint)], config_name)
+        resumed = [*overrides, *resume_overrides(checkpoint)]
+        command = demo_run_command(out, preset, steps, resumed, config_name, model=model)
         return (out, *run_resumed(command, out, timeout, env=demo_runs.environ))
 
     return demo_runs.submit(("resumed", name), job, after=[reference])

@@ -106,6 +106,13 @@ def test_server_generation_semantics_against_transformers(tmp_path):
     assert report["generation_uses_new_weights"]
     assert report["rejected_while_paused"]
     assert report["serves_after_resume"]
+    # Its own record of the weights that sampled each token: none before the first update, none while an update is
+    # partly loaded (the refused one, after a complete one tagged 3), version 7 after the next complete one; nothing
+    # sampled, nothing recorded.
+    for name, version in (("sampled_at_start", None), ("sampled_partly_loaded", None), ("sampled_after_update", 7)):
+        record, tokens = report[name]
+        assert tokens > 0 and record == [[version, tokens]], (name, record, tokens)
+    assert report["sampled_rejected"] == []
 
 
 @pytest.mark.slow

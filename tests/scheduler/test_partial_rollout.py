@@ -1,16 +1,18 @@
 """Partial rollouts (``algorithm.offpolicy.partial_rollout=true``, :mod:`verl_offpolicy.glue.scheduler.partial`).
 
-Fast tier: the client's version segments across an interrupted call and across turns (verl's real resume loop,
-``FullyAsyncLLMServerClient``, over a scripted server call), the per-token check and its negative controls, and the
-startup rules. End to end (e2e): the tool task with a tool latency at (2, 1) in the overlapped mode, where a push
-falls between a trajectory's turns: per-token versions within the contract on every step and trajectories that
-span versions (on verl's vLLM rollout too, ``-m extended``); and the same run with its pushes tagged one version
-ahead stops at its first step.
+Fast tier: the client's version segments and the server's own record across an interrupted call and across turns
+(verl's real resume loop, ``FullyAsyncLLMServerClient``, over a scripted server call), the per-token check, its
+comparison with the server's record and their negative controls, and the startup rules. End to end (e2e): the tool
+task with a tool latency at (1, 1) in the overlapped mode, where a push falls between a trajectory's turns:
+per-token versions within the contract on every step, each equal to the hf server's record, and trajectories that
+span versions (on verl's vLLM rollout too, ``-m extended``); the run resumed from its step-3 checkpoint; and the
+same run with its pushes tagged one version ahead stops at its first step.
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +22,17 @@ from verl.workers.rollout.replica import TokenOutput
 from tests.hydra_utils import VALID_SIZES, compose_main_ppo
 from tests.jobs import queued_at_start
 from tests.markers import needs_vllm
-from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
+from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, dumped_batches, schedule, start_resumed
 from tests.scenario_schedule import OVERLAPPED
-from verl_offpolicy.glue.scheduler.partial import TOKEN_VERSIONS, VersionedClient, check_token_versions
+from verl_offpolicy.glue.scheduler.metrics import SERVER_RECORDED_FRACTION
+from verl_offpolicy.glue.scheduler.partial import (
+    SAMPLED_VERSIONS,
+    TOKEN_VERSIONS,
+    UNRECORDED,
+    VersionedClient,
+    check_server_record,
+    check_token_versions,
+)
 from verl_offpolicy.glue.scheduler.rollout import PUSH_VERSION_FAULT_ENV, ObservedVersionError
 from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpolicy_config
 
@@ -30,16 +40,17 @@ from verl_offpolicy.glue.validation import OffPolicyConfigError, validate_offpol
 
 
 def _scripted(monkeypatch, script):
-    """The base client's server call replaced by ``script`` (request id -> outputs, one per call): the only stand-in
-    here, for the Ray actor of a rollout server; verl's resume loop above it is real."""
+    """The base client's server call replaced by ``script`` (request id -> outputs, one per call: version, tokens,
+    stop reason and, optionally, the server's own record of the call): the only stand-in here, for the Ray actor of
+    a rollout server; verl's resume loop above it is real."""
     calls = {key: list(outputs) for key, outputs in script.items()}
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
-        version, tokens, stop = calls[request_id].pop(0)
+        version, tokens, stop, *sampled = calls[request_id].pop(0)
+        fields = {"global_steps": version, **({SAMPLED_VERSIONS: sampled[0]} if sampled else {})}
         return TokenOutput(
-            token_ids=list(range(tokens)), log_probs=[-1.0] * tokens, stop_reason=stop,
-            extra_fields={"global_steps": version},
-        )  # fmt: skip
+            token_ids=list(range(tokens)), log_probs=[-1.0] * tokens, stop_reason=stop, extra_fields=fields
+        )
 
     monkeypatch.setattr(LLMServerClient, "generate", generate)
     monkeypatch.setattr(asyncio, "sleep", _no_sleep)  # verl's loop waits 1 s before resending an aborted request
@@ -79,6 +90,25 @@ def test_an_interrupted_call_and_a_later_turn_record_their_versions(monkeypatch)
     assert a2.extra_fields[TOKEN_VERSIONS] is a1.extra_fields[TOKEN_VERSIONS]
     assert b1.extra_fields[TOKEN_VERSIONS] == [[1, 5]]
     assert (a1.extra_fields["min_global_steps"], a1.extra_fields["max_global_steps"]) == (0, 1)
+    assert a1.extra_fields[SAMPLED_VERSIONS] == [[UNRECORDED, 9]]  # this server keeps no record of its own
+
+
+def test_the_servers_own_record_is_collected_per_trajectory(monkeypatch):
+    """The server reports each call's record (here turn 1's first call: 3 tokens at 0; its resumed call: 2 at 1; turn
+    2: 4 at 1, with one call of a server that keeps none): hand-merged [[0, 3], [1, 6], [unrecorded, 2]], beside the
+    client's own [[0, 3], [1, 8]]."""
+    _scripted(
+        monkeypatch,
+        {"a": [(0, 3, "aborted", [[0, 3]]), (1, 2, "stop", [[1, 2]]), (1, 4, "stop", [[1, 4]]), (1, 2, "stop")]},
+    )
+    client = _client()
+
+    async def main():
+        return [await client.generate(request_id="a", prompt_ids=[1], sampling_params={}) for _ in range(3)]
+
+    first, *_ = asyncio.run(main())
+    assert first.extra_fields[TOKEN_VERSIONS] == [[0, 3], [1, 8]]
+    assert first.extra_fields[SAMPLED_VERSIONS] == [[0, 3], [1, 6], [UNRECORDED, 2]]
 
 
 # ------------------------------------------------------------------------------ the per-token check
@@ -88,14 +118,18 @@ HELD = {0, 2, 4}
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 
 
-def _fields(*rows):
-    return [{TOKEN_VERSIONS: [list(s) for s in row]} for row in rows]
+def _fields(*rows, sampled=None):
+    fields = [{TOKEN_VERSIONS: [list(s) for s in row]} for row in rows]
+    for field, record in zip(fields, sampled or (), strict=False):
+        field[SAMPLED_VERSIONS] = [list(s) for s in record]
+    return fields
 
 
 def test_a_batch_within_the_contract_gives_its_statistics():
     """Row 0: 2 tokens at 2, then 4 (its segments hold 4 tokens; the mask keeps 3); row 1: 2 tokens at 4.
     Versions 2, 2, 4, 4, 4: mean 16/5, staleness 4 − v: 2, 2, 0, 0, 0 (mean 4/5, max 2); row 0 spans."""
-    stats = check_token_versions(5, 2, HELD, _fields([(2, 2), (4, 2)], [(4, 2)]), MASK)
+    stats, recorded = check_token_versions(5, 2, HELD, _fields([(2, 2), (4, 2)], [(4, 2)]), MASK)
+    assert recorded is None  # no server record to compare with
     assert (stats.version_min, stats.version_max, stats.tokens) == (2, 4, 5)
     assert stats.version_mean == pytest.approx(16 / 5)
     assert stats.staleness_mean == pytest.approx(4 / 5) and stats.staleness_max == 2
@@ -120,6 +154,45 @@ def test_negative_control_a_token_off_its_version_stops_the_run(rows, message):
 def test_a_token_newer_than_the_trainers_weights_stops_the_run():
     with pytest.raises(ObservedVersionError, match=r"newer than the trainer's weights \(version 3\)"):
         check_token_versions(4, 2, HELD, _fields([(2, 3)], [(4, 2)]), MASK)
+
+
+# The client's record of the batch above, laid on MASK: row 0 = 2, 2, 4; row 1 = 4, 4.
+CLIENT = _fields([(2, 2), (4, 2)], [(4, 2)])
+
+
+def _versions():
+    return torch.tensor([[2, 2, 4, 0], [4, 4, 0, 0]])
+
+
+def test_the_clients_record_equals_the_servers_on_every_token():
+    """Both rows have the server's record (row 0 split differently: 2, then 4 over 3 tokens); 5 of 5 tokens
+    compared. A server that keeps none (vLLM) leaves nothing to compare: None."""
+    sampled = [[(2, 2), (4, 3)], [(4, 2)]]
+    assert check_server_record(5, _fields([(2, 2), (4, 2)], [(4, 2)], sampled=sampled), MASK, _versions()) == 1.0
+    assert check_server_record(5, CLIENT, MASK, _versions()) is None
+    unrecorded = [[(UNRECORDED, 4)], [(UNRECORDED, 2)]]
+    assert check_server_record(5, _fields([(2, 2), (4, 2)], [(4, 2)], sampled=unrecorded), MASK, _versions()) is None
+    # one row recorded: its 3 tokens of 5
+    one = _fields([(2, 2), (4, 2)], [(4, 2)], sampled=[[(2, 2), (4, 1)]])
+    assert check_server_record(5, one, MASK, _versions()) == pytest.approx(3 / 5)
+
+
+@pytest.mark.parametrize(
+    "sampled, message",
+    [
+        ([[(2, 3)], [(4, 2)]], "token 2 of response 0, recorded as version 4, sampled with version 2"),
+        ([[(2, 2), (4, 1)], [(None, 2)]], "token 0 of response 1, recorded as version 4, sampled with weights only"),
+        ([[(2, 2), (UNRECORDED, 1)], [(4, 2)]], "token 2 of response 0, recorded as version 4, sampled with no record"),
+        ([[(2, 2)], [(4, 2)]], "response 0 has 3 response-mask tokens but its version segments"),
+    ],
+    ids=["another version", "weights partly loaded", "a call without a record", "a token the server never sampled"],
+)
+def test_negative_control_a_token_off_the_servers_record_stops_the_run(sampled, message):
+    fields = _fields([(2, 2), (4, 2)], [(4, 2)], sampled=sampled)
+    with pytest.raises(ObservedVersionError, match=message):
+        check_server_record(5, fields, MASK, _versions())
+    with pytest.raises(ObservedVersionError, match=message):  # the per-token check makes the comparison
+        check_token_versions(5, 2, HELD, fields, MASK)
 
 
 def test_a_trajectory_without_versions_names_the_agent_loop():
@@ -161,32 +234,55 @@ def test_partial_rollouts_are_the_overlapped_modes():
 
 # ------------------------------------------------------------------------------ end to end
 
-SETTING, STEPS, TIMEOUT = (2, 1), 4, 900
-TOOL_LATENCY_S = 1.5  # the tool's reply takes longer than a step: a push falls between a trajectory's turns
+# (1, 1): version t − 1 generates B_t+1 while step t trains, and the push of version t comes one step later, while
+# B_t+1 waits for its tool (which takes longer than a step): a push falls between the turns of B_3's trajectories
+# (versions 1 and 2). The versions of steps 1..4 (docs/scheduler.md, v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
+SETTING, SCHEDULED, STEPS, TIMEOUT = (1, 1), {1: 0, 2: 0, 3: 1, 4: 2}, 4, 900
+TOOL_LATENCY_S = 2.0
+# The partial tool run saves after step 3 (B_4 of version 2 queued, in flight at the save: the save drains it) and
+# is resumed from there.
+RESUME_STEP = 3
 
 
 # The rollouts a partial run is verified on: overlay and model (vLLM's CPU attention needs head_dim >= 32).
 ROLLOUTS = {"hf": (STANDALONE, "tiny-tool"), "vllm": (["+cpu_rollout=[vllm,standalone]"], "tiny-tool-h32")}
 
 
-def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS, rollout="hf"):
+def _partial_overrides(demo_runs, rollout="hf") -> list[str]:
     from verl_offpolicy.demo.tool_task import write_tool_config
 
     folder = demo_runs.tmp_dir("partial_tool_config")
     tool_config = write_tool_config(folder / "lookup_tool.yaml", TOOL_LATENCY_S)
-    overlay, model = ROLLOUTS[rollout]
-    overrides = SMALL_DEMO + schedule(*SETTING) + overlay + [
+    return SMALL_DEMO + schedule(*SETTING) + ROLLOUTS[rollout][0] + [
         PARTIAL,
         "algorithm.offpolicy.ratio_anchor=rollout",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
     ]  # fmt: skip
+
+
+def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS, rollout="hf", extra=()):
+    overrides, model = _partial_overrides(demo_runs, rollout) + list(extra), ROLLOUTS[rollout][1]
     timeout = TIMEOUT * (2 if rollout == "vllm" else 1)
     return demo_runs.start("opmd", steps, overrides, PRIMARY_CONFIG, timeout, name=name, env=env, model=model)
 
 
 @queued_at_start()
 def partial_tool_run(demo_runs):
-    return _partial_tool_run(demo_runs)
+    """The hf partial tool run, saving at step RESUME_STEP, and that run resumed from there."""
+    uninterrupted = _partial_tool_run(demo_runs, extra=[f"trainer.save_freq={RESUME_STEP}"])
+    resumed = start_resumed(
+        demo_runs,
+        uninterrupted,
+        RESUME_STEP,
+        preset="opmd",
+        steps=STEPS,
+        overrides=_partial_overrides(demo_runs),
+        config_name=PRIMARY_CONFIG,
+        timeout=TIMEOUT,
+        name="partial_tool_resumed",
+        model=ROLLOUTS["hf"][1],
+    )
+    return uninterrupted, resumed
 
 
 @queued_at_start()
@@ -203,10 +299,32 @@ def wrong_version_partial_run(demo_runs):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_partial_tool_run_keeps_every_token_within_its_batchs_versions(partial_tool_run):
-    """(2, 1): v(t) = 0, 0, 0, 2 (docs/scheduler.md). Every step's tokens lie in [v(t), t − 1] (the run checks each
-    token and would stop otherwise; here the logged range is read back), the push does not wait, and at least one
-    step trains trajectories that span versions (a push between turns: the tool takes longer than a step)."""
-    _check_partial_run(partial_tool_run.result())
+    """(1, 1): v(t) = 0, 0, 1, 2. Every step's tokens lie in [v(t), t − 1] (the run checks each token and would stop
+    otherwise; here the logged range is read back), the push does not wait, and at least one step trains
+    trajectories that span versions (a push between turns: the tool takes longer than a step). The hf
+    server's own record of the weights that sampled each token covers every token, and the run compared each with
+    the client's record (it would stop at the first that differs)."""
+    _check_partial_run(partial_tool_run[0].result(), server_record=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_partial_tool_run_resumed_from_its_checkpoint_trains_the_saved_batch(partial_tool_run):
+    """Resumed from the step-3 checkpoint (the save drained B_4, version 2, in flight when it began): step 4 trains
+    B_4 as saved, sample for sample the uninterrupted run's step 4 (nothing lost, nothing generated twice), its
+    tokens all of version 2 (v(4), none newer than the weights of step 3), each checked per token against the
+    versions held before the save and the server's record."""
+    uninterrupted, resumed_job = partial_tool_run
+    reference = uninterrupted.result()
+    resumed, log, metrics = resumed_job.result()
+    assert f"offpolicy scheduler: restored 1 queued batches for steps [{STEPS}]" in log, log[-3000:]
+    assert sorted(s for s in metrics if s >= 1) == [STEPS]
+    row = metrics[STEPS]
+    assert (row["offpolicy/token_version/min"], row["offpolicy/token_version/max"]) == (2.0, 2.0)
+    assert row["offpolicy/token_staleness/max"] == 1.0
+    dumps = dumped_batches(resumed / "rollouts", [STEPS])
+    assert dumps == dumped_batches(Path(reference.output_dir) / "rollouts", [STEPS]) and dumps[STEPS]
 
 
 @pytest.mark.e2e
@@ -216,12 +334,12 @@ def test_a_partial_tool_run_keeps_every_token_within_its_batchs_versions(partial
 @needs_vllm
 def test_a_partial_tool_run_on_verls_vllm_rollout_keeps_every_token_within_its_batchs_versions(vllm_partial_tool_run):
     """The same run on verl's vLLM rollout (its own pool): verl aborts and resumes vLLM's requests at each push, and
-    vLLM tags every call with its weights version."""
-    _check_partial_run(vllm_partial_tool_run.result())
+    vLLM tags every call with its weights version (it keeps no per-token record of its own: nothing compared)."""
+    _check_partial_run(vllm_partial_tool_run.result(), server_record=False)
 
 
-def _check_partial_run(result) -> None:
-    scheduled = {1: 0, 2: 0, 3: 0, 4: 2}
+def _check_partial_run(result, server_record: bool) -> None:
+    scheduled = SCHEDULED
     spanning = []
     for row in result.metrics:
         step = row["step"]
@@ -233,6 +351,7 @@ def _check_partial_run(result) -> None:
         if "offpolicy/sync_wait_s" in row:
             assert row["offpolicy/sync_wait_s"] == 0.0
         spanning.append(row["offpolicy/token_version/spanning_fraction"])
+        assert row.get(SERVER_RECORDED_FRACTION) == (1.0 if server_record else None), step
         if row["offpolicy/token_version/spanning_fraction"] > 0:
             assert high > low
             assert row["training/off_policy/trajectory_spans/max"] >= 2  # verl's own count agrees

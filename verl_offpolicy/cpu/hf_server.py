@@ -18,6 +18,11 @@ parameters are batched (left padding, KV cache). Sampling and seeding: :mod:`.sa
   (and is included in it) unless ``ignore_eos``; so does a token of ``stop_token_ids`` (vLLM's meaning: verl's
   tool agent loop stops a turn at its tool parser's call token), whatever ``ignore_eos``.
 
+- Its own record of which weights sampled each token: as each token is sampled, the server notes the version of
+  the weights in the model (``global_steps`` of the last complete update; ``None`` while an update is only partly
+  loaded), and returns the record, run-length encoded, in ``extra_fields[SAMPLED_VERSIONS]``. The client's
+  per-token versions (partial rollouts, :mod:`verl_offpolicy.glue.scheduler.partial`) are checked against it.
+
 The server talks over Ray only and listens on no port. The replica that launches it and the adapter
 that feeds it weights are in :mod:`.rollout`.
 """
@@ -39,6 +44,7 @@ from verl.workers.rollout.replica import RolloutMode, TokenOutput
 from verl_offpolicy.cpu.platform import require_cpu_platform
 from verl_offpolicy.cpu.sampling import RequestSeeds, SamplingKey, sample_next
 from verl_offpolicy.glue.registration import HF_ROLLOUT
+from verl_offpolicy.glue.scheduler.partial import SAMPLED_VERSIONS
 
 logger = logging.getLogger("verl_offpolicy.cpu.hf_server")
 logger.setLevel(os.getenv("VERL_OFFPOLICY_LOGGING_LEVEL", "INFO"))
@@ -89,7 +95,17 @@ class _Request:
     stop_ids: frozenset[int] = frozenset()  # sampling_params["stop_token_ids"]: stop after one (included)
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    sampled_versions: list[list] = field(default_factory=list)  # [[version, tokens], ...] as sampled
     stop_reason: str = "completed"
+
+    def append(self, token: int, log_prob: float, version: int | None) -> None:
+        """One sampled token, with the version of the weights that sampled it."""
+        self.token_ids.append(token)
+        self.log_probs.append(log_prob)
+        if self.sampled_versions and self.sampled_versions[-1][0] == version:
+            self.sampled_versions[-1][1] += 1
+        else:
+            self.sampled_versions.append([version, 1])
 
 
 def _lowest_priority(pending: list[_Request]) -> tuple[list[_Request], list[_Request]]:
@@ -148,6 +164,7 @@ class HFRolloutServer:
             self.max_model_len = min(self.max_model_len, max_positions)
 
         self.global_steps = None
+        self._loading = False  # an update's first chunk is in the model, its finish_weight_update not yet done
         # Each request's own sampler seed: the config seed, the replica, the weights version and the
         # prompt's occurrence since the last weight update (or the request's own seed).
         self.request_seeds = RequestSeeds(self.config.seed, replica_rank)
@@ -247,7 +264,12 @@ class HFRolloutServer:
             self._warned_sleeping = True
             logger.warning("hf rollout server %d got a request while asleep (weights may be stale)", self.replica_rank)
         if self._paused and self._rejecting:
-            return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=self._extra())
+            return TokenOutput(
+                token_ids=[],
+                log_probs=None,
+                stop_reason="aborted",
+                extra_fields={**self._extra(), SAMPLED_VERSIONS: []},
+            )
         params = dict(sampling_params)
         temperature = float(params.get("temperature", self.config.temperature))
         top_k = params.get("top_k", self.config.top_k)
@@ -285,7 +307,7 @@ class HFRolloutServer:
                 token_ids=request.token_ids,
                 log_probs=request.log_probs if request.want_log_probs else None,
                 stop_reason=request.stop_reason,
-                extra_fields=self._extra(),
+                extra_fields={**self._extra(), SAMPLED_VERSIONS: request.sampled_versions},
             )
         )
 
@@ -304,6 +326,7 @@ class HFRolloutServer:
                 for request in requests:
                     groups.setdefault(request.key, []).append(request)
                 for group in groups.values():
+                    await self._resume_event.wait()  # an abort between two groups holds the next one too
                     async with self._engine_lock:
                         self._running = group
                         try:
@@ -356,11 +379,11 @@ class HFRolloutServer:
             tokens, log_probs = sample_next(logits, key, generators, seen, self.config.logprobs_mode)
             token_list, log_prob_list = tokens.tolist(), log_probs.tolist()
             self.stats["tokens"] += sum(active)
+            version = None if self._loading else self.global_steps  # the weights that sampled this token
             for i, request in enumerate(requests):
                 if not active[i]:
                     continue
-                request.token_ids.append(token_list[i])
-                request.log_probs.append(log_prob_list[i])
+                request.append(token_list[i], log_prob_list[i], version)
                 token = token_list[i]
                 if (
                     (not key.ignore_eos and token in self.eos_token_ids)
@@ -394,6 +417,7 @@ class HFRolloutServer:
         """Copy one bucket of (HF name, full tensor) into the model. Returns the number of tensors."""
         self._ensure_loop_state()
         async with self._engine_lock:
+            self._loading = True
             for name, tensor in named_tensors:
                 target = self._params_by_name.get(name)
                 if target is None:
@@ -427,6 +451,7 @@ class HFRolloutServer:
                     "the rollout would mix old and new weights"
                 )
             self.global_steps = global_steps
+            self._loading = False
             self.request_seeds.reset()
             self.stats["weight_updates"] += 1
         return {"global_steps": global_steps}

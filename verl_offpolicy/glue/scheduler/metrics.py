@@ -58,6 +58,8 @@ TOKEN_VERSION = "offpolicy/token_version"  # /min, /max, /mean over response tok
 TOKEN_STALENESS = "offpolicy/token_staleness"  # /mean, /max: (t − 1) − the token's version
 SPANNING_FRACTION = "offpolicy/token_version/spanning_fraction"  # of responses whose tokens span versions
 TOKENS_AT_OFFSET = "offpolicy/token_version/tokens_at_offset_"  # + k: tokens sampled k versions after v(t)
+# of the response tokens, those checked against the server's own record of the weights that sampled them (hf)
+SERVER_RECORDED_FRACTION = "offpolicy/token_version/server_recorded_fraction"
 
 # DAPO group filtering (algorithm.filter_groups, glue/scheduler/filtering.py), logged at the step that trains the
 # batch: verl's names for what was filtered (verl counts prompt groups as "samples"), ours for the rounds.

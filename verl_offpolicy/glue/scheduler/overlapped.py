@@ -53,6 +53,7 @@ from verl_offpolicy.glue.scheduler.metrics import (
     OBSERVED_VERSION_MIN,
     ROLLOUT_BUSY_FRACTION,
     ROLLOUT_CALLS,
+    SERVER_RECORDED_FRACTION,
     SYNC_WAIT_S,
     VALIDATION_PUSHES,
     WAIT_S,
@@ -174,8 +175,10 @@ class OverlappedTrainer(OffPolicyTrainer):
         data = store.read(list(self._trajectories(entry)), ["extra_fields", "response_mask"])
         extra_fields = data.pop("extra_fields").tolist()
         mask = data.to_padded_tensor()["response_mask"]
-        stats = check_token_versions(entry.step, entry.version, self.standalone.held, extra_fields, mask)
+        stats, recorded = check_token_versions(entry.step, entry.version, self.standalone.held, extra_fields, mask)
         metrics = token_version_metrics(stats, entry.version)
+        if recorded is not None:
+            metrics[SERVER_RECORDED_FRACTION] = recorded
         if stats is not None:
             metrics.update(
                 {OBSERVED_VERSION_MIN: float(stats.version_min), OBSERVED_VERSION_MAX: float(stats.version_max)}

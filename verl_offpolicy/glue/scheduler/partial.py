@@ -9,10 +9,13 @@ server reports (``extra_fields["global_steps"]``) and the number of tokens, one 
 A trajectory's segments (every call of every turn) are one list, ``extra_fields[TOKEN_VERSIONS]``, stored by verl's
 agent loop with the trajectory in TransferQueue. The list lives in the trajectory's asyncio task (verl runs each
 trajectory in a task of its own), so the turns of one trajectory append to it and no two trajectories share one.
+A server that keeps its own record of the weights each token was sampled by (the ``hf`` server,
+``extra_fields[SAMPLED_VERSIONS]`` per call) has it collected the same way, in ``extra_fields[SAMPLED_VERSIONS]``.
 
 :func:`check_token_versions` lays the segments onto the response mask
 (:func:`~verl_offpolicy.core.token_versions.versions_from_segments`) and stops the run when a token's version is
-one the rollout never held, older than its batch's scheduled version or newer than the trainer's weights.
+one the rollout never held, older than its batch's scheduled version or newer than the trainer's weights, or,
+where the server keeps its own record, another version than the server's record of the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+import torch
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 from verl_offpolicy.core.token_versions import (
@@ -32,6 +36,13 @@ from verl_offpolicy.glue.scheduler.rollout import ObservedVersionError
 
 # The trajectory's version segments in verl's extra_fields: [[version, tokens], ...] over the model's tokens.
 TOKEN_VERSIONS = "offpolicy_token_versions"
+# The server's own record, in the same form: per call from the server (the version of the weights in the model as
+# each token was sampled, None while an update was partly loaded), per trajectory from the client.
+SAMPLED_VERSIONS = "offpolicy_sampled_versions"
+# In a trajectory's SAMPLED_VERSIONS: the tokens of a call the server kept no record of (verl's vLLM server keeps none).
+UNRECORDED = "unrecorded"
+# How the comparison lays the server's record onto the response (versions are >= 0).
+_PARTLY_LOADED, _NO_RECORD = -1, -2
 
 # The current trajectory's segments (one asyncio task per trajectory) and the current call's attempts.
 _trajectory: contextvars.ContextVar[list | None] = contextvars.ContextVar("offpolicy_trajectory", default=None)
@@ -45,8 +56,19 @@ class _AttemptLog(LLMServerClient):
         output = await super().generate(request_id, **kwargs)
         attempts = _attempts.get()
         if attempts is not None:
-            attempts.append([output.extra_fields.get("global_steps"), len(output.token_ids)])
+            fields = output.extra_fields
+            attempts.append((fields.get("global_steps"), len(output.token_ids), fields.get(SAMPLED_VERSIONS)))
         return output
+
+
+def _extend(segments: list, version, tokens: int) -> None:
+    """Append ``tokens`` tokens of ``version`` to ``segments``, merged into the last one when the version is its."""
+    if tokens == 0:
+        return
+    if segments and segments[-1][0] == version:
+        segments[-1][1] += tokens
+    else:
+        segments.append([version, tokens])
 
 
 class VersionedClient(FullyAsyncLLMServerClient, _AttemptLog):
@@ -63,18 +85,17 @@ class VersionedClient(FullyAsyncLLMServerClient, _AttemptLog):
             attempts = _attempts.get()
         finally:
             _attempts.reset(token)
-        segments = _trajectory.get()
-        if segments is None:  # the trajectory's first call: its list, kept by the agent loop's extra_fields
-            segments = []
-            _trajectory.set(segments)
-        for version, tokens in attempts:
-            if tokens == 0:
-                continue
-            if segments and segments[-1][0] == version:
-                segments[-1][1] += tokens
-            else:
-                segments.append([version, tokens])
-        output.extra_fields[TOKEN_VERSIONS] = segments
+        record = _trajectory.get()
+        if record is None:  # the trajectory's first call: its lists, kept by the agent loop's extra_fields
+            record = {TOKEN_VERSIONS: [], SAMPLED_VERSIONS: []}
+            _trajectory.set(record)
+        for version, tokens, sampled in attempts:
+            _extend(record[TOKEN_VERSIONS], version, tokens)
+            if sampled is None:  # the server kept no record of this call: its tokens have none
+                _extend(record[SAMPLED_VERSIONS], UNRECORDED, tokens)
+            for sampled_version, sampled_tokens in sampled or ():
+                _extend(record[SAMPLED_VERSIONS], sampled_version, sampled_tokens)
+        output.extra_fields.update(record)
         return output
 
 
@@ -84,11 +105,12 @@ def check_token_versions(
     held: set[int],
     extra_fields: list[Any],
     response_mask,
-) -> TokenVersionStats | None:
+) -> tuple[TokenVersionStats | None, float | None]:
     """The per-token versions of step ``step``'s trajectories (their ``extra_fields`` and padded ``response_mask``),
     checked: every masked token was sampled by a version the rollout held (``held``, the versions pushed so far),
-    no older than ``scheduled`` and no newer than the trainer's weights (version ``step - 1``). Returns their
-    statistics; raises :class:`~.rollout.ObservedVersionError` otherwise."""
+    no older than ``scheduled`` and no newer than the trainer's weights (version ``step - 1``), and is the version
+    the server's own record names (:func:`check_server_record`). Returns their statistics and the fraction of
+    tokens the server's record covers; raises :class:`~.rollout.ObservedVersionError` otherwise."""
     segments = []
     for i, fields in enumerate(extra_fields):
         row = fields.get(TOKEN_VERSIONS) if isinstance(fields, dict) else None
@@ -117,4 +139,35 @@ def check_token_versions(
             f"offpolicy scheduler: step {step} trains a batch scheduled at version {scheduled} with weights of "
             f"version {step - 1}: {violation}; stopping instead of training on it"
         )
-    return token_version_stats(versions, response_mask, step - 1)
+    recorded = check_server_record(step, extra_fields, response_mask, versions)
+    return token_version_stats(versions, response_mask, step - 1), recorded
+
+
+def check_server_record(step: int, extra_fields: list[Any], response_mask, versions) -> float | None:
+    """Compare ``versions`` (the client's record, laid onto ``response_mask``) with the server's own record of the
+    weights that sampled each token, in the trajectories that have one (``extra_fields[SAMPLED_VERSIONS]``). Returns
+    the fraction of masked tokens compared (None when no server kept a record); raises
+    :class:`~.rollout.ObservedVersionError` at the first token whose versions differ."""
+    rows = [fields.get(SAMPLED_VERSIONS) if isinstance(fields, dict) else None for fields in extra_fields]
+    compared = [row is not None and any(v != UNRECORDED for v, _ in row) for row in rows]
+    if not any(compared):
+        return None
+    codes = {None: _PARTLY_LOADED, UNRECORDED: _NO_RECORD}
+    segments = [[(codes.get(v, v), int(n)) for v, n in row] if use else [] for row, use in zip(rows, compared)]
+    mask = response_mask.bool() & torch.tensor(compared)[:, None]
+    try:
+        sampled = versions_from_segments(segments, mask, fill=0)
+    except ValueError as exc:
+        raise ObservedVersionError(f"offpolicy scheduler: step {step}, the server's record: {exc}") from exc
+    differ = mask & (sampled != versions)
+    if differ.any():
+        row, col = (int(i) for i in differ.nonzero()[0])
+        server = {_PARTLY_LOADED: "weights only partly loaded", _NO_RECORD: "no record"}.get(
+            int(sampled[row, col]), f"version {int(sampled[row, col])}"
+        )
+        raise ObservedVersionError(
+            f"offpolicy scheduler: step {step}: {int(differ.sum())} response token(s) whose recorded version is not "
+            f"the server's record of the weights that sampled them: the first is token {col} of response {row}, "
+            f"recorded as version {int(versions[row, col])}, sampled with {server}; stopping instead of training on it"
+        )
+    return float(mask.sum()) / max(1.0, float(response_mask.bool().sum()))
