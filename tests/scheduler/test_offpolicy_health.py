@@ -153,7 +153,7 @@ def test_engine_mismatch_compares_the_trainer_at_the_generating_weights(
 def test_the_trainer_logs_the_mismatch_from_the_stored_log_probs(monkeypatch, staleness, behaviour_stored, field):
     """The trainer's hook reads the generating weights' log-probs (proximal on a fresh step, behaviour on a stale one)
     and the rollout's for the batch's real rows, from TransferQueue, and logs the hand-derived values of HAND."""
-    from types import SimpleNamespace
+    from types import MethodType, SimpleNamespace
 
     from omegaconf import OmegaConf
 
@@ -180,6 +180,7 @@ def test_the_trainer_logs_the_mismatch_from_the_stored_log_probs(monkeypatch, st
         global_steps=5,
         replay_buffer=SimpleNamespace(current=SimpleNamespace(behaviour=behaviour_stored)),
     )
+    fake._engine_mismatch_pair = MethodType(trainer_module.OffPolicyTrainer._engine_mismatch_pair, fake)
     batch = SimpleNamespace(keys=["a", "b", "pad"], tags=[{}, {}, {"is_padding": True}], partition_id="train")
     metrics = {}
     trainer_module.OffPolicyTrainer._log_engine_mismatch(fake, batch, metrics)

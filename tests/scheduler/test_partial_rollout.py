@@ -12,6 +12,7 @@ same run with its pushes tagged one version ahead stops at its first step.
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from tests.jobs import queued_at_start
 from tests.markers import needs_vllm
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, dumped_batches, schedule, start_resumed
 from tests.scenario_schedule import OVERLAPPED
-from verl_offpolicy.glue.scheduler.metrics import SERVER_RECORDED_FRACTION
+from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS, SERVER_RECORDED_FRACTION
 from verl_offpolicy.glue.scheduler.partial import (
     SAMPLED_VERSIONS,
     TOKEN_VERSIONS,
@@ -195,6 +196,63 @@ def test_negative_control_a_token_off_the_servers_record_stops_the_run(sampled, 
         check_token_versions(5, 2, HELD, fields, MASK)
 
 
+def test_fresh_token_metrics_are_the_hand_derived_gap_on_the_trainers_own_tokens():
+    """Tokens (0, 1) and (1, 0) are fresh: gaps |−2 − (−2.25)| = 0.25 and |−1 − (−1.125)| = 0.125; the stale token
+    (0, 0, gap 0.5) and the padding (gap inf) are not counted."""
+    from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS, fresh_token_metrics
+
+    trainer = torch.tensor([[-1.0, -2.0], [-1.0, 0.0]])
+    rollout = torch.tensor([[-1.5, -2.25], [-1.125, -math.inf]])
+    fresh = torch.tensor([[False, True], [True, False]])
+    assert fresh_token_metrics(trainer, rollout, fresh) == {FRESH_TOKENS: 2.0, FRESH_LOGPROB_GAP_MAX: 0.25}
+    assert fresh_token_metrics(trainer, rollout, torch.zeros(2, 2, dtype=torch.bool)) == {FRESH_TOKENS: 0.0}
+
+
+def test_the_overlapped_trainer_compares_the_engines_on_the_tokens_its_own_weights_sampled(monkeypatch):
+    """Step 3 (the trainer's weights: version 2) of a partial run, its batch stale (scheduled at version 1). Row 0:
+    tokens of versions 1, 2, 2; row 1: 2, 2 (and one padding position). The engines are compared on the four
+    version-2 tokens, read from TransferQueue for the real rows only: gaps 0, 0.25, 0.125, 0 (hand-derived), the
+    version-1 token's 0.5 left out."""
+    from types import MethodType, SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from tensordict import NonTensorStack, TensorDict
+
+    from tests.loss_helpers import nested
+    from verl_offpolicy.glue.scheduler import overlapped
+    from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS
+    from verl_offpolicy.glue.scheduler.trainer import OffPolicyTrainer
+
+    stored = {
+        "old_log_probs": nested([torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.0, -1.0])]),
+        "rollout_log_probs": nested([torch.tensor([-1.5, -2.25, -3.0]), torch.tensor([-1.125, -1.0])]),
+        "response_mask": nested([torch.tensor([1, 1, 1]), torch.tensor([1, 1])]),
+        "extra_fields": NonTensorStack({TOKEN_VERSIONS: [[1, 1], [2, 2]]}, {TOKEN_VERSIONS: [[2, 2]]}),
+    }
+    reads = []
+
+    def read(keys, fields, partition):
+        reads.append((list(keys), sorted(fields)))
+        return TensorDict({f: stored[f] for f in fields}, batch_size=len(keys))
+
+    monkeypatch.setattr(overlapped.store, "read", read)
+    config = {"algorithm": {"rollout_correction": None}}
+    config["actor_rollout_ref"] = {"rollout": {"calculate_log_probs": True}}
+    fake = SimpleNamespace(
+        config=OmegaConf.create(config),
+        offpolicy=SimpleNamespace(partial_rollout=True),
+        global_steps=3,
+        replay_buffer=SimpleNamespace(current=SimpleNamespace(behaviour=False)),
+    )
+    fake._engine_mismatch_pair = MethodType(OffPolicyTrainer._engine_mismatch_pair, fake)
+    batch = SimpleNamespace(keys=["a", "b", "pad"], tags=[{}, {}, {"is_padding": True}], partition_id="train")
+    metrics = {}
+    overlapped.OverlappedTrainer._log_engine_mismatch(fake, batch, metrics)
+    assert reads == [(["a", "b"], sorted(stored))]
+    assert metrics[FRESH_TOKENS] == 4.0 and metrics[FRESH_LOGPROB_GAP_MAX] == 0.25
+    assert "offpolicy/engine_mismatch/kl" in metrics
+
+
 def test_a_trajectory_without_versions_names_the_agent_loop():
     with pytest.raises(ObservedVersionError, match="carries no per-token versions"):
         check_token_versions(5, 2, HELD, [{}, {}], MASK)
@@ -301,7 +359,8 @@ def wrong_version_partial_run(demo_runs):
 def test_a_partial_tool_run_keeps_every_token_within_its_batchs_versions(partial_tool_run):
     """(1, 1): v(t) = 0, 0, 1, 2. Every step's tokens lie in [v(t), t − 1] (the run checks each token and would stop
     otherwise; here the logged range is read back), the push does not wait, and at least one step trains
-    trajectories that span versions (a push between turns: the tool takes longer than a step). The hf
+    trajectories that span versions (a push between turns: the tool takes longer than a step). On the tokens the
+    trainer's own weights sampled (version t − 1), the rollout's log-prob equals the trainer's recomputation. The hf
     server's own record of the weights that sampled each token covers every token, and the run compared each with
     the client's record (it would stop at the first that differs)."""
     _check_partial_run(partial_tool_run[0].result(), server_record=True)
@@ -352,6 +411,14 @@ def _check_partial_run(result, server_record: bool) -> None:
             assert row["offpolicy/sync_wait_s"] == 0.0
         spanning.append(row["offpolicy/token_version/spanning_fraction"])
         assert row.get(SERVER_RECORDED_FRACTION) == (1.0 if server_record else None), step
+        # the tokens the trainer's own weights sampled: the rollout's log-prob is the trainer's recomputation (fp32)
+        all_tokens = sum(per_version.values())
+        fresh = row[FRESH_TOKENS]
+        assert fresh == per_version.get(f"offpolicy/token_version/tokens_at_offset_{step - 1 - scheduled[step]}", 0)
+        if step - 1 == scheduled[step]:
+            assert fresh == all_tokens, step  # a fresh batch: every token
+        if fresh:
+            assert row[FRESH_LOGPROB_GAP_MAX] < 1e-4, (step, row[FRESH_LOGPROB_GAP_MAX])
         if row["offpolicy/token_version/spanning_fraction"] > 0:
             assert high > low
             assert row["training/off_policy/trajectory_spans/max"] >= 2  # verl's own count agrees

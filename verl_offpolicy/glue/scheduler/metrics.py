@@ -60,6 +60,9 @@ SPANNING_FRACTION = "offpolicy/token_version/spanning_fraction"  # of responses 
 TOKENS_AT_OFFSET = "offpolicy/token_version/tokens_at_offset_"  # + k: tokens sampled k versions after v(t)
 # of the response tokens, those checked against the server's own record of the weights that sampled them (hf)
 SERVER_RECORDED_FRACTION = "offpolicy/token_version/server_recorded_fraction"
+# the tokens the trainer's own weights (version t − 1) sampled, and the largest |trainer − rollout| log-prob gap on them
+FRESH_TOKENS = "offpolicy/token_version/fresh_tokens"
+FRESH_LOGPROB_GAP_MAX = "offpolicy/token_version/fresh_logprob_gap_max"
 
 # DAPO group filtering (algorithm.filter_groups, glue/scheduler/filtering.py), logged at the step that trains the
 # batch: verl's names for what was filtered (verl counts prompt groups as "samples"), ours for the rounds.
@@ -160,6 +163,16 @@ def token_version_metrics(stats, scheduled: int) -> dict[str, float]:
     for version, tokens in stats.tokens_per_version.items():
         metrics[f"{TOKENS_AT_OFFSET}{version - scheduled}"] = float(tokens)
     return metrics
+
+
+def fresh_token_metrics(trainer: Tensor, rollout: Tensor, fresh: Tensor) -> dict[str, float]:
+    """On the tokens ``fresh`` (bool [B, T]: sampled by the trainer's own weights): their number and
+    max |log π_trainer − log π_rollout| over them (absent when there is none)."""
+    tokens = int(fresh.sum())
+    if tokens == 0:
+        return {FRESH_TOKENS: 0.0}
+    gap = (trainer.float() - rollout.float()).abs()[fresh]
+    return {FRESH_TOKENS: float(tokens), FRESH_LOGPROB_GAP_MAX: float(gap.max())}
 
 
 def rollout_call_metrics(generated_batches: int) -> dict[str, float]:

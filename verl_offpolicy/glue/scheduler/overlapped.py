@@ -58,9 +58,11 @@ from verl_offpolicy.glue.scheduler.metrics import (
     VALIDATION_PUSHES,
     WAIT_S,
     WEIGHT_PUSHES,
+    engine_mismatch_metrics,
+    fresh_token_metrics,
     token_version_metrics,
 )
-from verl_offpolicy.glue.scheduler.partial import VersionedClient, check_token_versions
+from verl_offpolicy.glue.scheduler.partial import VersionedClient, check_token_versions, token_versions
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
@@ -166,6 +168,25 @@ class OverlappedTrainer(OffPolicyTrainer):
         # never regenerates a batch under other weights (verl would re-issue in-flight prompts).
         self._wait_in_flight()
         super()._save_checkpoint()
+
+    def _log_engine_mismatch(self, batch, metrics: dict) -> None:
+        """Partial rollouts: the engines compared on the tokens the trainer's own weights sampled (version t − 1, so
+        the proximal log-probs are at their generating weights), on every step that trains one, whatever the batch's
+        staleness: ``offpolicy/engine_mismatch/*`` over them, their number and the largest log-prob gap
+        (:func:`~.metrics.fresh_token_metrics`). Otherwise the base's comparison."""
+        if not self.offpolicy.partial_rollout:
+            return super()._log_engine_mismatch(batch, metrics)
+        if self._engine_mismatch_pair(0) is None:
+            return
+        keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
+        fields = ["extra_fields", "old_log_probs", "rollout_log_probs", "response_mask"]
+        data = store.read(keys, fields, batch.partition_id)
+        extra_fields = data.pop("extra_fields").tolist()
+        padded = data.to_padded_tensor()
+        versions = token_versions(extra_fields, padded["response_mask"])  # -1 outside the mask
+        fresh = versions == self.global_steps - 1
+        metrics.update(engine_mismatch_metrics(padded["old_log_probs"], padded["rollout_log_probs"], fresh))
+        metrics.update(fresh_token_metrics(padded["old_log_probs"], padded["rollout_log_probs"], fresh))
 
     def _observed_version_metrics(self, entry: QueuedBatch) -> dict:
         """Partial rollouts: every response token's version, checked per token (:func:`.partial.check_token_versions`)

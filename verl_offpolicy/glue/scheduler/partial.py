@@ -143,6 +143,13 @@ def check_token_versions(
     return token_version_stats(versions, response_mask, step - 1), recorded
 
 
+def token_versions(extra_fields: list[Any], response_mask) -> torch.Tensor:
+    """The client's record of each token's version laid onto ``response_mask`` (−1 outside it), for trajectories
+    :func:`check_token_versions` has checked."""
+    segments = [[(int(v), int(n)) for v, n in fields[TOKEN_VERSIONS]] for fields in extra_fields]
+    return versions_from_segments(segments, response_mask, fill=-1)
+
+
 def check_server_record(step: int, extra_fields: list[Any], response_mask, versions) -> float | None:
     """Compare ``versions`` (the client's record, laid onto ``response_mask``) with the server's own record of the
     weights that sampled each token, in the trajectories that have one (``extra_fields[SAMPLED_VERSIONS]``). Returns

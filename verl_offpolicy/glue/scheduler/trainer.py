@@ -425,19 +425,23 @@ class OffPolicyTrainer(PPOTrainer):
         without a rollout correction; read before the anchor replaces ``old_log_probs`` and before verl's rejection
         masks responses. verl's own ``training/rollout_probs_diff_*`` compare the rollout with the proximal
         log-probs, which on a stale batch hold the staleness too."""
-        correction = self.config.algorithm.get("rollout_correction", None) or {}
-        pair = engine_mismatch_pair(
-            self.schedule.staleness(self.global_steps),
-            self.replay_buffer.current.behaviour,
-            bool(self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False)),
-            bool(correction.get("bypass_mode", False)),
-        )
+        pair = self._engine_mismatch_pair(self.schedule.staleness(self.global_steps))
         if pair is None:
             return
         field = "old_log_probs" if pair == PROXIMAL else BEHAVIOUR_FIELD
         keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
         data = store.read(keys, [field, "rollout_log_probs", "response_mask"], batch.partition_id).to_padded_tensor()
         metrics.update(engine_mismatch_metrics(data[field], data["rollout_log_probs"], data["response_mask"]))
+
+    def _engine_mismatch_pair(self, staleness: int) -> str | None:
+        """:func:`~.metrics.engine_mismatch_pair` for this run's rollout and correction settings at ``staleness``."""
+        correction = self.config.algorithm.get("rollout_correction", None) or {}
+        return engine_mismatch_pair(
+            staleness,
+            self.replay_buffer.current.behaviour,
+            bool(self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False)),
+            bool(correction.get("bypass_mode", False)),
+        )
 
     def _behaviour_padded(self, batch: KVBatchMeta) -> torch.Tensor:
         """The behaviour log-probs of ``batch`` in verl's padded [B, T] layout (its ``_compute_advantage`` reads
