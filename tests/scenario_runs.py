@@ -137,17 +137,18 @@ DAPO = [
 ]
 
 
-def dapo_run(demo_runs, mode: str):
+def dapo_run(demo_runs, mode: str, extra: Sequence[str] = (), name: str = ""):
     """The future of the filtered (DAPO dynamic sampling) ``opmd`` run at (2, 1) in ``mode``
     (tests/scheduler/test_filter_groups.py):
-    :func:`opmd_overrides` + :data:`DAPO`, :data:`DAPO_STEPS` steps (the pair's two ranks, two replicas overlapped)."""
+    :func:`opmd_overrides` + :data:`DAPO` (+ ``extra``), :data:`DAPO_STEPS` steps (the pair's two ranks, two replicas
+    overlapped)."""
     return demo_runs.start(
         "opmd",
         DAPO_STEPS,
-        opmd_overrides(*PAIR, mode) + DAPO,
+        opmd_overrides(*PAIR, mode) + DAPO + list(extra),
         PRIMARY_CONFIG,
         opmd_timeout(*PAIR),
-        name=f"dapo_{mode}_s2d1",
+        name=name or f"dapo_{mode}_s2d1",
     )
 
 

@@ -252,6 +252,13 @@ def extended_dapo_runs(demo_runs):
     return lambda mode: jobs[mode].result()
 
 
+@queued_at_start(scope="module")
+def partial_dapo_run(demo_runs):
+    """The overlapped filtered run with partial rollouts (queued only in a session that selects its test)."""
+    partial = ["algorithm.offpolicy.partial_rollout=true", "algorithm.offpolicy.ratio_anchor=rollout"]
+    return dapo_run(demo_runs, "overlapped", partial, name="dapo_partial_s2d1")
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
@@ -267,16 +274,43 @@ def test_filtered_overlapped_run_keeps_exact_versions(extended_dapo_runs):
     _check_filtered_run(extended_dapo_runs("overlapped").metrics)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1800)
+def test_a_filtered_run_with_partial_rollouts_keeps_every_token_within_its_batchs_versions(partial_dapo_run):
+    """With partial rollouts B_t is filtered when step t needs it, its top-ups sampled by the weights the rollout
+    holds then: at (2, 1) version 0 for steps 1-2 and version 2 (pushed after step 2) for step 3's batch, scheduled
+    at 0. Every token within [v(t), t − 1] and equal to the hf server's record (the run checks each), a batch's
+    top-ups within its own versions, and the filter's accounting as without partial rollouts."""
+    metrics = partial_dapo_run.result().metrics
+    holds = {1: 0, 2: 0, 3: 2, 4: 2}  # the version the rollout holds when step t's batch is filtered
+    for m in metrics:
+        step = m["step"]
+        assert E2E_VERSIONS[step - 1] <= m["offpolicy/token_version/min"], step
+        assert m["offpolicy/token_version/max"] <= holds[step], step
+        assert m["offpolicy/token_version/server_recorded_fraction"] == 1.0, step
+        if step == 3 and m["offpolicy/filter_groups/gen_rounds"] > 1:
+            assert m["offpolicy/token_version/max"] == 2  # its top-ups: sampled by version 2
+    _check_filter_accounting(metrics, shared_rounds=False)
+
+
 def _check_filtered_run(metrics):
     """The claim of the two tests above on a filtered run's metrics."""
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    assert [int(m["offpolicy/version"]) for m in metrics] == E2E_VERSIONS
     for key in ("mean", "max", "min"):  # verl's staleness of every trained trajectory, top-ups included
         assert [int(m[f"training/off_policy/trajectory_staleness/{key}"]) for m in metrics] == E2E_STALENESS
     # the rollout's own report of the weights of every trained trajectory is the scheduled version
     assert [(m["offpolicy/observed_version/min"], m["offpolicy/observed_version/max"]) for m in metrics] == [
         (v, v) for v in E2E_VERSIONS
     ]
+    _check_filter_accounting(metrics, shared_rounds=True)
+
+
+def _check_filter_accounting(metrics, shared_rounds: bool):
+    """Every generated group trained, dropped or surplus; top-ups where groups were dropped, and at least one; with
+    ``shared_rounds`` the batches of one version share their rounds (filtered together before its push)."""
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [int(m["offpolicy/version"]) for m in metrics] == E2E_VERSIONS
     for m in metrics:
         generated, dropped = m["offpolicy/filter_groups/generated_groups"], m["training/filter_groups/evicted_samples"]
         surplus = m["training/filter_groups/discarded_surplus_samples"]
@@ -284,8 +318,10 @@ def _check_filtered_run(metrics):
         # a batch that lost groups was topped up (more groups, more rounds); one that lost none got nothing more
         assert (dropped > 0) == (generated > BATCH), m["step"]
         assert dropped == 0 or m["offpolicy/filter_groups/gen_rounds"] > 1, m["step"]
-    rounds = {GENERATED_BY[m["step"]]: m["offpolicy/filter_groups/gen_rounds"] for m in metrics}
-    assert all(m["offpolicy/filter_groups/gen_rounds"] == rounds[GENERATED_BY[m["step"]]] for m in metrics)
+    rounds = {m["step"]: m["offpolicy/filter_groups/gen_rounds"] for m in metrics}
+    if shared_rounds:
+        by_version = {GENERATED_BY[step]: n for step, n in rounds.items()}
+        assert all(n == by_version[GENERATED_BY[step]] for step, n in rounds.items())
     # the demo's tiny model gives many groups one reward on every sample: filtering acted, a top-up happened
     assert sum(m["training/filter_groups/evicted_samples"] for m in metrics) > 0
     assert max(rounds.values()) > 1

@@ -270,16 +270,14 @@ def _validate(extra, preset="opmd"):
 @pytest.mark.slow
 def test_partial_rollouts_are_the_overlapped_modes():
     _validate(OVERLAPPED + [PARTIAL, "algorithm.offpolicy.sync_offset=1"])
+    # group filtering: B_t filtered when its step needs it, top-ups sampled by the weights the rollout holds then
+    _validate(OVERLAPPED + [PARTIAL, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward"])
     refused = {
         "the colocated mode": ([PARTIAL, "algorithm.offpolicy.sync_offset=1"], "nothing is in flight at a push"),
         "verl's own trainer": ([PARTIAL, "trainer.use_v1=false"], "is a mode of verl-offpolicy's overlapped scheduler"),
         "the behaviour anchor": (
             OVERLAPPED + [PARTIAL, "algorithm.offpolicy.ratio_anchor=behaviour"],
             "cannot use algorithm.offpolicy.ratio_anchor=behaviour",
-        ),
-        "group filtering": (
-            OVERLAPPED + [PARTIAL, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=reward"],
-            "with algorithm.filter_groups.enable=true is not supported",
         ),
         "sglang": (OVERLAPPED + [PARTIAL, "actor_rollout_ref.rollout.name=sglang"], "reports no version"),
         "not a boolean": (OVERLAPPED + ["algorithm.offpolicy.partial_rollout=sometimes"], "must be true or false"),

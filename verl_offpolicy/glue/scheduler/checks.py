@@ -329,12 +329,6 @@ def check_partial_rollout(view: ConfigView) -> None:
             "come from several versions, and behaviour is one recomputation at one version; set ratio_anchor=rollout "
             "(each token's own engine log-prob, the policy that sampled it) or proximal"
         )
-    if view.select("algorithm.filter_groups.enable", False):
-        raise OffPolicyConfigError(
-            f"{PARTIAL_ROLLOUT}=true with algorithm.filter_groups.enable=true is not supported: group filtering "
-            "tops a version's batches up before its push, which is the wait partial rollouts remove; set "
-            f"{PARTIAL_ROLLOUT}=false (the push waits for the drain) or algorithm.filter_groups.enable=false"
-        )
     name = view.select("actor_rollout_ref.rollout.name")
     if name in UNVERSIONED_ROLLOUTS:
         raise OffPolicyConfigError(

@@ -16,7 +16,8 @@ hook (verl PPOTrainer) what happens to the rollout
                       a thread hands them to the agent-loop workers, the trainer goes on (:mod:`.dispatch`)
 ``prepare_step`` (t)  wait for B_t only (``offpolicy/wait_s``), check the version the rollout reports; with
                       ``algorithm.filter_groups``, B_t not yet filtered: filter and top up every batch of its
-                      version (the version the rollout holds) first
+                      version (the version the rollout holds) first; with partial rollouts B_t alone, its top-ups
+                      sampled by the weights the rollout holds now (nothing was settled before the push)
 ``on_step_end`` (t)   version t generates: wait until nothing of the previous version is in flight (so no
                       request is aborted or resumed under new weights) and its batches are filtered and topped
                       up, push version t, submit its batches; with ``algorithm.offpolicy.partial_rollout`` the
@@ -238,7 +239,8 @@ class OverlappedTrainer(OffPolicyTrainer):
         uids = {uid for entry in self.replay_buffer.batches for uid in entry.uids}
         if uids:
             self._wait_for_generation(uids, self.standalone.version)
-        self._settle(self.replay_buffer.batches, self.standalone.version)
+        partial = self.offpolicy.partial_rollout
+        self._settle(self.replay_buffer.batches, self.standalone.version, newer_weights=partial)
         return time.perf_counter() - start
 
     def _make_batch_ready(self) -> dict:
@@ -252,7 +254,10 @@ class OverlappedTrainer(OffPolicyTrainer):
             )
         start = time.perf_counter()
         with marked_timer("gen", self.timing_raw, color="red"):
-            if not entry.settled:  # its version is the one the rollout holds (settled before every push)
+            if not entry.settled and self.offpolicy.partial_rollout:
+                # not settled before the push: B_t alone, its top-ups sampled by the weights the rollout holds now
+                self._settle([entry], self.standalone.version, newer_weights=True)
+            elif not entry.settled:  # its version is the one the rollout holds (settled before every push)
                 self._settle(self.replay_buffer.batches, self.standalone.version)
             self._wait_for_generation(set(entry.uids), entry.version)
         version, batches = self._last_submission if self._last_submission else (None, 0)

@@ -329,14 +329,15 @@ class OffPolicyTrainer(PPOTrainer):
         """Submit one top-up round (step -> its prompts) to the rollout; the mode decides how."""
         raise NotImplementedError
 
-    def _settle(self, entries: list[QueuedBatch], version: int) -> None:
-        """Filter and top up the unsettled ``entries`` (submitted, all of ``version``, which the rollout holds)
-        until each has its groups (:mod:`.filtering`); then drop the filtered and surplus groups from
-        TransferQueue. A no-op without ``algorithm.filter_groups``."""
+    def _settle(self, entries: list[QueuedBatch], version: int, *, newer_weights: bool = False) -> None:
+        """Filter and top up the unsettled ``entries`` (submitted, all of ``version``, which the rollout holds; with
+        ``newer_weights``, of ``version`` or older: partial rollouts, where a batch's tokens may come from newer
+        weights) until each has its groups (:mod:`.filtering`); then drop the filtered and surplus groups from
+        TransferQueue. A top-up keeps its batch's scheduled version. A no-op without ``algorithm.filter_groups``."""
         todo = [e for e in entries if not e.settled]
         if not todo:
             return
-        if any(e.version != version for e in todo):
+        if any(e.version > version or (e.version != version and not newer_weights) for e in todo):
             raise RuntimeError(
                 f"offpolicy scheduler: filtering batches of versions {sorted({e.version for e in todo})} at version "
                 f"{version}: a top-up would be generated under other weights"
@@ -349,6 +350,7 @@ class OffPolicyTrainer(PPOTrainer):
         )
         pending = {e.step: list(e.uids) for e in todo}
         behaviour = {e.step: e.behaviour for e in todo}
+        scheduled = {e.step: e.version for e in todo}
         while True:
             self._wait_for_generation({uid for uids in pending.values() for uid in uids}, version)
             fill.record_round(classify_groups(self.replay_buffer, pending, self.filter_groups.metric))
@@ -365,7 +367,7 @@ class OffPolicyTrainer(PPOTrainer):
             for step, num_prompts in sizes.items():
                 chunks[step] = self._next_train_batch(num_prompts)
                 uids = [str(u) for u in chunks[step]["uid"]]
-                tags = [{STEP_TAG: step, VERSION_TAG: version, BEHAVIOUR_TAG: behaviour[step]}] * len(uids)
+                tags = [{STEP_TAG: step, VERSION_TAG: scheduled[step], BEHAVIOUR_TAG: behaviour[step]}] * len(uids)
                 store.tag(uids, tags)
             self._submit_round(chunks)
             pending = {step: [str(u) for u in chunk["uid"]] for step, chunk in chunks.items()}
