@@ -44,8 +44,9 @@ UNRECORDED = "unrecorded"
 # How the comparison lays the server's record onto the response (versions are >= 0).
 _PARTLY_LOADED, _NO_RECORD = -1, -2
 
-# The current trajectory's segments (one asyncio task per trajectory) and the current call's attempts.
-_trajectory: contextvars.ContextVar[list | None] = contextvars.ContextVar("offpolicy_trajectory", default=None)
+# The current trajectory's record (one asyncio task per trajectory: TOKEN_VERSIONS and SAMPLED_VERSIONS) and the
+# current call's attempts.
+_trajectory: contextvars.ContextVar[dict | None] = contextvars.ContextVar("offpolicy_trajectory", default=None)
 _attempts: contextvars.ContextVar[list | None] = contextvars.ContextVar("offpolicy_attempts", default=None)
 
 
