@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from verl_offpolicy.core.token_versions import (
+    extend_segments,
     token_staleness,
     token_version_stats,
     version_contract_violation,
@@ -84,3 +85,11 @@ def test_segments_are_laid_onto_the_masked_positions_in_order():
 def test_a_masked_token_without_a_segment_is_an_error():
     with pytest.raises(ValueError, match="response 0 has 3 response-mask tokens but its version segments"):
         versions_from_segments([[(4, 2)]], torch.tensor([[1, 1, 1]]), fill=0)
+
+
+def test_segments_grow_by_merging_a_repeated_version():
+    """3 tokens of 0, 2 more of 0, none of 2, 4 of 1, 1 of None (an unversioned token): [[0, 5], [1, 4], [None, 1]]."""
+    segments = []
+    for version, tokens in ((0, 3), (0, 2), (2, 0), (1, 4), (None, 1)):
+        extend_segments(segments, version, tokens)
+    assert segments == [[0, 5], [1, 4], [None, 1]]

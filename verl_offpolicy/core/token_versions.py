@@ -25,6 +25,17 @@ import torch
 from torch import Tensor
 
 
+def extend_segments(segments: list[list], version, tokens: int) -> None:
+    """Append ``tokens`` tokens sampled by ``version`` to ``segments`` (in place), merged into the last segment when
+    it has the same version; nothing for no token."""
+    if tokens == 0:
+        return
+    if segments and segments[-1][0] == version:
+        segments[-1][1] += tokens
+    else:
+        segments.append([version, tokens])
+
+
 def versions_from_segments(segments: list[list[tuple[int, int]]], mask: Tensor, fill: int) -> Tensor:
     """``versions`` [batch, response length]: row i's masked positions, in order, take the versions of its segments
     expanded (version v repeated over its token count), the rest ``fill``. A response truncated to the response

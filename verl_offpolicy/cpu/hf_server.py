@@ -41,6 +41,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
+from verl_offpolicy.core.token_versions import extend_segments
 from verl_offpolicy.cpu.platform import require_cpu_platform
 from verl_offpolicy.cpu.sampling import RequestSeeds, SamplingKey, sample_next
 from verl_offpolicy.glue.registration import HF_ROLLOUT
@@ -102,10 +103,7 @@ class _Request:
         """One sampled token, with the version of the weights that sampled it."""
         self.token_ids.append(token)
         self.log_probs.append(log_prob)
-        if self.sampled_versions and self.sampled_versions[-1][0] == version:
-            self.sampled_versions[-1][1] += 1
-        else:
-            self.sampled_versions.append([version, 1])
+        extend_segments(self.sampled_versions, version, 1)
 
 
 def _lowest_priority(pending: list[_Request]) -> tuple[list[_Request], list[_Request]]:

@@ -28,6 +28,7 @@ from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServer
 
 from verl_offpolicy.core.token_versions import (
     TokenVersionStats,
+    extend_segments,
     token_version_stats,
     version_contract_violation,
     versions_from_segments,
@@ -51,7 +52,8 @@ _attempts: contextvars.ContextVar[list | None] = contextvars.ContextVar("offpoli
 
 
 class _AttemptLog(LLMServerClient):
-    """One server call (an attempt of verl's resume loop): appends (version, tokens) to the call's attempts."""
+    """One server call (an attempt of verl's resume loop): appends (version, tokens, the server's own record) to the
+    call's attempts."""
 
     async def generate(self, request_id, **kwargs):
         output = await super().generate(request_id, **kwargs)
@@ -60,16 +62,6 @@ class _AttemptLog(LLMServerClient):
             fields = output.extra_fields
             attempts.append((fields.get("global_steps"), len(output.token_ids), fields.get(SAMPLED_VERSIONS)))
         return output
-
-
-def _extend(segments: list, version, tokens: int) -> None:
-    """Append ``tokens`` tokens of ``version`` to ``segments``, merged into the last one when the version is its."""
-    if tokens == 0:
-        return
-    if segments and segments[-1][0] == version:
-        segments[-1][1] += tokens
-    else:
-        segments.append([version, tokens])
 
 
 class VersionedClient(FullyAsyncLLMServerClient, _AttemptLog):
@@ -91,11 +83,11 @@ class VersionedClient(FullyAsyncLLMServerClient, _AttemptLog):
             record = {TOKEN_VERSIONS: [], SAMPLED_VERSIONS: []}
             _trajectory.set(record)
         for version, tokens, sampled in attempts:
-            _extend(record[TOKEN_VERSIONS], version, tokens)
+            extend_segments(record[TOKEN_VERSIONS], version, tokens)
             if sampled is None:  # the server kept no record of this call: its tokens have none
-                _extend(record[SAMPLED_VERSIONS], UNRECORDED, tokens)
+                extend_segments(record[SAMPLED_VERSIONS], UNRECORDED, tokens)
             for sampled_version, sampled_tokens in sampled or ():
-                _extend(record[SAMPLED_VERSIONS], sampled_version, sampled_tokens)
+                extend_segments(record[SAMPLED_VERSIONS], sampled_version, sampled_tokens)
         output.extra_fields.update(record)
         return output
 
@@ -112,7 +104,6 @@ def check_token_versions(
     no older than ``scheduled`` and no newer than the trainer's weights (version ``step - 1``), and is the version
     the server's own record names (:func:`check_server_record`). Returns their statistics and the fraction of
     tokens the server's record covers; raises :class:`~.rollout.ObservedVersionError` otherwise."""
-    segments = []
     for i, fields in enumerate(extra_fields):
         row = fields.get(TOKEN_VERSIONS) if isinstance(fields, dict) else None
         if row is None:
@@ -129,9 +120,8 @@ def check_token_versions(
                 f"that the rollout never held (versions pushed so far: {sorted(held)}): weights and their version "
                 "tags are out of step; stopping instead of training on it"
             )
-        segments.append([(int(v), int(n)) for v, n in row])
     try:
-        versions = versions_from_segments(segments, response_mask, fill=scheduled)
+        versions = token_versions(extra_fields, response_mask)
     except ValueError as exc:
         raise ObservedVersionError(f"offpolicy scheduler: step {step}: {exc}") from exc
     violation = version_contract_violation(versions, response_mask, scheduled, step - 1)
@@ -145,8 +135,8 @@ def check_token_versions(
 
 
 def token_versions(extra_fields: list[Any], response_mask) -> torch.Tensor:
-    """The client's record of each token's version laid onto ``response_mask`` (−1 outside it), for trajectories
-    :func:`check_token_versions` has checked."""
+    """The client's record of each token's version laid onto ``response_mask`` (−1 outside it); ``ValueError`` for
+    a row whose segments cover fewer tokens than its mask."""
     segments = [[(int(v), int(n)) for v, n in fields[TOKEN_VERSIONS]] for fields in extra_fields]
     return versions_from_segments(segments, response_mask, fill=-1)
 
