@@ -1,22 +1,28 @@
-"""Partial rollouts vs waiting for the drain, on the tool task with a slow tool (CPU end-to-end path).
+"""Partial rollouts vs waiting for the drain, on the long-tailed CPU workloads (CPU end-to-end path).
 
-One real ``main_ppo`` run per mode and setting, all in one invocation, the same inputs (``opmd``, ``--model
-tiny-tool``, 4 prompts x 4 samples, no validation, seed 0, the tool's reply taking ``--latency`` seconds): colocated,
-overlapped waiting for the drain at each push (``partial_rollout=false``), and overlapped with partial rollouts.
-Steps 2.. are measured (step 1 holds the first version's generation and the warm-up). Per run: the mean step time
-(verl's ``timing_s/step``), the trainer's wait for its batch (``offpolicy/wait_s``) and for the drain before a push
-(``offpolicy/sync_wait_s``), the fraction of trained responses spanning versions, the mean train reward; and the
-ratio of step times drain / partial.
+One real ``main_ppo`` run per mode and setting, all in one invocation, the same inputs (``opmd``, 4 prompts x 4
+samples, no validation, seed 0): colocated, overlapped waiting for the drain at each push (``partial_rollout=false``),
+and overlapped with partial rollouts. The task (``--task``): ``tool``, the tool task (``--model tiny-tool``) with the
+tool's reply taking ``--latency`` seconds (``--spread``: fixed or heavy-tailed); ``long``, the repeat task with
+long-tailed response lengths (``--model tiny-long``). Steps 2.. are measured (step 1 holds the first version's
+generation and the warm-up). Per run: the mean step time (verl's ``timing_s/step``), the trainer's wait for its batch
+(``offpolicy/wait_s``) and for the drain before a push (``offpolicy/sync_wait_s``), the fraction of trained responses
+spanning versions, the mean and largest response length, the mean train reward; the ratio of step times drain /
+partial; and the train reward of every step against steps and against the run's training wall-clock (the sum of
+its step times), a table and a PNG.
 
-    python benchmarks/bench_partial.py [--steps 8] [--latency 1.5] [--spread fixed|lognormal] [--settings 1,1 2,1 4,1]
+    python benchmarks/bench_partial.py [--task tool|long] [--steps 8] [--latency 1.5] [--spread fixed|lognormal]
+        [--settings 1,1 2,1 4,1]
 
 Run it on an idle machine; it writes ``benchmarks/results/partial_rollout.md`` (``partial_rollout_lognormal.md`` with
-``--spread lognormal``), the command and the commit in it.
+``--spread lognormal``, ``partial_rollout_long.md`` with ``--task long``) and the curves beside it
+(``..._curves.png``), the command and the commit in it.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -44,23 +50,38 @@ def _mean(rows, key):
     return statistics.fmean(values) if values else float("nan")
 
 
-def run(mode: str, s: int, d: int, steps: int, latency: float, spread: str, root: Path) -> dict:
-    from verl_offpolicy.demo.run import run_demo
+TASKS = {"tool": "tiny-tool", "long": "tiny-long"}  # --task -> the demo model that runs it
+
+
+def task_overrides(task: str, out: Path, latency: float, spread: str) -> list[str]:
+    """The tool task's tool config with its latency; nothing for the long-tailed task."""
+    if task != "tool":
+        return []
     from verl_offpolicy.demo.tool_task import write_tool_config
+
+    tool = write_tool_config(out / "lookup_tool.yaml", latency, spread)
+    return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool}"]
+
+
+def run(mode: str, s: int, d: int, steps: int, task: str, latency: float, spread: str, root: Path) -> dict:
+    from verl_offpolicy.demo.run import run_demo
 
     out = root / f"{mode.replace(', ', '_').replace(' ', '_')}_s{s}d{d}"
     out.mkdir(parents=True)
-    tool = write_tool_config(out / "lookup_tool.yaml", latency, spread)
-    tool_override = f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool}"
-    overrides = SMALL_DEMO + schedule(s, d) + MODES[mode] + [tool_override]
+    overrides = SMALL_DEMO + schedule(s, d) + MODES[mode] + task_overrides(task, out, latency, spread)
     print(f"[bench_partial] {mode} at ({s}, {d}) ...", flush=True)
     started = time.perf_counter()
     result = run_demo(
         "opmd", steps, 0, out, overrides=overrides, config_name=PRIMARY_CONFIG, stream=False, plot=False,
-        model="tiny-tool", timeout=1800,
+        model=TASKS[task], timeout=1800,
     )  # fmt: skip
     rows = [m for m in result.metrics if m["step"] >= 2]
+    every = sorted(result.metrics, key=lambda m: m["step"])
     return {
+        "rewards": [m.get("critic/score/mean", float("nan")) for m in every],
+        "clock": list(itertools.accumulate(m.get("timing_s/step", 0.0) for m in every)),
+        "length": _mean(rows, "response_length/mean"),
+        "length_max": max((m.get("response_length/max", float("nan")) for m in rows), default=float("nan")),
         "step_s": _mean(rows, "timing_s/step"),
         "wait_s": _mean(rows, "offpolicy/wait_s"),
         "sync_wait_s": _mean(rows, "offpolicy/sync_wait_s"),
@@ -72,42 +93,102 @@ def run(mode: str, s: int, d: int, steps: int, latency: float, spread: str, root
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=TASKS, default="tool", help="tool: slow tool; long: long-tailed lengths")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--latency", type=float, default=1.5, help="seconds the tool takes to reply")
     parser.add_argument("--spread", choices=SPREADS, default="fixed", help="the tool's latency: fixed or heavy-tailed")
     parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1"])
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-partial-"))
+    title = "tool task, slow tool" if args.task == "tool" else "repeat task, long-tailed response lengths"
+    workload = (
+        f"Tool latency {args.latency:g} s ({args.spread})"
+        if args.task == "tool"
+        else "Response budgets log-normal per row (median 6 tokens, up to 48; `--model tiny-long`)"
+    )
     lines = [
-        "# Partial rollouts vs waiting for the drain (tool task, slow tool)",
+        f"# Partial rollouts vs waiting for the drain ({title})",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} at commit {measured_commit()}, on this 2-core CPU machine:",
         "",
         f"    {command_line('bench_partial.py', argv)}",
         "",
-        f"Tool latency {args.latency:g} s ({args.spread}), {args.steps} steps, means over steps 2..{args.steps}; "
+        f"{workload}, {args.steps} steps, means over steps 2..{args.steps} (response length: mean and largest); "
         "ratio = overlapped drain step time / partial step time (> 1: partial is faster).",
         "",
-        "| (s, d) | mode | step s | wait s | push wait s | spanning | reward (mean) |",
-        "|---|---|---|---|---|---|---|",
+        "| (s, d) | mode | step s | wait s | push wait s | spanning | length | length max | reward (mean) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    ratios = []
+    ratios, curves = [], {}
     for setting in args.settings:
         s, d = (int(x) for x in setting.split(","))
-        results = {mode: run(mode, s, d, args.steps, args.latency, args.spread, root) for mode in MODES}
+        results = {mode: run(mode, s, d, args.steps, args.task, args.latency, args.spread, root) for mode in MODES}
+        curves[s, d] = results
         for mode, r in results.items():
             lines.append(
                 f"| ({s}, {d}) | {mode} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['sync_wait_s']:.2f} | "
-                f"{r['spanning']:.2f} | {r['reward']:.3f} |"
+                f"{r['spanning']:.2f} | {r['length']:.1f} | {r['length_max']:.0f} | {r['reward']:.3f} |"
             )
         ratio = results["overlapped, drain"]["step_s"] / results["overlapped, partial"]["step_s"]
         ratios.append(f"({s}, {d}): {ratio:.2f}x")
     lines += ["", "Drain / partial step time: " + ", ".join(ratios) + ".", ""]
+    name = (
+        "partial_rollout"
+        + ("" if args.task == "tool" else "_long")
+        + ("" if args.spread == "fixed" or args.task != "tool" else f"_{args.spread}")
+    )
+    lines += curve_tables(curves) + ["", f"![reward curves]({name}_curves.png)", ""]
     text = "\n".join(lines)
-    name = "partial_rollout.md" if args.spread == "fixed" else f"partial_rollout_{args.spread}.md"
-    (RESULTS / name).write_text(text)
+    (RESULTS / f"{name}.md").write_text(text)
+    plot_curves(curves, RESULTS / f"{name}_curves.png")
     print(text)
     return 0
+
+
+def curve_tables(curves: dict) -> list[str]:
+    """Per setting, the train reward of every step and the training wall-clock (s) it was reached at, per mode."""
+    lines = [
+        "## Learning curves",
+        "",
+        "Train reward (`critic/score/mean`) at each step, and in brackets the run's training wall-clock at the end of "
+        "that step (s, the sum of `timing_s/step`, start-up excluded).",
+        "",
+    ]
+    for (s, d), results in curves.items():
+        steps = max(len(r["rewards"]) for r in results.values())
+        lines += [f"({s}, {d}):", "", "| step | " + " | ".join(results) + " |", "|---" * (len(results) + 1) + "|"]
+        for i in range(steps):
+            cells = [
+                f"{r['rewards'][i]:.3f} ({r['clock'][i]:.0f})" if i < len(r["rewards"]) else ""
+                for r in results.values()
+            ]
+            lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def plot_curves(curves: dict, path: Path) -> None:
+    """Reward against steps (top) and against training wall-clock (bottom), one column per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(curves), figsize=(4.5 * len(curves), 7), squeeze=False)
+    for column, ((s, d), results) in enumerate(curves.items()):
+        by_step, by_clock = axes[0][column], axes[1][column]
+        for (mode, r), marker in zip(results.items(), "osx", strict=False):
+            by_step.plot(range(1, len(r["rewards"]) + 1), r["rewards"], marker=marker, label=mode)
+            by_clock.plot(r["clock"], r["rewards"], marker=marker, label=mode)
+        by_step.set_title(f"(s, d) = ({s}, {d})")
+        by_step.set_xlabel("training step")
+        by_clock.set_xlabel("training wall-clock (s, start-up excluded)")
+        for axis in (by_step, by_clock):
+            axis.set_ylabel("train reward")
+            axis.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,25 @@ def rollout_server_semantics(workdir: str) -> dict[str, Any]:
         await server.resume_generation()
         resumed = await server.generate(prompts[0], dict(greedy, max_tokens=6), request_id="res")
         out["serves_after_resume"] = resumed.token_ids == after.token_ids
+        # engine_kwargs.hf.token_latency_s: a sleep after every generation step but the last, of what the step's
+        # compute left of the latency; the same sample as without it.
+        import verl_offpolicy.cpu.hf_server as hf_server
+
+        slow, _ = in_process_server(
+            paths["model_path"],
+            paths["tokenizer_path"],
+            ["actor_rollout_ref.rollout.engine_kwargs.hf.token_latency_s=0.01"],
+        )
+        sleeps, real_sleep = [], hf_server.time.sleep
+        hf_server.time.sleep = lambda seconds: (sleeps.append(seconds), real_sleep(seconds))
+        try:
+            sampled = {"temperature": 1.0, "ignore_eos": True, "max_tokens": 5, "seed": 5}
+            slow_out = await slow.generate(prompts[0], dict(sampled), request_id="slow")
+        finally:
+            hf_server.time.sleep = real_sleep
+        plain, _ = in_process_server(paths["model_path"], paths["tokenizer_path"])  # the same start, no latency
+        fast_out = await plain.generate(prompts[0], dict(sampled), request_id="fast")
+        out["token_latency"] = {"sleeps": sleeps, "same_sample": slow_out.token_ids == fast_out.token_ids}
         return out
 
     return asyncio.run(run())

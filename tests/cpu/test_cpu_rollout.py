@@ -88,6 +88,15 @@ def test_sample_next_reports_what_vllm_reports_for_each_logprobs_mode():
         sample_next(logits, key, torch.Generator(), logprobs_mode="logprobs")
 
 
+@pytest.mark.parametrize("value", [-1, "fast", True, float("inf")])
+def test_a_bad_token_latency_names_the_key(value):
+    from verl_offpolicy.cpu.hf_server import HFRolloutError, token_latency
+
+    with pytest.raises(HFRolloutError, match=r"engine_kwargs\.hf\.token_latency_s=.*must be a number of seconds >= 0"):
+        token_latency({"token_latency_s": value})
+    assert token_latency({}) == 0.0 and token_latency({"token_latency_s": 0.02}) == 0.02
+
+
 @pytest.mark.slow
 def test_server_generation_semantics_against_transformers(tmp_path):
     report = isolated("tests.scenario_rollout:rollout_server_semantics", timeout=TIMEOUT, workdir=str(tmp_path))
@@ -113,6 +122,10 @@ def test_server_generation_semantics_against_transformers(tmp_path):
         record, tokens = report[name]
         assert tokens > 0 and record == [[version, tokens]], (name, record, tokens)
     assert report["sampled_rejected"] == []
+    # token latency 0.01 s, 5 tokens: a sleep after each of the first 4 steps, none over the latency
+    latency = report["token_latency"]
+    assert len(latency["sleeps"]) == 4 and all(0 <= s <= 0.01 for s in latency["sleeps"]), latency
+    assert latency["same_sample"]
 
 
 @pytest.mark.slow

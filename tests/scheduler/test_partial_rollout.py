@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from tests.jobs import queued_at_start
 from tests.markers import needs_vllm
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, dumped_batches, schedule, start_resumed
 from tests.scenario_schedule import OVERLAPPED
+from verl_offpolicy.glue.scheduler.audit import AUDIT_DIR_ENV, batch_path, weights_path
 from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS, SERVER_RECORDED_FRACTION
 from verl_offpolicy.glue.scheduler.partial import (
     SAMPLED_VERSIONS,
@@ -304,11 +306,16 @@ RESUME_STEP = 3
 ROLLOUTS = {"hf": (STANDALONE, "tiny-tool"), "vllm": (["+cpu_rollout=[vllm,standalone]"], "tiny-tool-h32")}
 
 
+def _once_dir(demo_runs, name: str) -> Path:
+    """A session directory made once: a fixture's body runs at the session's start and again for every test that
+    uses it, and a path in a run's overrides or environment is part of the run's key (a new one: a second run)."""
+    return demo_runs.once((name,), lambda: demo_runs.tmp_dir(name))
+
+
 def _partial_overrides(demo_runs, rollout="hf") -> list[str]:
     from verl_offpolicy.demo.tool_task import write_tool_config
 
-    folder = demo_runs.tmp_dir("partial_tool_config")
-    tool_config = write_tool_config(folder / "lookup_tool.yaml", TOOL_LATENCY_S)
+    tool_config = write_tool_config(_once_dir(demo_runs, "partial_tool_config") / "lookup_tool.yaml", TOOL_LATENCY_S)
     return SMALL_DEMO + schedule(*SETTING) + ROLLOUTS[rollout][0] + [
         PARTIAL,
         "algorithm.offpolicy.ratio_anchor=rollout",
@@ -324,8 +331,12 @@ def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS, rol
 
 @queued_at_start()
 def partial_tool_run(demo_runs):
-    """The hf partial tool run, saving at step RESUME_STEP, and that run resumed from there."""
-    uninterrupted = _partial_tool_run(demo_runs, extra=[f"trainer.save_freq={RESUME_STEP}"])
+    """The hf partial tool run, saving at step RESUME_STEP, with the audit hook on (its folder), and that run resumed
+    from there."""
+    folder = _once_dir(demo_runs, "partial_tool_audit")
+    uninterrupted = _partial_tool_run(
+        demo_runs, env={AUDIT_DIR_ENV: str(folder)}, extra=[f"trainer.save_freq={RESUME_STEP}"]
+    )
     resumed = start_resumed(
         demo_runs,
         uninterrupted,
@@ -338,7 +349,7 @@ def partial_tool_run(demo_runs):
         name="partial_tool_resumed",
         model=ROLLOUTS["hf"][1],
     )
-    return uninterrupted, resumed
+    return uninterrupted, resumed, folder
 
 
 @queued_at_start()
@@ -364,6 +375,54 @@ def test_a_partial_tool_run_keeps_every_token_within_its_batchs_versions(partial
     _check_partial_run(partial_tool_run[0].result(), server_record=True)
 
 
+def recomputed_log_probs(model, input_ids: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """log π(response token | its prefix) from one full forward pass of ``model`` over prompt + response (temperature
+    1, the demo's): the recomputation, with no KV cache carried across a push."""
+    with torch.no_grad():
+        logits = model(input_ids[None]).logits[0].float()
+    start = len(input_ids) - len(responses)
+    return torch.log_softmax(logits[start - 1 : -1], dim=-1).gather(-1, responses[:, None])[:, 0]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_every_tokens_rollout_log_prob_equals_a_recomputation_with_the_trainers_weights_of_its_version(
+    partial_tool_run,
+):
+    """The audit hook saved the weights the trainer sent as each version and every trained batch. For every response
+    token of every step, its rollout log-prob (the engine's, which the ``rollout`` anchor trains with) equals a full
+    forward pass of the trainer's weights of the version the token is tagged with, within fp32 rounding: the tokens
+    older than the trainer's weights too, and both sides of a trajectory that spans a push (the tokens after it
+    sampled by the new weights over a prefix the old ones wrote)."""
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    result, folder = partial_tool_run[0].result(), partial_tool_run[2]
+    config = yaml.safe_load((Path(result.output_dir) / "hydra" / ".hydra" / "config.yaml").read_text())
+    assert config["actor_rollout_ref"]["rollout"]["temperature"] == 1.0  # what recomputed_log_probs assumes
+    model = AutoModelForCausalLM.from_pretrained(config["actor_rollout_ref"]["model"]["path"], dtype=torch.float32)
+    model.eval()
+    compared, old, spanning_compared = Counter(), 0, 0
+    for step in range(1, STEPS + 1):
+        batch = torch.load(batch_path(folder, step))
+        versions, mask, rollout = batch["token_versions"], batch["response_mask"].bool(), batch["rollout_log_probs"]
+        for version in sorted(set(versions[mask].tolist())):
+            model.load_state_dict(torch.load(weights_path(folder, version)))
+            for i, (ids, responses) in enumerate(zip(batch["input_ids"], batch["responses"], strict=True)):
+                n = len(responses)
+                at = mask[i, :n] & (versions[i, :n] == version)
+                if not at.any():
+                    continue
+                gap = (recomputed_log_probs(model, ids, responses)[at] - rollout[i, :n][at]).abs().max().item()
+                assert gap < 1e-4, (step, version, i, gap)
+                compared[step, version] += int(at.sum())
+                old += int(at.sum()) if version < step - 1 else 0
+                spanning_compared += int(len(set(versions[i][mask[i]].tolist())) > 1)
+        assert sum(n for (s, _), n in compared.items() if s == step) == int(mask.sum()), step  # every token
+    assert old > 0 and spanning_compared > 0, (compared, old, spanning_compared)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
@@ -372,7 +431,7 @@ def test_a_partial_tool_run_resumed_from_its_checkpoint_trains_the_saved_batch(p
     B_4 as saved, sample for sample the uninterrupted run's step 4 (nothing lost, nothing generated twice), its
     tokens all of version 2 (v(4), none newer than the weights of step 3), each checked per token against the
     versions held before the save and the server's record."""
-    uninterrupted, resumed_job = partial_tool_run
+    uninterrupted, resumed_job, _ = partial_tool_run
     reference = uninterrupted.result()
     resumed, log, metrics = resumed_job.result()
     assert f"offpolicy scheduler: restored 1 queued batches for steps [{STEPS}]" in log, log[-3000:]

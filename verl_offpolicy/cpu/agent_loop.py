@@ -33,6 +33,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 import verl_offpolicy.cpu.tool_parser  # noqa: F401 - registers the word-level tool-call format beside the tool loop
+from verl_offpolicy.cpu.task import ROW_MAX_TOKENS_KEY
 from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP
 
 _ROW_STRIDE = 1_000_003  # > any group size: (row, session) -> distinct seeds
@@ -57,13 +58,18 @@ def copy_number(row_object: Any) -> int:
 
 
 def seeded(sampling_params: dict[str, Any], rollout_name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The sample's sampling parameters with its seed (from the row's ``index`` and the sample's copy number)
-    and, on the ``hf`` rollout, verl's ``priority`` argument (module docstring)."""
+    """The sample's sampling parameters with its seed (from the row's ``index`` and the sample's copy number),
+    its row's response cap as ``max_tokens`` when the row sets one (``extra_info``'s
+    :data:`~verl_offpolicy.cpu.task.ROW_MAX_TOKENS_KEY`) and, on the ``hf`` rollout, verl's ``priority`` argument
+    (module docstring)."""
     if "seed" not in sampling_params and kwargs.get("index") is not None:
         session = kwargs.get("session_id")
         if session is None:  # verl's legacy trainer: its agent loop numbers no copies
             session = copy_number(kwargs.get("raw_prompt"))
         sampling_params = {**sampling_params, "seed": int(kwargs["index"]) * _ROW_STRIDE + int(session)}
+    cap = (kwargs.get("extra_info") or {}).get(ROW_MAX_TOKENS_KEY)
+    if cap is not None and "max_tokens" not in sampling_params:
+        sampling_params = {**sampling_params, "max_tokens": int(cap)}
     priority = int(kwargs.get("priority", 0) or 0)
     if priority and rollout_name == HF_ROLLOUT:
         sampling_params = {**sampling_params, "priority": priority}

@@ -38,6 +38,7 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_offpolicy.glue.registration import CPU_CHECKPOINT_BACKEND
+from verl_offpolicy.glue.scheduler import audit
 
 MAILBOX_NAME = "verl_offpolicy_weight_mailbox"
 # Seconds a rollout rank waits for the trainer's weights of one sync before failing the run.
@@ -179,6 +180,10 @@ class MailboxCheckpointEngine(CheckpointEngine):
             return {}
         if bucket:
             refs.append(ray.put(bucket))
+        folder = audit.audit_dir()
+        if folder is not None and global_steps is not None:  # the audit hook (off unless its variable is set)
+            sent = {name: t for ref in refs for name, t in ray.get(ref)}
+            audit.save(audit.weights_path(folder, global_steps), sent)
         await get_mailbox().post.remote(sync_id, [refs], self.readers)
         self.last_send = {
             "offpolicy/weight_sync/tensors": float(count),

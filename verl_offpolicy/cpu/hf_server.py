@@ -23,6 +23,11 @@ parameters are batched (left padding, KV cache). Sampling and seeding: :mod:`.sa
   loaded), and returns the record, run-length encoded, in ``extra_fields[SAMPLED_VERSIONS]``. The client's
   per-token versions (partial rollouts, :mod:`verl_offpolicy.glue.scheduler.partial`) are checked against it.
 
+- ``engine_kwargs.hf.token_latency_s`` (default 0): each generation step of a batch takes at least that long (the
+  server sleeps, holding no core, for what the step's compute did not use): the per-token time of a model larger
+  than the CPU path's, so that a long response costs its length on the CPU too (the long-tailed workload,
+  ``demo --model tiny-long``). An abort still lands between two steps.
+
 The server talks over Ray only and listens on no port. The replica that launches it and the adapter
 that feeds it weights are in :mod:`.rollout`.
 """
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -52,6 +58,7 @@ logger.setLevel(os.getenv("VERL_OFFPOLICY_LOGGING_LEVEL", "INFO"))
 
 # Seconds the server waits for concurrent requests to arrive before starting a batch.
 DEFAULT_BATCH_WINDOW_S = 0.005
+TOKEN_LATENCY_KEY = "token_latency_s"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
 
 
 class HFRolloutError(RuntimeError):
@@ -81,6 +88,17 @@ def check_rollout_parallelism(config) -> None:
             f"rollout name={HF_ROLLOUT} does not support prefill/decode disaggregation; "
             "set actor_rollout_ref.rollout.disaggregation.enabled=false"
         )
+
+
+def token_latency(engine_kwargs: dict[str, Any]) -> float:
+    """``engine_kwargs.hf.token_latency_s`` (seconds >= 0, default 0), or an ``HFRolloutError`` naming the key."""
+    value = engine_kwargs.get(TOKEN_LATENCY_KEY, 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 <= value < math.inf):
+        raise HFRolloutError(
+            f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{TOKEN_LATENCY_KEY}={value!r}: must be a number "
+            "of seconds >= 0 (each generation step takes at least that long; 0: no latency)"
+        )
+    return float(value)
 
 
 @dataclass
@@ -133,6 +151,7 @@ class HFRolloutServer:
         self.node_rank = node_rank
         engine_kwargs = dict((self.config.engine_kwargs or {}).get(HF_ROLLOUT, None) or {})
         self.batch_window_s = float(engine_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S))
+        self.token_latency_s = token_latency(engine_kwargs)
         num_threads = int(engine_kwargs.get("num_threads", 0) or 0) or (os.cpu_count() or 1)
         torch.set_num_threads(num_threads)
 
@@ -373,6 +392,7 @@ class HFRolloutServer:
         position = position_ids[:, -1:]
         active = [True] * batch
         max_steps = max(r.max_tokens for r in requests)
+        step_started = time.perf_counter()
         for _ in range(max_steps):
             tokens, log_probs = sample_next(logits, key, generators, seen, self.config.logprobs_mode)
             token_list, log_prob_list = tokens.tolist(), log_probs.tolist()
@@ -396,6 +416,9 @@ class HFRolloutServer:
                     if active[i]:
                         request.stop_reason = "aborted"
                 break
+            if self.token_latency_s > 0:  # a larger model's step time (module docstring)
+                time.sleep(max(0.0, self.token_latency_s - (time.perf_counter() - step_started)))
+                step_started = time.perf_counter()
             if seen is not None:
                 seen = torch.cat([seen, tokens[:, None]], dim=1)
             attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)

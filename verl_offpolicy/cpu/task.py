@@ -21,6 +21,12 @@ from typing import Any, Optional
 
 REWARD_FUNCTION_PATH = "pkg://verl_offpolicy.cpu.task"
 REWARD_FUNCTION_NAME = "compute_score"
+# A row's budget (``extra_info``): what the reward divides by.
+BUDGET_KEY = "max_response_length"
+# A row's response cap (``extra_info``, optional): the seeded agent loops pass it to the rollout as the sample's
+# ``max_tokens`` (the long-tailed variant of the task sets it to the row's budget; verl caps it at its own
+# ``response_length``).
+ROW_MAX_TOKENS_KEY = "max_tokens"
 
 
 def score(response_words: list[str], target: str, budget: int) -> float:
@@ -41,7 +47,7 @@ def compute_score(
     words = solution_str.split()
     budget = None
     if isinstance(extra_info, dict):
-        budget = extra_info.get("max_response_length")
+        budget = extra_info.get(BUDGET_KEY)
     if not budget:
         budget = max(len(words), 1)
     return score(words, str(ground_truth), int(budget))

@@ -5,6 +5,10 @@
   :mod:`verl_offpolicy.cpu.task`, is ``+cpu=demo``'s), with ``+cpu=demo``'s settings.
 - ``tiny-h32``: the same with 2 attention heads of 32 instead of 4 of 16 (same parameter count), for
   verl's vLLM rollout (``+cpu_rollout=vllm``): vLLM's CPU attention needs head_dim >= 32.
+- ``tiny-long``: the tiny model on the repeat task with long-tailed response lengths (a log-normal budget per row,
+  median 6, up to 48, that caps the row's responses: :mod:`.repeat_task`), each generation step of the ``hf``
+  rollout taking 20 ms (``engine_kwargs.hf.token_latency_s``: a larger model's decode), so that a batch waits for
+  its longest response.
 - ``tiny-tool``: the tiny model with the tool task's words (:mod:`.tool_task`): a question only a tool call
   answers, run by verl's multi-turn tool agent loop (``seeded_tool_agent``), two model turns per rewarded
   trajectory (docs/multi_turn.md); ``tiny-tool-h32``: the same with head_dim 32, for verl's vLLM rollout.
@@ -37,14 +41,32 @@ from typing import Callable
 from verl_offpolicy.glue.registration import HF_ROLLOUT, SEEDED_TOOL_AGENT_LOOP, VLLM_ROLLOUT, WORD_TOOL_PARSER
 
 
-def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> dict[str, str]:
-    """The tiny model (in ``tiny/``, or with head_dim 32 in ``tiny_h32/``) and the repeat task's data."""
+def _build_tiny(output_dir: Path, seed: int, *, head_dim_32: bool = False, long_tail: bool = False) -> dict[str, str]:
+    """The tiny model (in ``tiny/``, or with head_dim 32 in ``tiny_h32/``) and the repeat task's data (with
+    ``long_tail``, its long-tailed variant)."""
     from verl_offpolicy.demo.repeat_task import build_dataset
     from verl_offpolicy.demo.tiny import HEAD_DIM_32, TinyModelSpec, build_tiny
 
     spec = TinyModelSpec(seed=seed, **(HEAD_DIM_32 if head_dim_32 else {}))
     tiny = build_tiny(output_dir / ("tiny_h32" if head_dim_32 else "tiny"), spec)
-    return {**tiny, **build_dataset(output_dir / "data", seed=seed)}
+    return {**tiny, **build_dataset(output_dir / "data", long_tail=long_tail, seed=seed)}
+
+
+# The long-tailed task's per-token time on the hf rollout: the tiny model's own step (~3 ms) is too short for a long
+# response to cost its length; 20 ms a step is a larger model's decode (the hf server sleeps, holding no core).
+LONG_TAIL_TOKEN_LATENCY_S = 0.02
+
+
+def _long_tail_overrides() -> tuple[str, ...]:
+    """The long-tailed repeat task: responses up to its largest budget, each token taking a larger model's time."""
+    from verl_offpolicy.cpu.hf_server import TOKEN_LATENCY_KEY
+    from verl_offpolicy.demo.repeat_task import LONG_TAIL_CAP
+
+    return (
+        f"data.max_response_length={LONG_TAIL_CAP}",
+        f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{TOKEN_LATENCY_KEY}={LONG_TAIL_TOKEN_LATENCY_S}",
+        "trainer.experiment_name=demo_long_tail",
+    )
 
 
 def _build_tiny_tool(output_dir: Path, seed: int, *, head_dim_32: bool = False) -> dict[str, str]:
@@ -186,6 +208,17 @@ MODELS: dict[str, DemoModel] = {
         build=partial(_build_tiny, head_dim_32=True),
         default_steps=40,
         default_timeout_s=lambda steps: 1200.0,
+        task_overrides=_REPEAT_TASK_OVERRIDES,
+    ),
+    # the repeat task with long-tailed response lengths: a log-normal budget per row, responses capped at it
+    "tiny-long": DemoModel(
+        name="tiny-long",
+        title="tiny Llama, repeat task, long-tailed lengths",
+        preparing="the tiny model and the long-tailed repeat task's data",
+        build=partial(_build_tiny, long_tail=True),
+        default_steps=40,
+        default_timeout_s=lambda steps: 1800.0,
+        overrides=_long_tail_overrides(),
         task_overrides=_REPEAT_TASK_OVERRIDES,
     ),
     # verl's multi-turn tool agent loop: a question only the row's tool answers (demo/tool_task.py)

@@ -46,7 +46,7 @@ from verl.utils.debug import marked_timer
 
 from verl_offpolicy.core.schedule import Schedule
 from verl_offpolicy.glue.registration import OVERLAPPED_TRAINER
-from verl_offpolicy.glue.scheduler import store
+from verl_offpolicy.glue.scheduler import audit, store
 from verl_offpolicy.glue.scheduler.dispatch import BackgroundDispatch
 from verl_offpolicy.glue.scheduler.metrics import (
     GENERATED_BATCHES,
@@ -180,11 +180,15 @@ class OverlappedTrainer(OffPolicyTrainer):
         if self._engine_mismatch_pair(0) is None:
             return
         keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
-        fields = ["extra_fields", "old_log_probs", "rollout_log_probs", "response_mask"]
+        folder = audit.audit_dir()
+        read = audit.BATCH_FIELDS if folder else ("rollout_log_probs", "response_mask")
+        fields = ["extra_fields", "old_log_probs", *read]
         data = store.read(keys, fields, batch.partition_id)
         extra_fields = data.pop("extra_fields").tolist()
         padded = data.to_padded_tensor()
         versions = token_versions(extra_fields, padded["response_mask"])  # -1 outside the mask
+        if folder:
+            audit.save(audit.batch_path(folder, self.global_steps), audit.batch_payload(data, padded, versions))
         fresh = versions == self.global_steps - 1
         metrics.update(engine_mismatch_metrics(padded["old_log_probs"], padded["rollout_log_probs"], fresh))
         metrics.update(fresh_token_metrics(padded["old_log_probs"], padded["rollout_log_probs"], fresh))
