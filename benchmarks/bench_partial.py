@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _results import RESULTS, command_line, measured_commit
 
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
+from verl_offpolicy.demo.repeat_task import LONG_TAIL_CAP, LONG_TAIL_MEDIAN
 from verl_offpolicy.demo.tool_task import SPREADS
 
 ROLLOUT_ANCHOR = "algorithm.offpolicy.ratio_anchor=rollout"
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
     workload = (
         f"Tool latency {args.latency:g} s ({args.spread})"
         if args.task == "tool"
-        else "Response budgets log-normal per row (median 6 tokens, up to 48; `--model tiny-long`)"
+        else f"Response budgets log-normal per row (median {LONG_TAIL_MEDIAN} tokens, up to {LONG_TAIL_CAP}; "
+        "`--model tiny-long`)"
     )
     lines = [
         f"# Partial rollouts vs waiting for the drain ({title})",

@@ -6,7 +6,7 @@ budget filled with ``s``. The data are written in verl's RLHF parquet format (``
 ``prompt`` as chat messages, ``ability``, ``reward_model.ground_truth``, ``extra_info``; the budget
 is ``extra_info.max_response_length``).
 
-The long-tailed variant (``demo --model tiny-long``, :func:`build_long_tail_dataset`): each row's budget is a
+The long-tailed variant (``demo --model tiny-long``, ``build_dataset(long_tail=True)``): each row's budget is a
 log-normal draw, and the row caps its responses there (``extra_info.max_tokens``, which the seeded agent loops pass
 to the rollout), so as the model learns to fill its budget the response lengths follow the draw: most short, a few
 many times longer, and a batch's generation waits for its longest response.
