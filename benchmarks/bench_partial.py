@@ -4,19 +4,23 @@ One real ``main_ppo`` run per mode and setting, all in one invocation, the same 
 samples, no validation, seed 0): colocated, overlapped waiting for the drain at each push (``partial_rollout=false``),
 and overlapped with partial rollouts. The task (``--task``): ``tool``, the tool task (``--model tiny-tool``) with the
 tool's reply taking ``--latency`` seconds (``--spread``: fixed or heavy-tailed); ``long``, the repeat task with
-long-tailed response lengths (``--model tiny-long``). Steps 2.. are measured (step 1 holds the first version's
-generation and the warm-up). Per run: the mean step time (verl's ``timing_s/step``), the trainer's wait for its batch
-(``offpolicy/wait_s``) and for the drain before a push (``offpolicy/sync_wait_s``), the fraction of trained responses
-spanning versions, the mean and largest response length, the mean train reward; the ratio of step times drain /
-partial; and the train reward of every step against steps and against the run's training wall-clock (the sum of
-its step times), a table and a PNG.
+long-tailed response lengths (``--model tiny-long``), each generation step taking ``--latency`` seconds. Steps 2.. are
+measured (step 1 holds the first version's generation and the warm-up). Per run: the mean step time (verl's
+``timing_s/step``), the trainer's wait for its batch (``offpolicy/wait_s``) and for the drain before a push
+(``offpolicy/sync_wait_s``), the fraction of trained responses spanning versions, the mean and largest response
+length, the mean train reward; the ratio of step times drain / partial; and the train reward of every step against
+steps and against the run's training wall-clock (the sum of its step times), a table and a PNG. ``--batching``: the
+``hf`` server's, in every mode: ``continuous`` as vLLM's (a request joins the running batch, the agent loop does not
+order; ``engine_kwargs.hf.continuous_batching``, the long task's default) or ``priority``, one priority's batch at a
+time (the tool task's).
 
-    python benchmarks/bench_partial.py [--task tool|long] [--steps 8] [--latency 1.5] [--spread fixed|lognormal]
-        [--settings 1,1 2,1 4,1]
+    python benchmarks/bench_partial.py [--task tool|long] [--steps 8] [--latency S] [--spread fixed|lognormal]
+        [--settings 1,1 2,1 4,1] [--batching priority|continuous]
 
 Run it on an idle machine; it writes ``benchmarks/results/partial_rollout.md`` (``partial_rollout_lognormal.md`` with
-``--spread lognormal``, ``partial_rollout_long.md`` with ``--task long``) and the curves beside it
-(``..._curves.png``), the command and the commit in it.
+``--spread lognormal``, ``partial_rollout_long.md`` with ``--task long``, ``..._<batching>`` with the other batching,
+``..._latency<S>`` with another latency of the long task) and the curves beside it (``..._curves.png``), the command
+and the commit in it.
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _results import RESULTS, command_line, measured_commit
 
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
+from verl_offpolicy.cpu.hf_server import CONTINUOUS_BATCHING_KEY, TOKEN_LATENCY_KEY
+from verl_offpolicy.demo.models import LONG_TAIL_TOKEN_LATENCY_S
 from verl_offpolicy.demo.repeat_task import LONG_TAIL_CAP, LONG_TAIL_MEDIAN
 from verl_offpolicy.demo.tool_task import SPREADS
+from verl_offpolicy.glue.registration import HF_ROLLOUT
 
 ROLLOUT_ANCHOR = "algorithm.offpolicy.ratio_anchor=rollout"
 MODES = {
@@ -52,24 +59,33 @@ def _mean(rows, key):
 
 
 TASKS = {"tool": "tiny-tool", "long": "tiny-long"}  # --task -> the demo model that runs it
+BATCHING = {  # --batching -> the hf server's overrides, every mode
+    name: [f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{CONTINUOUS_BATCHING_KEY}={value}"]
+    for name, value in (("priority", "false"), ("continuous", "true"))
+}
+BATCHING_WORDS = {"priority": "one priority at a time", "continuous": "continuously (vLLM's)"}
 
 
 def task_overrides(task: str, out: Path, latency: float, spread: str) -> list[str]:
-    """The tool task's tool config with its latency; nothing for the long-tailed task."""
+    """The tool task's tool config with its latency; the long-tailed task's time per generation step."""
     if task != "tool":
-        return []
+        return [f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{TOKEN_LATENCY_KEY}={latency}"]
     from verl_offpolicy.demo.tool_task import write_tool_config
 
     tool = write_tool_config(out / "lookup_tool.yaml", latency, spread)
     return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool}"]
 
 
-def run(mode: str, s: int, d: int, steps: int, task: str, latency: float, spread: str, root: Path) -> dict:
+def run(
+    mode: str, s: int, d: int, steps: int, task: str, latency: float, spread: str, batching: str, root: Path
+) -> dict:
     from verl_offpolicy.demo.run import run_demo
 
     out = root / f"{mode.replace(', ', '_').replace(' ', '_')}_s{s}d{d}"
     out.mkdir(parents=True)
-    overrides = SMALL_DEMO + schedule(s, d) + MODES[mode] + task_overrides(task, out, latency, spread)
+    overrides = (
+        SMALL_DEMO + schedule(s, d) + MODES[mode] + task_overrides(task, out, latency, spread) + BATCHING[batching]
+    )
     print(f"[bench_partial] {mode} at ({s}, {d}) ...", flush=True)
     started = time.perf_counter()
     result = run_demo(
@@ -96,17 +112,27 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=TASKS, default="tool", help="tool: slow tool; long: long-tailed lengths")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--latency", type=float, default=1.5, help="seconds the tool takes to reply")
+    parser.add_argument(
+        "--latency", type=float, default=None,
+        help=f"tool: seconds the tool takes to reply (1.5); long: per generation step ({LONG_TAIL_TOKEN_LATENCY_S})",
+    )  # fmt: skip
     parser.add_argument("--spread", choices=SPREADS, default="fixed", help="the tool's latency: fixed or heavy-tailed")
     parser.add_argument("--settings", nargs="+", default=["1,1", "2,1", "4,1"])
+    parser.add_argument(
+        "--batching", choices=BATCHING, default=None, help="the hf server's batching (tool: priority; long: continuous)"
+    )
     args = parser.parse_args(argv)
+    if args.latency is None:
+        args.latency = 1.5 if args.task == "tool" else LONG_TAIL_TOKEN_LATENCY_S
+    if args.batching is None:  # each demo model's own (tiny-long batches continuously)
+        args.batching = "priority" if args.task == "tool" else "continuous"
     root = Path(tempfile.mkdtemp(prefix="bench-partial-"))
     title = "tool task, slow tool" if args.task == "tool" else "repeat task, long-tailed response lengths"
     workload = (
         f"Tool latency {args.latency:g} s ({args.spread})"
         if args.task == "tool"
         else f"Response budgets log-normal per row (median {LONG_TAIL_MEDIAN} tokens, up to {LONG_TAIL_CAP}; "
-        "`--model tiny-long`)"
+        f"`--model tiny-long`), {args.latency:g} s per generation step"
     )
     lines = [
         f"# Partial rollouts vs waiting for the drain ({title})",
@@ -115,7 +141,8 @@ def main(argv=None) -> int:
         "",
         f"    {command_line('bench_partial.py', argv)}",
         "",
-        f"{workload}, {args.steps} steps, means over steps 2..{args.steps} (response length: mean and largest); "
+        f"{workload}; the hf server batching {BATCHING_WORDS[args.batching]}; "
+        f"{args.steps} steps, means over steps 2..{args.steps} (response length: mean and largest); "
         "ratio = overlapped drain step time / partial step time (> 1: partial is faster).",
         "",
         "| (s, d) | mode | step s | wait s | push wait s | spanning | length | length max | reward (mean) |",
@@ -124,7 +151,10 @@ def main(argv=None) -> int:
     ratios, curves = [], {}
     for setting in args.settings:
         s, d = (int(x) for x in setting.split(","))
-        results = {mode: run(mode, s, d, args.steps, args.task, args.latency, args.spread, root) for mode in MODES}
+        results = {
+            mode: run(mode, s, d, args.steps, args.task, args.latency, args.spread, args.batching, root)
+            for mode in MODES
+        }
         curves[s, d] = results
         for mode, r in results.items():
             lines.append(
@@ -138,6 +168,8 @@ def main(argv=None) -> int:
         "partial_rollout"
         + ("" if args.task == "tool" else "_long")
         + ("" if args.spread == "fixed" or args.task != "tool" else f"_{args.spread}")
+        + ("" if args.batching == ("priority" if args.task == "tool" else "continuous") else f"_{args.batching}")
+        + ("" if args.task == "tool" or args.latency == LONG_TAIL_TOKEN_LATENCY_S else f"_latency{args.latency:g}")
     )
     lines += curve_tables(curves) + ["", f"![reward curves]({name}_curves.png)", ""]
     text = "\n".join(lines)

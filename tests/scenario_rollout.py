@@ -5,6 +5,8 @@
 - :func:`rollout_vs_trainer_after_sync`: a real weight sync, then rollout vs trainer log-probs.
 - :func:`rollout_priority_order`: requests of several priorities sent together are generated one
   priority after the other, lowest first, with the samples they get when batched together.
+- :func:`rollout_continuous_batching`: with ``engine_kwargs.hf.continuous_batching``, short requests sent while a
+  long one generates join it and finish first, every request with the samples it gets alone.
 """
 
 from __future__ import annotations
@@ -355,3 +357,82 @@ def rollout_batching_cost(
         }
 
     return asyncio.run(run())
+
+
+def rollout_continuous_batching(workdir: str, continuous: bool = True) -> dict[str, Any]:
+    """A long request (priority 1, 40 tokens, 10 ms per generation step), then, once it has sampled 5 tokens, four
+    short ones (priority 2, 4 tokens): the order in which they complete, the server's preemptions, and every
+    request's tokens and log-probs against the same request sent alone. Then the abort of a preempted request."""
+    import time
+
+    from verl_offpolicy.cpu.hf_server import _Request
+    from verl_offpolicy.demo.tiny import build_tiny
+
+    paths = build_tiny(Path(workdir) / "tiny")
+    server, _ = in_process_server(
+        paths["model_path"],
+        paths["tokenizer_path"],
+        [
+            f"actor_rollout_ref.rollout.engine_kwargs.hf.continuous_batching={str(continuous).lower()}",
+            "actor_rollout_ref.rollout.engine_kwargs.hf.token_latency_s=0.01",
+            "actor_rollout_ref.rollout.max_model_len=64",
+        ],
+    )
+    tok = server.model_config.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "repeat a"}], add_generation_prompt=True, tokenize=True)
+    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def params(seed: int, priority: int, max_tokens: int) -> dict[str, Any]:
+        return {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": max_tokens, "ignore_eos": True,
+                "seed": seed, "priority": priority, "logprobs": True}  # fmt: skip
+
+    async def alone(seed: int, priority: int, max_tokens: int):
+        out = await server.generate(prompt, params(seed, priority, max_tokens), request_id=f"alone{seed}")
+        return out.token_ids, out.log_probs
+
+    async def run() -> dict[str, Any]:
+        reference = {0: await alone(0, 1, 40), **{seed: await alone(seed, 2, 4) for seed in range(1, 5)}}
+        preemptions = server.stats["preemptions"]
+        done: list[int] = []
+
+        async def one(seed: int, priority: int, max_tokens: int):
+            out = await server.generate(prompt, params(seed, priority, max_tokens), request_id=f"r{seed}")
+            done.append(seed)
+            return seed, (out.token_ids, out.log_probs)
+
+        long = asyncio.ensure_future(one(0, 1, 40))
+        while not (server._running and len(server._running[0].token_ids) >= 5):
+            await asyncio.sleep(0.002)
+        key = server._running[0].key
+        shorts = [asyncio.ensure_future(one(seed, 2, 4)) for seed in range(1, 5)]
+        outs = dict(await asyncio.gather(long, *shorts))
+        gap = max(
+            abs(a - b)
+            for seed, (tokens, log_probs) in outs.items()
+            for a, b in zip(log_probs, reference[seed][1], strict=True)
+        )
+        # a preempted request waiting for its next batch holds tokens of the weights loaded now: an abort ends it
+        loop = asyncio.get_running_loop()
+        waiting = _Request("preempted", prompt, 8, key, True, loop.create_future(), token_ids=[5, 6],
+                           log_probs=[-1.0, -2.0])  # fmt: skip
+        fresh = _Request("fresh", prompt, 8, key, True, loop.create_future())
+        server._pending.extend([waiting, fresh])
+        await server.abort_all_requests()
+        aborted = waiting.future.result() if waiting.future.done() else None
+        still_pending = [r.request_id for r in server._pending]
+        server._pending.clear()
+        await server.resume_generation()
+        return {
+            "completion_order": done,
+            "preemptions": server.stats["preemptions"] - preemptions,
+            "same_tokens": {str(seed): outs[seed][0] == reference[seed][0] for seed in outs},
+            "lengths": {str(seed): len(outs[seed][0]) for seed in outs},
+            "log_prob_gap": gap,
+            "aborted_preempted": None if aborted is None else [aborted.stop_reason, aborted.token_ids],
+            "still_pending": still_pending,
+        }
+
+    started = time.perf_counter()
+    report = asyncio.run(run())
+    report["seconds"] = time.perf_counter() - started
+    return report

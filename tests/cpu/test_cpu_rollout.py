@@ -128,6 +128,39 @@ def test_server_generation_semantics_against_transformers(tmp_path):
     assert latency["same_sample"]
 
 
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_a_bad_continuous_batching_names_the_key(value):
+    from verl_offpolicy.cpu.hf_server import HFRolloutError, continuous_batching
+
+    with pytest.raises(HFRolloutError, match=r"engine_kwargs\.hf\.continuous_batching=.*must be true .* or false"):
+        continuous_batching({"continuous_batching": value})
+    assert continuous_batching({}) is False and continuous_batching({"continuous_batching": True}) is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "by-priority"])
+def test_continuous_batching_lets_short_requests_join_a_long_one_with_the_same_samples(tmp_path, continuous):
+    """A 40-token request of priority 1 generates (10 ms a step); once it has 5 tokens, four 4-token requests of
+    priority 2 arrive. With continuous batching they join it (the long one is preempted and prefilled again with its
+    tokens so far) and finish first; by priority they wait for it. Every request gets the tokens it gets alone (its
+    own sampler survives the preemption) and the same log-probs within fp32 rounding. An abort ends a preempted
+    request that waits for its next batch (it holds tokens of the weights an update replaces) and keeps a fresh one."""
+    report = isolated(
+        "tests.scenario_rollout:rollout_continuous_batching", timeout=TIMEOUT, workdir=str(tmp_path),
+        continuous=continuous,
+    )  # fmt: skip
+    if continuous:
+        assert report["completion_order"][-1] == 0 and sorted(report["completion_order"][:4]) == [1, 2, 3, 4]
+        assert report["preemptions"] >= 1
+    else:
+        assert report["completion_order"][0] == 0 and report["preemptions"] == 0
+    assert report["lengths"] == {"0": 40, "1": 4, "2": 4, "3": 4, "4": 4}
+    assert all(report["same_tokens"].values()), report["same_tokens"]
+    assert report["log_prob_gap"] < 1e-5
+    assert report["aborted_preempted"] == ["aborted", [5, 6]]
+    assert report["still_pending"] == ["fresh"]
+
+
 @pytest.mark.slow
 def test_server_generates_the_lowest_priority_first_with_the_same_samples(tmp_path):
     """Streaming in the overlapped mode rests on this: 3 priorities x 8 requests, sent interleaved and at

@@ -55,3 +55,5 @@ def test_tiny_long_composes_with_responses_up_to_the_largest_budget(tmp_path):
     tail = run_overrides("opmd", "offpolicy_trainer", "tiny-long")
     cfg = compose_and_check("offpolicy_trainer", ["+cpu=demo", f"actor_rollout_ref.model.path={tmp_path}", *tail])
     assert cfg.data.max_response_length == LONG_TAIL_CAP
+    hf = cfg.actor_rollout_ref.rollout.engine_kwargs.hf
+    assert hf.continuous_batching is True and hf.token_latency_s == 0.02  # vLLM's batching, a larger model's decode

@@ -521,6 +521,28 @@ def test_a_sample_cancelled_while_coming_back_from_its_tool_holds_nothing():
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+def test_the_ordered_loops_do_not_order_on_a_server_that_batches_continuously(continuous):
+    """With ``engine_kwargs.hf.continuous_batching`` the hf server admits by priority itself (vLLM's way): a gate in the
+    agent loop would keep the next batch's samples from joining the running one, so ``hold_turn`` takes no turn; by
+    priority it takes the sample's. The rollout config is a DictConfig, as verl's agent loop holds it
+    (``config.actor_rollout_ref.rollout``)."""
+    import asyncio
+
+    from omegaconf import OmegaConf
+
+    from verl_offpolicy.cpu import agent_loop
+    from verl_offpolicy.glue.registration import HF_ROLLOUT
+
+    rollout = OmegaConf.create({"name": HF_ROLLOUT, "engine_kwargs": {HF_ROLLOUT: {"continuous_batching": continuous}}})
+
+    async def main():
+        await agent_loop.hold_turn({"priority": 3}, rollout)
+        return dict(agent_loop._gate().in_flight)
+
+    assert asyncio.run(main()) == ({} if continuous else {3: 1})
+
+
 def test_the_standalone_overlay_selects_the_ordered_agent_loop(tmp_path):
     """``+cpu_rollout=standalone`` (the overlapped mode on the CPU) orders the agent loop; ``+cpu=demo`` alone keeps
     the unordered seeded loop (colocated generates a version in one call: nothing to order). Through every

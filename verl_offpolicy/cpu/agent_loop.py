@@ -17,7 +17,8 @@ flight until its task ends: verl's ``_run_agent_loop`` runs the agent loop, then
 TransferQueue write. The overlapped scheduler submits a version's batches at once; ordering the server alone
 (above) still leaves the agent loop's own per-sample work (chat template, tokenizing, the reward, TransferQueue
 writes) of all of them interleaved, and on a CPU that work is most of a batch's generation time: B_t arrived
-with most of its version. One priority at a time, B_t is finished about when it would be alone.
+with most of its version. One priority at a time, B_t is finished about when it would be alone. Neither loop orders
+on an ``hf`` server that batches continuously (``engine_kwargs.hf.continuous_batching``, :func:`hold_turn`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 import verl_offpolicy.cpu.tool_parser  # noqa: F401 - registers the word-level tool-call format beside the tool loop
+from verl_offpolicy.cpu.hf_server import continuous_batching
 from verl_offpolicy.cpu.task import ROW_MAX_TOKENS_KEY
 from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP
 
@@ -152,16 +154,21 @@ def _gate() -> PriorityGate:
     return _gates.setdefault(asyncio.get_running_loop(), PriorityGate())
 
 
-async def hold_turn(kwargs: dict[str, Any]) -> None:
+async def hold_turn(kwargs: dict[str, Any], rollout_config) -> None:
     """Wait until this worker's :class:`PriorityGate` admits the sample's ``priority``; it is held until verl's
-    ``_run_agent_loop`` task (this sample: run, reward, TransferQueue write) ends."""
+    ``_run_agent_loop`` task (this sample: run, reward, TransferQueue write) ends. Not on an ``hf`` server that
+    batches continuously (``engine_kwargs.hf.continuous_batching``): it admits by priority itself, as vLLM does, and
+    a gate would hold the next batch's samples back from joining the running one."""
+    engine_kwargs = dict(((rollout_config.engine_kwargs or {}).get(HF_ROLLOUT)) or {})
+    if rollout_config.name == HF_ROLLOUT and continuous_batching(engine_kwargs):
+        return
     await _gate().hold(int(kwargs.get("priority", 0) or 0))
 
 
 @register(ORDERED_AGENT_LOOP)
 class OrderedSingleTurnAgentLoop(SeededSingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        await hold_turn(kwargs)
+        await hold_turn(kwargs, self.rollout_config)
         return await super().run(sampling_params, **kwargs)
 
 
@@ -176,7 +183,7 @@ class SeededToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         if not self.config.actor_rollout_ref.hybrid_engine:
-            await hold_turn(kwargs)
+            await hold_turn(kwargs, self.rollout_config)
         return await super().run(seeded(sampling_params, self.rollout_config.name, kwargs), **kwargs)
 
     async def _handle_processing_tools_state(self, agent_data):

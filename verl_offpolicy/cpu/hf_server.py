@@ -13,6 +13,15 @@ parameters are batched (left padding, KV cache). Sampling and seeding: :mod:`.sa
   is trained at, B_t is generated (and usable) before B_t+1 starts. verl forwards its own ``priority``
   argument to vLLM only; the CPU agent loop (:mod:`.agent_loop`) passes it here in ``sampling_params``.
 
+- ``engine_kwargs.hf.continuous_batching`` (default false): vLLM's continuous batching instead. A request that
+  arrives while a batch generates joins it at the next step (the running requests are preempted and prefilled
+  again with their tokens so far, vLLM's recompute preemption; each keeps its own sampler, so its samples do not
+  change), and a batch takes up to ``max_num_seqs`` pending requests of one sampling key, lowest priority first:
+  the priority orders admission only, as in vLLM. A request is returned as soon as it ends, not with its batch's
+  longest, and a short request no longer waits for the longest one of an earlier batch (the long-tailed workload,
+  where partial rollouts resume a trajectory beside the next version's batches). The CPU path's ordered agent loops
+  do not order then (:func:`verl_offpolicy.cpu.agent_loop.hold_turn`).
+
 - ``max_tokens`` (or ``max_new_tokens``) caps the response; otherwise the default is vLLM's
   ``min(response_length, prompt_length + response_length - len(prompt))``. EOS stops a response
   (and is included in it) unless ``ignore_eos``; so does a token of ``stop_token_ids`` (vLLM's meaning: verl's
@@ -59,6 +68,7 @@ logger.setLevel(os.getenv("VERL_OFFPOLICY_LOGGING_LEVEL", "INFO"))
 # Seconds the server waits for concurrent requests to arrive before starting a batch.
 DEFAULT_BATCH_WINDOW_S = 0.005
 TOKEN_LATENCY_KEY = "token_latency_s"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
+CONTINUOUS_BATCHING_KEY = "continuous_batching"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
 
 
 class HFRolloutError(RuntimeError):
@@ -101,6 +111,17 @@ def token_latency(engine_kwargs: dict[str, Any]) -> float:
     return float(value)
 
 
+def continuous_batching(engine_kwargs: dict[str, Any]) -> bool:
+    """``engine_kwargs.hf.continuous_batching`` (a boolean, default false), or an ``HFRolloutError`` naming the key."""
+    value = engine_kwargs.get(CONTINUOUS_BATCHING_KEY, False)
+    if not isinstance(value, bool):
+        raise HFRolloutError(
+            f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{CONTINUOUS_BATCHING_KEY}={value!r}: must be true "
+            "(a request joins the running batch, vLLM's continuous batching) or false (one priority's batch at a time)"
+        )
+    return value
+
+
 @dataclass
 class _Request:
     request_id: str
@@ -116,6 +137,9 @@ class _Request:
     log_probs: list[float] = field(default_factory=list)
     sampled_versions: list[list] = field(default_factory=list)  # [[version, tokens], ...] as sampled
     stop_reason: str = "completed"
+    arrived_s: float = field(default_factory=time.perf_counter)
+    generator: Optional[torch.Generator] = None  # its sampler, kept across preemptions (continuous batching)
+    preempted: bool = False  # stopped to let pending requests join; generates again with its tokens so far
 
     def append(self, token: int, log_prob: float, version: int | None) -> None:
         """One sampled token, with the version of the weights that sampled it."""
@@ -123,11 +147,29 @@ class _Request:
         self.log_probs.append(log_prob)
         extend_segments(self.sampled_versions, version, 1)
 
+    def context(self) -> list[int]:
+        """The tokens a generation batch prefills: the prompt and the tokens sampled so far."""
+        return self.prompt_ids + self.token_ids
+
+    def sampler(self) -> torch.Generator:
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.sample_seed)
+        return self.generator
+
 
 def _lowest_priority(pending: list[_Request]) -> tuple[list[_Request], list[_Request]]:
     """(the pending requests of the lowest priority value, in arrival order; the others, in arrival order)."""
     first = min(request.priority for request in pending)
     return [r for r in pending if r.priority == first], [r for r in pending if r.priority != first]
+
+
+def _admit(pending: list[_Request], max_num_seqs: int) -> tuple[list[_Request], list[_Request]]:
+    """Continuous batching: (one batch, the rest in arrival order). The batch holds up to ``max_num_seqs`` pending
+    requests of the sampling key of the lowest-priority request, lowest priority first, then in arrival order."""
+    key = min(pending, key=lambda r: r.priority).key
+    same = sorted((r for r in pending if r.key == key), key=lambda r: r.priority)[:max_num_seqs]
+    chosen = {id(r) for r in same}
+    return same, [r for r in pending if id(r) not in chosen]
 
 
 class HFRolloutServer:
@@ -152,6 +194,8 @@ class HFRolloutServer:
         engine_kwargs = dict((self.config.engine_kwargs or {}).get(HF_ROLLOUT, None) or {})
         self.batch_window_s = float(engine_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S))
         self.token_latency_s = token_latency(engine_kwargs)
+        self.continuous_batching = continuous_batching(engine_kwargs)
+        self.max_num_seqs = max(1, int(self.config.max_num_seqs or 1))
         num_threads = int(engine_kwargs.get("num_threads", 0) or 0) or (os.cpu_count() or 1)
         torch.set_num_threads(num_threads)
 
@@ -187,6 +231,7 @@ class HFRolloutServer:
         self.request_seeds = RequestSeeds(self.config.seed, replica_rank)
         self._pending: list[_Request] = []
         self._wake: Optional[asyncio.Event] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._batch_task: Optional[asyncio.Task] = None
         self._engine_lock: Optional[asyncio.Lock] = None
         self._resume_event: Optional[asyncio.Event] = None
@@ -197,14 +242,15 @@ class HFRolloutServer:
         self._sleeping = False
         self._warned_sleeping = False
         # busy_s: seconds spent generating (the trainer's rollout busy fraction in overlapped mode)
-        self.stats = {"requests": 0, "batches": 0, "tokens": 0, "weight_updates": 0, "busy_s": 0.0}
+        self.stats = {"requests": 0, "batches": 0, "tokens": 0, "weight_updates": 0, "busy_s": 0.0, "preemptions": 0}
         logger.info(
-            "hf rollout server %d ready: model %s (%s), %d threads, max_model_len %d",
+            "hf rollout server %d ready: model %s (%s), %d threads, max_model_len %d, %s",
             replica_rank,
             self.model_config.local_path,
             self.model.dtype,
             num_threads,
             self.max_model_len,
+            f"continuous batching (max_num_seqs {self.max_num_seqs})" if self.continuous_batching else "by priority",
         )
 
     @staticmethod
@@ -232,6 +278,7 @@ class HFRolloutServer:
 
     def _ensure_loop_state(self) -> None:
         if self._wake is None:
+            self._loop = asyncio.get_running_loop()
             self._wake = asyncio.Event()
             self._engine_lock = asyncio.Lock()
             self._resume_event = asyncio.Event()
@@ -338,7 +385,10 @@ class HFRolloutServer:
                 await self._resume_event.wait()
                 if not self._pending:  # rejected while paused
                     break
-                requests, self._pending = _lowest_priority(self._pending)
+                if self.continuous_batching:
+                    requests, self._pending = _admit(self._pending, self.max_num_seqs)
+                else:
+                    requests, self._pending = _lowest_priority(self._pending)
                 groups: dict[SamplingKey, list[_Request]] = {}
                 for request in requests:
                     groups.setdefault(request.key, []).append(request)
@@ -359,8 +409,20 @@ class HFRolloutServer:
                                     request.future.set_exception(exc)
                         finally:
                             self._running = []
+                    preempted = [request for request in group if request.preempted]
                     for request in group:
-                        self._finish(request)
+                        if request.preempted:
+                            request.preempted = False
+                        else:
+                            self._finish(request)
+                    self._pending[:0] = preempted  # before the requests that joined: they arrived earlier
+
+    def _join_wanted(self, key: SamplingKey, running: int) -> bool:
+        """Continuous batching: a pending request of ``key`` has waited a batch window and the batch has room."""
+        if not self.continuous_batching or running >= self.max_num_seqs:
+            return False
+        now = time.perf_counter()
+        return any(r.key == key and now - r.arrived_s >= self.batch_window_s for r in list(self._pending))
 
     @torch.no_grad()
     def _generate_batch(self, requests: list[_Request]) -> None:
@@ -369,14 +431,15 @@ class HFRolloutServer:
 
         key = requests[0].key
         self.stats["batches"] += 1
-        generators = [torch.Generator().manual_seed(request.sample_seed) for request in requests]
+        generators = [request.sampler() for request in requests]
+        contexts = [request.context() for request in requests]
         batch = len(requests)
-        width = max(len(r.prompt_ids) for r in requests)
+        width = max(len(context) for context in contexts)
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, request in enumerate(requests):
-            n = len(request.prompt_ids)
-            input_ids[i, width - n :] = torch.tensor(request.prompt_ids, dtype=torch.long)
+        for i, context in enumerate(contexts):
+            n = len(context)
+            input_ids[i, width - n :] = torch.tensor(context, dtype=torch.long)
             attention_mask[i, width - n :] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         seen = input_ids.clone() if key.repetition_penalty != 1.0 else None
@@ -391,7 +454,7 @@ class HFRolloutServer:
         logits = out.logits[:, -1, :]
         position = position_ids[:, -1:]
         active = [True] * batch
-        max_steps = max(r.max_tokens for r in requests)
+        max_steps = max(r.max_tokens - len(r.token_ids) for r in requests)
         step_started = time.perf_counter()
         for _ in range(max_steps):
             tokens, log_probs = sample_next(logits, key, generators, seen, self.config.logprobs_mode)
@@ -409,12 +472,19 @@ class HFRolloutServer:
                     or len(request.token_ids) >= request.max_tokens
                 ):
                     active[i] = False
+                    if self.continuous_batching:  # returned at once, not when the batch's longest ends
+                        self._loop.call_soon_threadsafe(self._finish, request)
             if not any(active):
                 break
             if self._abort_running:
                 for i, request in enumerate(requests):
                     if active[i]:
                         request.stop_reason = "aborted"
+                break
+            if self._join_wanted(key, sum(active)):  # continuous batching: the running requests go back pending
+                for i, request in enumerate(requests):
+                    request.preempted = active[i]
+                self.stats["preemptions"] += 1
                 break
             if self.token_latency_s > 0:  # a larger model's step time (module docstring)
                 time.sleep(max(0.0, self.token_latency_s - (time.perf_counter() - step_started)))
@@ -531,6 +601,12 @@ class HFRolloutServer:
                 pass
         finally:
             self._abort_running = False
+        # a preempted request (continuous batching) holds tokens of these weights: it ends aborted as a running one
+        started = [r for r in self._pending if r.token_ids]
+        self._pending = [r for r in self._pending if not r.token_ids]
+        for request in started:
+            request.stop_reason = "aborted"
+            self._finish(request)
         if reject_request:
             pending, self._pending = self._pending, []
             for request in pending:

@@ -8,7 +8,7 @@
 - ``tiny-long``: the tiny model on the repeat task with long-tailed response lengths (a log-normal budget per row,
   median 6, up to 48, that caps the row's responses: :mod:`.repeat_task`), each generation step of the ``hf``
   rollout taking 20 ms (``engine_kwargs.hf.token_latency_s``: a larger model's decode), so that a batch waits for
-  its longest response.
+  its longest response; the server batches continuously (``engine_kwargs.hf.continuous_batching``, vLLM's way).
 - ``tiny-tool``: the tiny model with the tool task's words (:mod:`.tool_task`): a question only a tool call
   answers, run by verl's multi-turn tool agent loop (``seeded_tool_agent``), two model turns per rewarded
   trajectory (docs/multi_turn.md); ``tiny-tool-h32``: the same with head_dim 32, for verl's vLLM rollout.
@@ -58,13 +58,15 @@ LONG_TAIL_TOKEN_LATENCY_S = 0.02
 
 
 def _long_tail_overrides() -> tuple[str, ...]:
-    """The long-tailed repeat task: responses up to its largest budget, each token taking a larger model's time."""
-    from verl_offpolicy.cpu.hf_server import TOKEN_LATENCY_KEY
+    """The long-tailed repeat task: responses up to its largest budget, each token taking a larger model's time, the
+    ``hf`` server batching continuously as vLLM does (a short response does not wait for a long one)."""
+    from verl_offpolicy.cpu.hf_server import CONTINUOUS_BATCHING_KEY, TOKEN_LATENCY_KEY
     from verl_offpolicy.demo.repeat_task import LONG_TAIL_CAP
 
     return (
         f"data.max_response_length={LONG_TAIL_CAP}",
         f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{TOKEN_LATENCY_KEY}={LONG_TAIL_TOKEN_LATENCY_S}",
+        f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{CONTINUOUS_BATCHING_KEY}=true",
         "trainer.experiment_name=demo_long_tail",
     )
 
