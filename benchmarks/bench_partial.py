@@ -4,23 +4,25 @@ One real ``main_ppo`` run per mode and setting, all in one invocation, the same 
 samples, no validation, seed 0): colocated, overlapped waiting for the drain at each push (``partial_rollout=false``),
 and overlapped with partial rollouts. The task (``--task``): ``tool``, the tool task (``--model tiny-tool``) with the
 tool's reply taking ``--latency`` seconds (``--spread``: fixed or heavy-tailed); ``long``, the repeat task with
-long-tailed response lengths (``--model tiny-long``), each generation step taking ``--latency`` seconds. Steps 2.. are
-measured (step 1 holds the first version's generation and the warm-up). Per run: the mean step time (verl's
-``timing_s/step``), the trainer's wait for its batch (``offpolicy/wait_s``) and for the drain before a push
-(``offpolicy/sync_wait_s``), the fraction of trained responses spanning versions, the mean and largest response
-length, the mean train reward; the ratio of step times drain / partial; and the train reward of every step against
-steps and against the run's training wall-clock (the sum of its step times), a table and a PNG. ``--batching``: the
-``hf`` server's, in every mode: ``continuous`` as vLLM's (a request joins the running batch, the agent loop does not
-order; ``engine_kwargs.hf.continuous_batching``, the long task's default) or ``priority``, one priority's batch at a
-time (the tool task's).
+long-tailed response lengths (``--model tiny-long``), each generation step taking ``--latency`` seconds; ``short``,
+the demo's repeat task (``--model tiny``), short responses. Steps 2.. are measured (step 1 holds the first version's
+generation and the warm-up). Per run: the mean step time (verl's ``timing_s/step``), the trainer's wait for its batch
+(``offpolicy/wait_s``) and for the drain before a push (``offpolicy/sync_wait_s``), the fraction of trained responses
+spanning versions, the mean and largest response length, the mean train reward; the ratio of step times drain /
+partial, and what removing the drain's push waits alone would give (its step time over its step time less its push
+waits per step); and the train reward of every step against steps and against
+the run's training wall-clock (the sum of its step times), a table and a PNG. ``--batching``: the ``hf`` server's, in
+every mode: ``continuous`` as vLLM's (a request joins the running batch, the agent loop does not order;
+``engine_kwargs.hf.continuous_batching``, the long task's default) or ``priority``, one priority's batch at a time
+(the tool task's).
 
-    python benchmarks/bench_partial.py [--task tool|long] [--steps 8] [--latency S] [--spread fixed|lognormal]
+    python benchmarks/bench_partial.py [--task tool|long|short] [--steps 8] [--latency S] [--spread fixed|lognormal]
         [--settings 1,1 2,1 4,1] [--batching priority|continuous]
 
 Run it on an idle machine; it writes ``benchmarks/results/partial_rollout.md`` (``partial_rollout_lognormal.md`` with
 ``--spread lognormal``, ``partial_rollout_long.md`` with ``--task long``, ``..._<batching>`` with the other batching,
-``..._latency<S>`` with another latency of the long task) and the curves beside it (``..._curves.png``), the command
-and the commit in it.
+``..._latency<S>`` with another latency of the long task, ``partial_rollout_short.md`` with ``--task short``) and the
+curves beside it (``..._curves.png``), the command and the commit in it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,7 +61,24 @@ def _mean(rows, key):
     return statistics.fmean(values) if values else float("nan")
 
 
-TASKS = {"tool": "tiny-tool", "long": "tiny-long"}  # --task -> the demo model that runs it
+@dataclass(frozen=True)
+class Task:
+    """A workload of ``--task``: the demo model that runs it, its default ``--latency`` and ``--batching``."""
+
+    model: str
+    title: str
+    latency: float | None  # tool: seconds per tool reply; long: per generation step; None: takes none
+    batching: str
+    suffix: str  # of the results file
+
+
+TASKS = {
+    "tool": Task("tiny-tool", "tool task, slow tool", 1.5, "priority", ""),
+    "long": Task(
+        "tiny-long", "repeat task, long-tailed response lengths", LONG_TAIL_TOKEN_LATENCY_S, "continuous", "_long"
+    ),
+    "short": Task("tiny", "the demo's repeat task, short responses", None, "priority", "_short"),
+}
 BATCHING = {  # --batching -> the hf server's overrides, every mode
     name: [f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{CONTINUOUS_BATCHING_KEY}={value}"]
     for name, value in (("priority", "false"), ("continuous", "true"))
@@ -68,12 +88,25 @@ BATCHING_WORDS = {"priority": "one priority at a time", "continuous": "continuou
 
 def task_overrides(task: str, out: Path, latency: float, spread: str) -> list[str]:
     """The tool task's tool config with its latency; the long-tailed task's time per generation step."""
-    if task != "tool":
+    if task == "long":
         return [f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{TOKEN_LATENCY_KEY}={latency}"]
+    if task != "tool":
+        return []
     from verl_offpolicy.demo.tool_task import write_tool_config
 
     tool = write_tool_config(out / "lookup_tool.yaml", latency, spread)
     return [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool}"]
+
+
+def workload(task: str, latency: float, spread: str) -> str:
+    if task == "tool":
+        return f"Tool latency {latency:g} s ({spread})"
+    if task == "long":
+        return (
+            f"Response budgets log-normal per row (median {LONG_TAIL_MEDIAN} tokens, up to {LONG_TAIL_CAP}; "
+            f"`--model tiny-long`), {latency:g} s per generation step"
+        )
+    return "The demo's repeat task (`--model tiny`), 8-token responses"
 
 
 def run(
@@ -90,7 +123,7 @@ def run(
     started = time.perf_counter()
     result = run_demo(
         "opmd", steps, 0, out, overrides=overrides, config_name=PRIMARY_CONFIG, stream=False, plot=False,
-        model=TASKS[task], timeout=1800,
+        model=TASKS[task].model, timeout=1800,
     )  # fmt: skip
     rows = [m for m in result.metrics if m["step"] >= 2]
     every = sorted(result.metrics, key=lambda m: m["step"])
@@ -102,6 +135,7 @@ def run(
         "step_s": _mean(rows, "timing_s/step"),
         "wait_s": _mean(rows, "offpolicy/wait_s"),
         "sync_wait_s": _mean(rows, "offpolicy/sync_wait_s"),
+        "sync_wait_per_step": sum(r.get("offpolicy/sync_wait_s", 0.0) for r in rows) / max(1, len(rows)),
         "spanning": _mean(rows, "offpolicy/token_version/spanning_fraction"),
         "reward": _mean(result.metrics, "critic/score/mean"),
         "wall_s": time.perf_counter() - started,
@@ -110,7 +144,9 @@ def run(
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=TASKS, default="tool", help="tool: slow tool; long: long-tailed lengths")
+    parser.add_argument(
+        "--task", choices=TASKS, default="tool", help="tool: slow tool; long: long-tailed lengths; short: the demo's"
+    )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument(
         "--latency", type=float, default=None,
@@ -122,26 +158,22 @@ def main(argv=None) -> int:
         "--batching", choices=BATCHING, default=None, help="the hf server's batching (tool: priority; long: continuous)"
     )
     args = parser.parse_args(argv)
+    task = TASKS[args.task]
+    if task.latency is None and args.latency is not None:
+        parser.error(f"--latency: the {args.task} task takes none (tool: the tool's reply; long: a generation step)")
     if args.latency is None:
-        args.latency = 1.5 if args.task == "tool" else LONG_TAIL_TOKEN_LATENCY_S
+        args.latency = task.latency
     if args.batching is None:  # each demo model's own (tiny-long batches continuously)
-        args.batching = "priority" if args.task == "tool" else "continuous"
+        args.batching = task.batching
     root = Path(tempfile.mkdtemp(prefix="bench-partial-"))
-    title = "tool task, slow tool" if args.task == "tool" else "repeat task, long-tailed response lengths"
-    workload = (
-        f"Tool latency {args.latency:g} s ({args.spread})"
-        if args.task == "tool"
-        else f"Response budgets log-normal per row (median {LONG_TAIL_MEDIAN} tokens, up to {LONG_TAIL_CAP}; "
-        f"`--model tiny-long`), {args.latency:g} s per generation step"
-    )
     lines = [
-        f"# Partial rollouts vs waiting for the drain ({title})",
+        f"# Partial rollouts vs waiting for the drain ({task.title})",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} at commit {measured_commit()}, on this 2-core CPU machine:",
         "",
         f"    {command_line('bench_partial.py', argv)}",
         "",
-        f"{workload}; the hf server batching {BATCHING_WORDS[args.batching]}; "
+        f"{workload(args.task, args.latency, args.spread)}; the hf server batching {BATCHING_WORDS[args.batching]}; "
         f"{args.steps} steps, means over steps 2..{args.steps} (response length: mean and largest); "
         "ratio = overlapped drain step time / partial step time (> 1: partial is faster).",
         "",
@@ -161,15 +193,22 @@ def main(argv=None) -> int:
                 f"| ({s}, {d}) | {mode} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['sync_wait_s']:.2f} | "
                 f"{r['spanning']:.2f} | {r['length']:.1f} | {r['length_max']:.0f} | {r['reward']:.3f} |"
             )
-        ratio = results["overlapped, drain"]["step_s"] / results["overlapped, partial"]["step_s"]
-        ratios.append(f"({s}, {d}): {ratio:.2f}x")
-    lines += ["", "Drain / partial step time: " + ", ".join(ratios) + ".", ""]
+        drain = results["overlapped, drain"]
+        ratio = drain["step_s"] / results["overlapped, partial"]["step_s"]
+        most = drain["step_s"] / (drain["step_s"] - drain["sync_wait_per_step"])
+        ratios.append(f"({s}, {d}): {ratio:.2f}x ({most:.2f}x)")
+    lines += [
+        "",
+        "Drain / partial step time, and in brackets what removing the drain's push waits alone would give (its step "
+        "time over its step time less its push waits per step): " + ", ".join(ratios) + ".",
+        "",
+    ]
     name = (
         "partial_rollout"
-        + ("" if args.task == "tool" else "_long")
+        + task.suffix
         + ("" if args.spread == "fixed" or args.task != "tool" else f"_{args.spread}")
-        + ("" if args.batching == ("priority" if args.task == "tool" else "continuous") else f"_{args.batching}")
-        + ("" if args.task == "tool" or args.latency == LONG_TAIL_TOKEN_LATENCY_S else f"_latency{args.latency:g}")
+        + ("" if args.batching == task.batching else f"_{args.batching}")
+        + ("" if args.task == "tool" or args.latency == task.latency else f"_latency{args.latency:g}")
     )
     lines += curve_tables(curves) + ["", f"![reward curves]({name}_curves.png)", ""]
     text = "\n".join(lines)
