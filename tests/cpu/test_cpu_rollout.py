@@ -137,15 +137,6 @@ def test_a_bad_continuous_batching_names_the_key(value):
     assert continuous_batching({}) is False and continuous_batching({"continuous_batching": True}) is True
 
 
-@pytest.mark.parametrize("value", [-1, 20, 2.5, True, "5"])
-def test_a_bad_niceness_names_the_key(value):
-    from verl_offpolicy.cpu.hf_server import HFRolloutError, niceness
-
-    with pytest.raises(HFRolloutError, match=r"engine_kwargs\.hf\.nice=.*must be an integer from 0 to 19"):
-        niceness({"nice": value})
-    assert niceness({}) == 0 and niceness({"nice": 10}) == 10
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "by-priority"])
 def test_continuous_batching_lets_short_requests_join_a_long_one_with_the_same_samples(tmp_path, continuous):

@@ -69,7 +69,6 @@ logger.setLevel(os.getenv("VERL_OFFPOLICY_LOGGING_LEVEL", "INFO"))
 DEFAULT_BATCH_WINDOW_S = 0.005
 TOKEN_LATENCY_KEY = "token_latency_s"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
 CONTINUOUS_BATCHING_KEY = "continuous_batching"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
-NICE_KEY = "nice"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
 
 
 class HFRolloutError(RuntimeError):
@@ -119,17 +118,6 @@ def continuous_batching(engine_kwargs: dict[str, Any]) -> bool:
         raise HFRolloutError(
             f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{CONTINUOUS_BATCHING_KEY}={value!r}: must be true "
             "(a request joins the running batch, vLLM's continuous batching) or false (one priority's batch at a time)"
-        )
-    return value
-
-
-def niceness(engine_kwargs: dict[str, Any]) -> int:
-    """``engine_kwargs.hf.nice`` (an integer 0..19, default 0), or an ``HFRolloutError`` naming the key."""
-    value = engine_kwargs.get(NICE_KEY, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
-        raise HFRolloutError(
-            f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{NICE_KEY}={value!r}: must be an integer from 0 to "
-            "19 (the generation threads' niceness: the kernel gives the cores to the processes of a lower one first)"
         )
     return value
 
@@ -207,7 +195,6 @@ class HFRolloutServer:
         self.batch_window_s = float(engine_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S))
         self.token_latency_s = token_latency(engine_kwargs)
         self.continuous_batching = continuous_batching(engine_kwargs)
-        self.nice = niceness(engine_kwargs)
         self.max_num_seqs = max(1, int(self.config.max_num_seqs or 1))
         num_threads = int(engine_kwargs.get("num_threads", 0) or 0) or (os.cpu_count() or 1)
         torch.set_num_threads(num_threads)
@@ -444,8 +431,6 @@ class HFRolloutServer:
 
         key = requests[0].key
         self.stats["batches"] += 1
-        if self.nice:  # this thread's (Linux: per thread); the threads it starts for torch's kernels inherit it
-            os.setpriority(os.PRIO_PROCESS, 0, self.nice)
         generators = [request.sampler() for request in requests]
         contexts = [request.context() for request in requests]
         batch = len(requests)
