@@ -10,11 +10,10 @@ generation and the warm-up). Per run: the mean step time (verl's ``timing_s/step
 (``offpolicy/wait_s``) and for the drain before a push (``offpolicy/sync_wait_s``), the fraction of trained responses
 spanning versions, the mean and largest response length, the mean train reward; the ratio of step times drain /
 partial, and what removing the drain's push waits alone would give (its step time over its step time less its push
-waits per step); and the train reward of every step against steps and against
-the run's training wall-clock (the sum of its step times), a table and a PNG. ``--batching``: the ``hf`` server's, in
-every mode: ``continuous`` as vLLM's (a request joins the running batch, the agent loop does not order;
-``engine_kwargs.hf.continuous_batching``, the long task's default) or ``priority``, one priority's batch at a time
-(the tool task's).
+waits per step); and the train reward of every step against steps and against the run's training wall-clock (the sum
+of its step times), a table and a PNG. ``--batching``: the ``hf`` server's, in every mode: ``continuous`` as vLLM's (a
+request joins the running batch, the agent loop does not order; ``engine_kwargs.hf.continuous_batching``, the long
+task's default) or ``priority``, one priority's batch at a time (the tool task's).
 
     python benchmarks/bench_partial.py [--task tool|long|short] [--steps 8] [--latency S] [--spread fixed|lognormal]
         [--settings 1,1 2,1 4,1] [--batching priority|continuous]

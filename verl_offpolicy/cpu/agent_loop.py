@@ -34,7 +34,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 import verl_offpolicy.cpu.tool_parser  # noqa: F401 - registers the word-level tool-call format beside the tool loop
-from verl_offpolicy.cpu.hf_server import continuous_batching
+from verl_offpolicy.cpu.hf_server import continuous_batching, hf_engine_kwargs
 from verl_offpolicy.cpu.task import ROW_MAX_TOKENS_KEY
 from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP
 
@@ -159,8 +159,7 @@ async def hold_turn(kwargs: dict[str, Any], rollout_config) -> None:
     ``_run_agent_loop`` task (this sample: run, reward, TransferQueue write) ends. Not on an ``hf`` server that
     batches continuously (``engine_kwargs.hf.continuous_batching``): it admits by priority itself, as vLLM does, and
     a gate would hold the next batch's samples back from joining the running one."""
-    engine_kwargs = dict(((rollout_config.engine_kwargs or {}).get(HF_ROLLOUT)) or {})
-    if rollout_config.name == HF_ROLLOUT and continuous_batching(engine_kwargs):
+    if rollout_config.name == HF_ROLLOUT and continuous_batching(hf_engine_kwargs(rollout_config)):
         return
     await _gate().hold(int(kwargs.get("priority", 0) or 0))
 

@@ -100,6 +100,11 @@ def check_rollout_parallelism(config) -> None:
         )
 
 
+def hf_engine_kwargs(rollout_config) -> dict[str, Any]:
+    """The rollout config's ``engine_kwargs.hf`` (a dataclass or DictConfig rollout config) as a dict, {} when unset."""
+    return dict((rollout_config.engine_kwargs or {}).get(HF_ROLLOUT, None) or {})
+
+
 def token_latency(engine_kwargs: dict[str, Any]) -> float:
     """``engine_kwargs.hf.token_latency_s`` (seconds >= 0, default 0), or an ``HFRolloutError`` naming the key."""
     value = engine_kwargs.get(TOKEN_LATENCY_KEY, 0.0)
@@ -191,7 +196,7 @@ class HFRolloutServer:
         self.rollout_mode = rollout_mode
         self.replica_rank = replica_rank
         self.node_rank = node_rank
-        engine_kwargs = dict((self.config.engine_kwargs or {}).get(HF_ROLLOUT, None) or {})
+        engine_kwargs = hf_engine_kwargs(self.config)
         self.batch_window_s = float(engine_kwargs.get("batch_window_s", DEFAULT_BATCH_WINDOW_S))
         self.token_latency_s = token_latency(engine_kwargs)
         self.continuous_batching = continuous_batching(engine_kwargs)
