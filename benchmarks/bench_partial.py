@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _results import RESULTS, command_line, measured_commit
 
 from tests.scenario_runs import PRIMARY_CONFIG, SMALL_DEMO, STANDALONE, schedule
-from verl_offpolicy.cpu.hf_server import CONTINUOUS_BATCHING_KEY, TOKEN_LATENCY_KEY
+from verl_offpolicy.cpu.hf_options import CONTINUOUS_BATCHING_KEY, TOKEN_LATENCY_KEY
 from verl_offpolicy.demo.models import LONG_TAIL_TOKEN_LATENCY_S
 from verl_offpolicy.demo.repeat_task import LONG_TAIL_CAP, LONG_TAIL_MEDIAN
 from verl_offpolicy.demo.tool_task import SPREADS

@@ -90,7 +90,7 @@ def test_sample_next_reports_what_vllm_reports_for_each_logprobs_mode():
 
 @pytest.mark.parametrize("value", [-1, "fast", True, float("inf")])
 def test_a_bad_token_latency_names_the_key(value):
-    from verl_offpolicy.cpu.hf_server import HFRolloutError, token_latency
+    from verl_offpolicy.cpu.hf_options import HFRolloutError, token_latency
 
     with pytest.raises(HFRolloutError, match=r"engine_kwargs\.hf\.token_latency_s=.*must be a number of seconds >= 0"):
         token_latency({"token_latency_s": value})
@@ -130,7 +130,7 @@ def test_server_generation_semantics_against_transformers(tmp_path):
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_a_bad_continuous_batching_names_the_key(value):
-    from verl_offpolicy.cpu.hf_server import HFRolloutError, continuous_batching
+    from verl_offpolicy.cpu.hf_options import HFRolloutError, continuous_batching
 
     with pytest.raises(HFRolloutError, match=r"engine_kwargs\.hf\.continuous_batching=.*must be true .* or false"):
         continuous_batching({"continuous_batching": value})
@@ -193,7 +193,8 @@ def test_rollout_logprobs_match_trainer_after_weight_sync(tmp_path):
 def test_parallelism_other_than_one_is_refused(bad):
     from types import SimpleNamespace
 
-    from verl_offpolicy.cpu.hf_server import HFRolloutError, check_rollout_parallelism
+    from verl_offpolicy.cpu.hf_options import HFRolloutError
+    from verl_offpolicy.cpu.hf_server import check_rollout_parallelism
 
     cfg = SimpleNamespace(tensor_model_parallel_size=1, data_parallel_size=1, pipeline_model_parallel_size=1)
     setattr(cfg, bad, 2)

@@ -34,7 +34,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 import verl_offpolicy.cpu.tool_parser  # noqa: F401 - registers the word-level tool-call format beside the tool loop
-from verl_offpolicy.cpu.hf_server import continuous_batching, hf_engine_kwargs
+from verl_offpolicy.cpu.hf_options import continuous_batching, hf_engine_kwargs
 from verl_offpolicy.cpu.task import ROW_MAX_TOKENS_KEY
 from verl_offpolicy.glue.registration import HF_ROLLOUT, ORDERED_AGENT_LOOP, SEEDED_AGENT_LOOP, SEEDED_TOOL_AGENT_LOOP
 

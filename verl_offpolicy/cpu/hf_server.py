@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
 from verl_offpolicy.core.token_versions import extend_segments
+from verl_offpolicy.cpu.hf_options import HFRolloutError, continuous_batching, hf_engine_kwargs, token_latency
 from verl_offpolicy.cpu.platform import require_cpu_platform
 from verl_offpolicy.cpu.sampling import RequestSeeds, SamplingKey, sample_next
 from verl_offpolicy.glue.registration import HF_ROLLOUT
@@ -67,12 +67,6 @@ logger.setLevel(os.getenv("VERL_OFFPOLICY_LOGGING_LEVEL", "INFO"))
 
 # Seconds the server waits for concurrent requests to arrive before starting a batch.
 DEFAULT_BATCH_WINDOW_S = 0.005
-TOKEN_LATENCY_KEY = "token_latency_s"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
-CONTINUOUS_BATCHING_KEY = "continuous_batching"  # actor_rollout_ref.rollout.engine_kwargs.hf.<this>
-
-
-class HFRolloutError(RuntimeError):
-    """A misuse of the hf rollout backend; the message says what to change."""
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0, suffix: str = "") -> str:
@@ -98,33 +92,6 @@ def check_rollout_parallelism(config) -> None:
             f"rollout name={HF_ROLLOUT} does not support prefill/decode disaggregation; "
             "set actor_rollout_ref.rollout.disaggregation.enabled=false"
         )
-
-
-def hf_engine_kwargs(rollout_config) -> dict[str, Any]:
-    """The rollout config's ``engine_kwargs.hf`` (a dataclass or DictConfig rollout config) as a dict, {} when unset."""
-    return dict((rollout_config.engine_kwargs or {}).get(HF_ROLLOUT, None) or {})
-
-
-def token_latency(engine_kwargs: dict[str, Any]) -> float:
-    """``engine_kwargs.hf.token_latency_s`` (seconds >= 0, default 0), or an ``HFRolloutError`` naming the key."""
-    value = engine_kwargs.get(TOKEN_LATENCY_KEY, 0.0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 <= value < math.inf):
-        raise HFRolloutError(
-            f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{TOKEN_LATENCY_KEY}={value!r}: must be a number "
-            "of seconds >= 0 (each generation step takes at least that long; 0: no latency)"
-        )
-    return float(value)
-
-
-def continuous_batching(engine_kwargs: dict[str, Any]) -> bool:
-    """``engine_kwargs.hf.continuous_batching`` (a boolean, default false), or an ``HFRolloutError`` naming the key."""
-    value = engine_kwargs.get(CONTINUOUS_BATCHING_KEY, False)
-    if not isinstance(value, bool):
-        raise HFRolloutError(
-            f"actor_rollout_ref.rollout.engine_kwargs.{HF_ROLLOUT}.{CONTINUOUS_BATCHING_KEY}={value!r}: must be true "
-            "(a request joins the running batch, vLLM's continuous batching) or false (one priority's batch at a time)"
-        )
-    return value
 
 
 @dataclass

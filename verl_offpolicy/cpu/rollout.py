@@ -28,7 +28,8 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from verl_offpolicy.cpu.hf_server import HFRolloutError, HFRolloutServer, check_rollout_parallelism, server_actor_name
+from verl_offpolicy.cpu.hf_options import HFRolloutError
+from verl_offpolicy.cpu.hf_server import HFRolloutServer, check_rollout_parallelism, server_actor_name
 from verl_offpolicy.cpu.platform import require_cpu_platform
 from verl_offpolicy.glue.registration import HF_ROLLOUT
 

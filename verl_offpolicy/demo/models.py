@@ -60,7 +60,7 @@ LONG_TAIL_TOKEN_LATENCY_S = 0.02
 def _long_tail_overrides() -> tuple[str, ...]:
     """The long-tailed repeat task: responses up to its largest budget, each token taking a larger model's time, the
     ``hf`` server batching continuously as vLLM does (a short response does not wait for a long one)."""
-    from verl_offpolicy.cpu.hf_server import CONTINUOUS_BATCHING_KEY, TOKEN_LATENCY_KEY
+    from verl_offpolicy.cpu.hf_options import CONTINUOUS_BATCHING_KEY, TOKEN_LATENCY_KEY
     from verl_offpolicy.demo.repeat_task import LONG_TAIL_CAP
 
     return (
