@@ -32,6 +32,7 @@ from verl_offpolicy.glue.scheduler.partial import (
     SAMPLED_VERSIONS,
     TOKEN_VERSIONS,
     UNRECORDED,
+    CheckedVersions,
     VersionedClient,
     check_server_record,
     check_token_versions,
@@ -210,11 +211,10 @@ def test_fresh_token_metrics_are_the_hand_derived_gap_on_the_trainers_own_tokens
     assert fresh_token_metrics(trainer, rollout, torch.zeros(2, 2, dtype=torch.bool)) == {FRESH_TOKENS: 0.0}
 
 
-def test_the_overlapped_trainer_compares_the_engines_on_the_tokens_its_own_weights_sampled(monkeypatch):
+def _engine_comparison(monkeypatch, checked=None):
     """Step 3 (the trainer's weights: version 2) of a partial run, its batch stale (scheduled at version 1). Row 0:
-    tokens of versions 1, 2, 2; row 1: 2, 2 (and one padding position). The engines are compared on the four
-    version-2 tokens, read from TransferQueue for the real rows only: gaps 0, 0.25, 0.125, 0 (hand-derived), the
-    version-1 token's 0.5 left out."""
+    tokens of versions 1, 2, 2; row 1: 2, 2 (and one padding position). ``checked``: what the step's per-token check
+    laid out (:class:`CheckedVersions`), or None. Returns the TransferQueue reads (keys, fields) and the metrics."""
     from types import MethodType, SimpleNamespace
 
     from omegaconf import OmegaConf
@@ -222,7 +222,6 @@ def test_the_overlapped_trainer_compares_the_engines_on_the_tokens_its_own_weigh
 
     from tests.loss_helpers import nested
     from verl_offpolicy.glue.scheduler import overlapped
-    from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS
     from verl_offpolicy.glue.scheduler.trainer import OffPolicyTrainer
 
     stored = {
@@ -245,14 +244,56 @@ def test_the_overlapped_trainer_compares_the_engines_on_the_tokens_its_own_weigh
         offpolicy=SimpleNamespace(partial_rollout=True),
         global_steps=3,
         replay_buffer=SimpleNamespace(current=SimpleNamespace(behaviour=False)),
+        _checked_versions=checked,
     )
     fake._engine_mismatch_pair = MethodType(OffPolicyTrainer._engine_mismatch_pair, fake)
     batch = SimpleNamespace(keys=["a", "b", "pad"], tags=[{}, {}, {"is_padding": True}], partition_id="train")
     metrics = {}
     overlapped.OverlappedTrainer._log_engine_mismatch(fake, batch, metrics)
-    assert reads == [(["a", "b"], sorted(stored))]
+    return reads, metrics
+
+
+def test_the_overlapped_trainer_compares_the_engines_on_the_tokens_its_own_weights_sampled(monkeypatch):
+    """The engines are compared on the four version-2 tokens, read from TransferQueue for the real rows only: gaps
+    0, 0.25, 0.125, 0 (hand-derived), the version-1 token's 0.5 left out (:func:`_engine_comparison`)."""
+    from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS
+
+    reads, metrics = _engine_comparison(monkeypatch)
+    assert reads == [(["a", "b"], ["extra_fields", "old_log_probs", "response_mask", "rollout_log_probs"])]
     assert metrics[FRESH_TOKENS] == 4.0 and metrics[FRESH_LOGPROB_GAP_MAX] == 0.25
     assert "offpolicy/engine_mismatch/kl" in metrics
+
+
+def test_the_engine_comparison_takes_the_versions_its_steps_check_laid_out(monkeypatch):
+    """The step's check laid out the same versions (keys in another order, beside a longer trajectory "c" that the
+    batch does not train, so one column wider than the batch's padding): the comparison reads no ``extra_fields``
+    and gives the same hand-derived numbers; a check of another step is not used."""
+    from verl_offpolicy.glue.scheduler.metrics import FRESH_LOGPROB_GAP_MAX, FRESH_TOKENS
+
+    laid_out = torch.tensor([[2, 2, -1, -1], [1, 2, 2, -1], [2, 2, 2, 2]])  # b, a, c
+    reads, metrics = _engine_comparison(monkeypatch, CheckedVersions(3, ["b", "a", "c"], laid_out))
+    assert reads == [(["a", "b"], ["old_log_probs", "response_mask", "rollout_log_probs"])]
+    assert metrics[FRESH_TOKENS] == 4.0 and metrics[FRESH_LOGPROB_GAP_MAX] == 0.25
+    assert "offpolicy/engine_mismatch/kl" in metrics
+    reads, metrics = _engine_comparison(monkeypatch, CheckedVersions(2, ["b", "a", "c"], laid_out))
+    assert "extra_fields" in reads[0][1] and metrics[FRESH_TOKENS] == 4.0
+
+
+def test_a_step_without_the_trainers_own_tokens_reads_nothing_for_the_engine_comparison(monkeypatch):
+    """Every token of the checked batch is of version 1 (stale at step 3): no log-prob is read, the count is 0."""
+    from verl_offpolicy.glue.scheduler.metrics import FRESH_TOKENS
+
+    stale = CheckedVersions(3, ["a", "b"], torch.tensor([[1, 1, 1], [1, 1, -1]]))
+    reads, metrics = _engine_comparison(monkeypatch, stale)
+    assert reads == [] and metrics == {FRESH_TOKENS: 0.0}
+
+
+def test_checked_versions_rows_follow_the_keys_asked_for():
+    checked = CheckedVersions(4, ["x", "y"], torch.tensor([[1, 2, -1], [3, 3, 3]]))
+    assert checked.rows(["y", "x"]).tolist() == [[3, 3, 3], [1, 2, -1]]
+    assert checked.rows(["x"], width=5).tolist() == [[1, 2, -1, -1, -1]]
+    assert checked.rows(["y"], width=2).tolist() == [[3, 3]]
+    assert checked.rows(["x", "z"]) is None
 
 
 def test_a_trajectory_without_versions_names_the_agent_loop():
@@ -296,7 +337,10 @@ def test_partial_rollouts_are_the_overlapped_modes():
 # B_t+1 waits for its tool (which takes longer than a step): a push falls between the turns of B_3's trajectories
 # (versions 1 and 2). The versions of steps 1..4 (docs/scheduler.md, v(t) = s·max(0, ⌊(t − d − 1)/s⌋)):
 SETTING, SCHEDULED, STEPS, TIMEOUT = (1, 1), {1: 0, 2: 0, 3: 1, 4: 2}, 4, 900
-TOOL_LATENCY_S = 2.0
+# Step 2 trains in 0.4-0.7 s on an idle machine. If it takes longer than B_3's turns and tool together (a loaded
+# machine: the vLLM run starting beside it), B_3 ends before the push and nothing spans one: the tool's seconds are
+# the margin against load (2 s was too little once).
+TOOL_LATENCY_S = 6.0
 # The partial tool run saves after step 3 (B_4 of version 2 queued, in flight at the save: the save drains it) and
 # is resumed from there.
 RESUME_STEP = 3

@@ -63,7 +63,7 @@ from verl_offpolicy.glue.scheduler.metrics import (
     fresh_token_metrics,
     token_version_metrics,
 )
-from verl_offpolicy.glue.scheduler.partial import VersionedClient, check_token_versions, token_versions
+from verl_offpolicy.glue.scheduler.partial import CheckedVersions, VersionedClient, check_token_versions, token_versions
 from verl_offpolicy.glue.scheduler.rollout import StandaloneRollout
 from verl_offpolicy.glue.scheduler.trainer import (
     BEHAVIOUR_TAG,
@@ -108,6 +108,7 @@ class OverlappedTrainer(OffPolicyTrainer):
         self.standalone: StandaloneRollout | None = None
         self.dispatch: BackgroundDispatch | None = None
         self._last_submission: tuple[int, int] | None = None  # (version, batches) of the last submission
+        self._checked_versions: CheckedVersions | None = None  # partial rollouts: the head batch's, checked
         super().__init__(config)
 
     # ------------------------------------------------------------------ the standalone rollout
@@ -174,19 +175,31 @@ class OverlappedTrainer(OffPolicyTrainer):
         """Partial rollouts: the engines compared on the tokens the trainer's own weights sampled (version t − 1, so
         the proximal log-probs are at their generating weights), on every step that trains one, whatever the batch's
         staleness: ``offpolicy/engine_mismatch/*`` over them, their number and the largest log-prob gap
-        (:func:`~.metrics.fresh_token_metrics`). Otherwise the base's comparison."""
+        (:func:`~.metrics.fresh_token_metrics`). The tokens' versions are those the step's check laid out
+        (:class:`CheckedVersions`); no log-prob is read on a step without such a token. Otherwise the base's
+        comparison."""
         if not self.offpolicy.partial_rollout:
             return super()._log_engine_mismatch(batch, metrics)
         if self._engine_mismatch_pair(0) is None:
             return
         keys = [k for k, t in zip(batch.keys, batch.tags, strict=True) if not t.get("is_padding", False)]
         folder = audit.audit_dir()
+        checked = self._checked_versions
+        versions = checked.rows(keys) if checked is not None and checked.step == self.global_steps else None
+        if versions is not None and not folder:
+            fresh = versions == self.global_steps - 1
+            if not bool(fresh.any()):  # no such token: its count (0) alone, nothing to compare
+                metrics.update(fresh_token_metrics(versions, versions, fresh))
+                return
         read = audit.BATCH_FIELDS if folder else ("rollout_log_probs", "response_mask")
-        fields = ["extra_fields", "old_log_probs", *read]
+        fields = ["old_log_probs", *read] + (["extra_fields"] if versions is None else [])
         data = store.read(keys, fields, batch.partition_id)
-        extra_fields = data.pop("extra_fields").tolist()
+        extra_fields = data.pop("extra_fields").tolist() if versions is None else None
         padded = data.to_padded_tensor()
-        versions = token_versions(extra_fields, padded["response_mask"])  # -1 outside the mask
+        if versions is None:
+            versions = token_versions(extra_fields, padded["response_mask"])  # -1 outside the mask
+        else:
+            versions = checked.rows(keys, width=padded["response_mask"].shape[-1])
         if folder:
             audit.save(audit.batch_path(folder, self.global_steps), audit.batch_payload(data, padded, versions))
         fresh = versions == self.global_steps - 1
@@ -198,10 +211,12 @@ class OverlappedTrainer(OffPolicyTrainer):
         against the versions pushed, and its statistics; otherwise the trajectories' versions (the base's check)."""
         if not self.offpolicy.partial_rollout:
             return super()._observed_version_metrics(entry)
-        data = store.read(list(self._trajectories(entry)), ["extra_fields", "response_mask"])
+        keys = list(self._trajectories(entry))
+        data = store.read(keys, ["extra_fields", "response_mask"])
         extra_fields = data.pop("extra_fields").tolist()
         mask = data.to_padded_tensor()["response_mask"]
         stats, recorded = check_token_versions(entry.step, entry.version, self.standalone.held, extra_fields, mask)
+        self._checked_versions = CheckedVersions(entry.step, keys, token_versions(extra_fields, mask))
         metrics = token_version_metrics(stats, entry.version)
         if recorded is not None:
             metrics[SERVER_RECORDED_FRACTION] = recorded

@@ -21,6 +21,7 @@ where the server keeps its own record, another version than the server's record 
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -139,6 +140,30 @@ def token_versions(extra_fields: list[Any], response_mask) -> torch.Tensor:
     a row whose segments cover fewer tokens than its mask."""
     segments = [[(int(v), int(n)) for v, n in fields[TOKEN_VERSIONS]] for fields in extra_fields]
     return versions_from_segments(segments, response_mask, fill=-1)
+
+
+@dataclass(frozen=True)
+class CheckedVersions:
+    """A step's per-token versions as its check laid them out (:func:`token_versions`, −1 outside the response
+    mask), one row per TransferQueue key: the step's later reads of the same trajectories take them from here."""
+
+    step: int
+    keys: list[str]
+    versions: torch.Tensor  # [len(keys), T]
+
+    def rows(self, keys: list[str], width: int | None = None) -> torch.Tensor | None:
+        """The rows of ``keys``, in that order, ``width`` columns wide (−1 past a row's layout; default: as laid
+        out); None when one of the keys was not checked."""
+        index = {key: i for i, key in enumerate(self.keys)}
+        if any(key not in index for key in keys):
+            return None
+        rows = self.versions[[index[key] for key in keys]]
+        if width is None or width == rows.shape[-1]:
+            return rows
+        out = torch.full((rows.shape[0], width), -1, dtype=rows.dtype)
+        kept = min(width, rows.shape[-1])
+        out[:, :kept] = rows[:, :kept]
+        return out
 
 
 def check_server_record(step: int, extra_fields: list[Any], response_mask, versions) -> float | None:
