@@ -11,12 +11,14 @@ generation and the warm-up). Per run: the mean step time (verl's ``timing_s/step
 spanning versions, the mean and largest response length, the mean train reward; the ratio of step times drain /
 partial, and what removing the drain's push waits alone would give (its step time over its step time less its push
 waits per step); and the train reward of every step against steps and against the run's training wall-clock (the sum
-of its step times), a table and a PNG. ``--batching``: the ``hf`` server's, in every mode: ``continuous`` as vLLM's (a
+of its step times), a table and a PNG. ``--rounds N``: each setting's runs N times, the modes' order reversed every
+other round (the machine's drift falls on both sides); the table and curves are the first round's, and each round's
+step times and ratio follow it. ``--batching``: the ``hf`` server's, in every mode: ``continuous`` as vLLM's (a
 request joins the running batch, the agent loop does not order; ``engine_kwargs.hf.continuous_batching``, the long
 task's default) or ``priority``, one priority's batch at a time (the tool task's).
 
     python benchmarks/bench_partial.py [--task tool|long|short] [--steps 8] [--latency S] [--spread fixed|lognormal]
-        [--settings 1,1 2,1 4,1] [--batching priority|continuous]
+        [--settings 1,1 2,1 4,1] [--batching priority|continuous] [--rounds 1]
 
 Run it on an idle machine; it writes ``benchmarks/results/partial_rollout.md`` (``partial_rollout_lognormal.md`` with
 ``--spread lognormal``, ``partial_rollout_long.md`` with ``--task long``, ``..._<batching>`` with the other batching,
@@ -156,7 +158,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--batching", choices=BATCHING, default=None, help="the hf server's batching (tool: priority; long: continuous)"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode and setting (modes' order alternating)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds}: must be >= 1")
     task = TASKS[args.task]
     if task.latency is None and args.latency is not None:
         parser.error(f"--latency: the {args.task} task takes none (tool: the tool's reply; long: a generation step)")
@@ -179,14 +184,18 @@ def main(argv=None) -> int:
         "| (s, d) | mode | step s | wait s | push wait s | spanning | length | length max | reward (mean) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    ratios, curves = [], {}
+    ratios, curves, rounds = [], {}, []
     for setting in args.settings:
         s, d = (int(x) for x in setting.split(","))
-        results = {
-            mode: run(mode, s, d, args.steps, args.task, args.latency, args.spread, args.batching, root)
-            for mode in MODES
-        }
-        curves[s, d] = results
+        each = []
+        for i in range(args.rounds):
+            order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
+            ran = {
+                mode: run(mode, s, d, args.steps, args.task, args.latency, args.spread, args.batching, root / f"r{i}")
+                for mode in order
+            }
+            each.append({mode: ran[mode] for mode in MODES})
+        results = curves[s, d] = each[0]
         for mode, r in results.items():
             lines.append(
                 f"| ({s}, {d}) | {mode} | {r['step_s']:.2f} | {r['wait_s']:.2f} | {r['sync_wait_s']:.2f} | "
@@ -196,12 +205,25 @@ def main(argv=None) -> int:
         ratio = drain["step_s"] / results["overlapped, partial"]["step_s"]
         most = drain["step_s"] / (drain["step_s"] - drain["sync_wait_per_step"])
         ratios.append(f"({s}, {d}): {ratio:.2f}x ({most:.2f}x)")
+        rounds += round_rows(s, d, each)
     lines += [
         "",
         "Drain / partial step time, and in brackets what removing the drain's push waits alone would give (its step "
         "time over its step time less its push waits per step): " + ", ".join(ratios) + ".",
         "",
     ]
+    if args.rounds > 1:
+        lines += [
+            f"## {args.rounds} rounds",
+            "",
+            "Mean step time (s, steps 2..) of each round's runs, the modes' order reversed every other round; drain / "
+            "partial per round, and of the step times' means over the rounds.",
+            "",
+            "| (s, d) | round | " + " | ".join(MODES) + " | drain / partial |",
+            "|---|---|" + "---|" * len(MODES) + "---|",
+            *rounds,
+            "",
+        ]
     name = (
         "partial_rollout"
         + task.suffix
@@ -215,6 +237,19 @@ def main(argv=None) -> int:
     plot_curves(curves, RESULTS / f"{name}_curves.png")
     print(text)
     return 0
+
+
+def round_rows(s: int, d: int, each: list[dict]) -> list[str]:
+    """One table row per round (its modes' step times, drain / partial), then the means over the rounds."""
+    rows = []
+    for i, results in enumerate(each, start=1):
+        times = [results[mode]["step_s"] for mode in MODES]
+        ratio = results["overlapped, drain"]["step_s"] / results["overlapped, partial"]["step_s"]
+        rows.append(f"| ({s}, {d}) | {i} | " + " | ".join(f"{t:.2f}" for t in times) + f" | {ratio:.2f}x |")
+    means = {mode: statistics.fmean(r[mode]["step_s"] for r in each) for mode in MODES}
+    ratio = means["overlapped, drain"] / means["overlapped, partial"]
+    rows.append(f"| ({s}, {d}) | mean | " + " | ".join(f"{t:.2f}" for t in means.values()) + f" | {ratio:.2f}x |")
+    return rows
 
 
 def curve_tables(curves: dict) -> list[str]:
