@@ -132,7 +132,8 @@ def _fields(*rows, sampled=None):
 def test_a_batch_within_the_contract_gives_its_statistics():
     """Row 0: 2 tokens at 2, then 4 (its segments hold 4 tokens; the mask keeps 3); row 1: 2 tokens at 4.
     Versions 2, 2, 4, 4, 4: mean 16/5, staleness 4 − v: 2, 2, 0, 0, 0 (mean 4/5, max 2); row 0 spans."""
-    stats, recorded = check_token_versions(5, 2, HELD, _fields([(2, 2), (4, 2)], [(4, 2)]), MASK)
+    stats, recorded, versions = check_token_versions(5, 2, HELD, _fields([(2, 2), (4, 2)], [(4, 2)]), MASK)
+    assert versions.tolist() == [[2, 2, 4, -1], [4, 4, -1, -1]]  # laid onto the mask, -1 outside it
     assert recorded is None  # no server record to compare with
     assert (stats.version_min, stats.version_max, stats.tokens) == (2, 4, 5)
     assert stats.version_mean == pytest.approx(16 / 5)

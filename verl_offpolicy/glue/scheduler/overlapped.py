@@ -215,8 +215,10 @@ class OverlappedTrainer(OffPolicyTrainer):
         data = store.read(keys, ["extra_fields", "response_mask"])
         extra_fields = data.pop("extra_fields").tolist()
         mask = data.to_padded_tensor()["response_mask"]
-        stats, recorded = check_token_versions(entry.step, entry.version, self.standalone.held, extra_fields, mask)
-        self._checked_versions = CheckedVersions(entry.step, keys, token_versions(extra_fields, mask))
+        stats, recorded, versions = check_token_versions(
+            entry.step, entry.version, self.standalone.held, extra_fields, mask
+        )
+        self._checked_versions = CheckedVersions(entry.step, keys, versions)
         metrics = token_version_metrics(stats, entry.version)
         if recorded is not None:
             metrics[SERVER_RECORDED_FRACTION] = recorded

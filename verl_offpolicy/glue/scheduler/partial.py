@@ -99,12 +99,13 @@ def check_token_versions(
     held: set[int],
     extra_fields: list[Any],
     response_mask,
-) -> tuple[TokenVersionStats | None, float | None]:
+) -> tuple[TokenVersionStats | None, float | None, torch.Tensor]:
     """The per-token versions of step ``step``'s trajectories (their ``extra_fields`` and padded ``response_mask``),
     checked: every masked token was sampled by a version the rollout held (``held``, the versions pushed so far),
     no older than ``scheduled`` and no newer than the trainer's weights (version ``step - 1``), and is the version
-    the server's own record names (:func:`check_server_record`). Returns their statistics and the fraction of
-    tokens the server's record covers; raises :class:`~.rollout.ObservedVersionError` otherwise."""
+    the server's own record names (:func:`check_server_record`). Returns their statistics, the fraction of tokens
+    the server's record covers and the versions as laid out (:func:`token_versions`); raises
+    :class:`~.rollout.ObservedVersionError` otherwise."""
     for i, fields in enumerate(extra_fields):
         row = fields.get(TOKEN_VERSIONS) if isinstance(fields, dict) else None
         if row is None:
@@ -132,7 +133,7 @@ def check_token_versions(
             f"version {step - 1}: {violation}; stopping instead of training on it"
         )
     recorded = check_server_record(step, extra_fields, response_mask, versions)
-    return token_version_stats(versions, response_mask, step - 1), recorded
+    return token_version_stats(versions, response_mask, step - 1), recorded, versions
 
 
 def token_versions(extra_fields: list[Any], response_mask) -> torch.Tensor:
