@@ -102,8 +102,10 @@ def _module_of(path: Path) -> str:
     return ".".join(path.relative_to(REPO_ROOT / "tests").with_suffix("").parts)
 
 
+@functools.cache
 def _module_defs(module: str) -> tuple[dict[str, ast.AST], dict[str, str], ast.Module]:
-    """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules."""
+    """Top-level functions/classes of tests/<module>.py, and the names it imports from tests.* modules (parsed
+    once per session: the scans below walk every test's helpers and fixtures, module by module)."""
     tree = ast.parse(
         (REPO_ROOT / "tests" / f"{module.replace('.', '/')}.py").read_text()
     )  # tests/<package>/<module>.py too

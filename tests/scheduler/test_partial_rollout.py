@@ -5,8 +5,11 @@ Fast tier: the client's version segments and the server's own record across an i
 comparison with the server's record and their negative controls, and the startup rules. End to end (e2e): the tool
 task with a tool latency at (1, 1) in the overlapped mode, where a push falls between a trajectory's turns:
 per-token versions within the contract on every step, each equal to the hf server's record, and trajectories that
-span versions (on verl's vLLM rollout too, ``-m extended``); the run resumed from its step-3 checkpoint; and the
-same run with its pushes tagged one version ahead stops at its first step.
+span versions (on verl's vLLM rollout too, ``-m extended``). ``-m extended`` also holds the run resumed from its
+step-3 checkpoint (the default run keeps the overlapped resume, the same save and restore of the FIFO, in
+tests/scheduler/test_overlapped.py) and the same run with its pushes tagged one version ahead, which stops at its
+first step (the default run keeps the per-token check's negative controls in the fast tier, on the check the run
+calls).
 """
 
 from __future__ import annotations
@@ -374,14 +377,24 @@ def _partial_tool_run(demo_runs, env=None, name="partial_tool", steps=STEPS, rol
     return demo_runs.start("opmd", steps, overrides, PRIMARY_CONFIG, timeout, name=name, env=env, model=model)
 
 
+def _audited_partial_tool_run(demo_runs):
+    """The hf partial tool run, saving at step RESUME_STEP, with the audit hook on; (the job, the audit folder)."""
+    folder = _once_dir(demo_runs, "partial_tool_audit")
+    job = _partial_tool_run(demo_runs, env={AUDIT_DIR_ENV: str(folder)}, extra=[f"trainer.save_freq={RESUME_STEP}"])
+    return job, folder
+
+
 @queued_at_start()
 def partial_tool_run(demo_runs):
-    """The hf partial tool run, saving at step RESUME_STEP, with the audit hook on (its folder), and that run resumed
-    from there."""
-    folder = _once_dir(demo_runs, "partial_tool_audit")
-    uninterrupted = _partial_tool_run(
-        demo_runs, env={AUDIT_DIR_ENV: str(folder)}, extra=[f"trainer.save_freq={RESUME_STEP}"]
-    )
+    """The hf partial tool run (:func:`_audited_partial_tool_run`): (the job, the audit folder)."""
+    return _audited_partial_tool_run(demo_runs)
+
+
+@queued_at_start()
+def partial_tool_resumed(demo_runs):
+    """The same run resumed from its step-RESUME_STEP checkpoint (``-m extended``): (the uninterrupted job, the
+    resumed one)."""
+    uninterrupted, _ = _audited_partial_tool_run(demo_runs)
     resumed = start_resumed(
         demo_runs,
         uninterrupted,
@@ -394,7 +407,7 @@ def partial_tool_run(demo_runs):
         name="partial_tool_resumed",
         model=ROLLOUTS["hf"][1],
     )
-    return uninterrupted, resumed, folder
+    return uninterrupted, resumed
 
 
 @queued_at_start()
@@ -443,7 +456,7 @@ def test_every_tokens_rollout_log_prob_equals_a_recomputation_with_the_trainers_
     import yaml
     from transformers import AutoModelForCausalLM
 
-    result, folder = partial_tool_run[0].result(), partial_tool_run[2]
+    result, folder = partial_tool_run[0].result(), partial_tool_run[1]
     config = yaml.safe_load((Path(result.output_dir) / "hydra" / ".hydra" / "config.yaml").read_text())
     assert config["actor_rollout_ref"]["rollout"]["temperature"] == 1.0  # what recomputed_log_probs assumes
     model = AutoModelForCausalLM.from_pretrained(config["actor_rollout_ref"]["model"]["path"], dtype=torch.float32)
@@ -470,13 +483,14 @@ def test_every_tokens_rollout_log_prob_equals_a_recomputation_with_the_trainers_
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(2400)
-def test_a_partial_tool_run_resumed_from_its_checkpoint_trains_the_saved_batch(partial_tool_run):
+def test_a_partial_tool_run_resumed_from_its_checkpoint_trains_the_saved_batch(partial_tool_resumed):
     """Resumed from the step-3 checkpoint (the save drained B_4, version 2, in flight when it began): step 4 trains
     B_4 as saved, sample for sample the uninterrupted run's step 4 (nothing lost, nothing generated twice), its
     tokens all of version 2 (v(4), none newer than the weights of step 3), each checked per token against the
     versions held before the save and the server's record."""
-    uninterrupted, resumed_job, _ = partial_tool_run
+    uninterrupted, resumed_job = partial_tool_resumed
     reference = uninterrupted.result()
     resumed, log, metrics = resumed_job.result()
     assert f"offpolicy scheduler: restored 1 queued batches for steps [{STEPS}]" in log, log[-3000:]
@@ -530,6 +544,7 @@ def _check_partial_run(result, server_record: bool) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(1200)
 def test_negative_control_a_partial_run_with_mislabelled_pushes_stops(wrong_version_partial_run):
     """The pushes are tagged one version ahead: step 1's tokens carry version 1, which was never pushed."""
