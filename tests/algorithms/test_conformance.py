@@ -13,6 +13,8 @@ family's own test file keeps the values derived by hand for that family.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 
 import numpy as np
@@ -74,7 +76,14 @@ def test_every_registered_name_has_an_example():
 
 
 def _actor(case: str):
-    """The example's ActorConfig, composed by Hydra from verl's stock ``ppo_trainer`` as a user's line would."""
+    """The example's ActorConfig, composed by Hydra from verl's stock ``ppo_trainer`` as a user's line would (a copy
+    of the one composed for ``case`` first: a test may change its copy)."""
+    config, agg = _composed_actor(case)
+    return copy.deepcopy(config), agg
+
+
+@functools.cache
+def _composed_actor(case: str):
     name, example = LOSSES[case]
     agg = example.actor.get("loss_agg_mode", "token-mean")
     extra = [f"++{LOSS}.{k}={v}" for k, v in example.policy_loss.items()]
