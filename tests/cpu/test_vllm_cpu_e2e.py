@@ -244,14 +244,12 @@ def _mode_run(demo_runs, mode: str, setting: tuple[int, int]):
     )
 
 
-def _queue_modes(demo_runs, setting: tuple[int, int]) -> dict:
-    """The pair at ``setting`` as shared jobs (tests/jobs.py), the overlapped run after the colocated one (never two
-    vLLM runs at once, as when they ran in the test process)."""
-    jobs = {}
-    for mode in MODES:
-        after = list(jobs.values())
-        jobs[mode] = demo_runs.submit(("vllm_mode", mode, setting), _mode_run, demo_runs, mode, setting, after=after)
-    return jobs
+def _queue_modes(demo_runs, setting: tuple[int, int]):
+    """The pair at ``setting``, one mode after the other, as one shared job (tests/jobs.py): never two vLLM runs at
+    once, as when they ran in the test process."""
+    return demo_runs.submit(
+        ("vllm_modes", setting), lambda: {mode: _mode_run(demo_runs, mode, setting) for mode in MODES}
+    )
 
 
 @queued_at_start(scope="module")
@@ -259,13 +257,8 @@ def vllm_mode_runs(demo_runs):
     """``setting -> {mode: result}``. The default tier's pair, at (4, 0), is queued at the session's start: two runs
     of ~2 min that run beside the rest of the suite instead of in the test process at its end. The extended tier's
     (4, 1) pair is queued when its test asks for it."""
-    queued = {(4, 0): _queue_modes(demo_runs, (4, 0))}
-
-    def runs(setting):
-        jobs = queued.get(setting) or queued.setdefault(setting, _queue_modes(demo_runs, setting))
-        return {mode: job.result() for mode, job in jobs.items()}
-
-    return runs
+    _queue_modes(demo_runs, (4, 0))
+    return lambda setting: _queue_modes(demo_runs, setting).result()  # the same job for the same setting
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 300)

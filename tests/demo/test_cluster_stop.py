@@ -146,6 +146,35 @@ def test_the_dir_stays_while_a_process_of_the_cluster_lives_and_a_reused_pid_is_
         agent.wait(timeout=60)
 
 
+def test_the_workers_by_node_leave_out_a_process_that_ended_while_the_listing_was_read(tmp_path, monkeypatch):
+    """A process of the listing ends before its name is read (a Ray worker exiting mid-run): it is left out, and
+    the node's raylet (a stand-in named ``raylet`` whose command line names node 0's resource) still reports its
+    children (stand-ins named ``ray::Worker``). Before, the ended process's name raised out of the listing."""
+    import shutil
+
+    from verl_offpolicy.demo.cluster import STATE_NAME, node_resource
+
+    path, _ = _cluster_dir(tmp_path)
+    (path / STATE_NAME).write_text(json.dumps({"nodes": [{}], "address": "127.0.0.1:1"}))
+    raylet_exe, worker_exe = tmp_path / "raylet", tmp_path / "ray::Worker"
+    shutil.copy("/bin/sh", raylet_exe)
+    shutil.copy(shutil.which("sleep"), worker_exe)
+    script = f'"{worker_exe}" 300 & "{worker_exe}" 300 & wait'
+    raylet = subprocess.Popen([str(raylet_exe), "-c", script, "sh", f"--resources={node_resource(0)},CPU"])
+    short = subprocess.Popen(["sleep", "0"])
+    ended = psutil.Process(short.pid)
+    short.wait(timeout=60)  # reaped: its /proc entry is gone, its name cannot be read
+    try:
+        monkeypatch.setattr(LocalCluster, "processes", lambda self, extra=(): [ended, psutil.Process(raylet.pid)])
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(raylet.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert LocalCluster(path).workers_by_node() == {0: ["ray::Worker", "ray::Worker"]}
+    finally:
+        _kill(psutil.Process(raylet.pid).children() + [psutil.Process(raylet.pid)])
+        raylet.wait(timeout=60)
+
+
 def test_the_next_start_ends_a_killed_runs_retitled_agents_found_by_their_session_dir(tmp_path):
     """A SIGKILLed run leaves Ray's DashboardAgent and RuntimeEnvAgent as orphans of init, their command line a bare
     title: the cmdline sweep does not see them, remove_dead_owners_dirs finds them by the session logs they hold

@@ -285,15 +285,16 @@ class LocalCluster:
 
     def workers_by_node(self) -> dict[int, list[str]]:
         """Node index -> the names of the Ray worker processes running on it now (``ray::WorkerDict``, ...):
-        each is a child of its node's raylet, whose resources name the node (:func:`node_resource`)."""
+        each is a child of its node's raylet, whose resources name the node (:func:`node_resource`). A process that
+        ends while it is read is left out."""
         import psutil
 
         found: dict[int, list[str]] = {}
-        for raylet in (p for p in self.processes() if p.name() == "raylet"):
+        for raylet in (p for p in self.processes() if _name(p) == "raylet"):
             try:
                 line = " ".join(raylet.cmdline())
                 index = next(i for i in range(len(self.state["nodes"])) if f"{node_resource(i)}," in line)
-                found[index] = sorted(c.name() for c in raylet.children() if c.name().startswith("ray::"))
+                found[index] = sorted(n for n in map(_name, raylet.children()) if n.startswith("ray::"))
             except (psutil.Error, StopIteration):
                 continue
         return found
