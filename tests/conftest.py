@@ -4,22 +4,15 @@ import os
 
 import pytest
 
-from tests.jobs import queue_at_start, timings_report, waits_for_jobs
+from tests.jobs import queue_at_start, timings_report
 
 pytest_plugins = ("pytester",)  # tests/test_jobs.py runs sessions of its own under these hooks
 
 
 def pytest_collection_modifyitems(items):
     """End-to-end tests run last (in their order): until then the test process runs the rest of the suite
-    while the session's long jobs, queued at its start (:func:`_queue_long_jobs`), run beside it. Of the
-    end-to-end tests, those that wait for a shared job come last: the test process first does the runs of
-    its own while the jobs go on, then waits for the jobs, and two run at once."""
-
-    def order(item) -> tuple[bool, bool]:
-        e2e = item.get_closest_marker("e2e") is not None
-        return e2e, e2e and waits_for_jobs(item)
-
-    items.sort(key=order)
+    while the session's long jobs, queued at its start (:func:`_queue_long_jobs`), run beside it."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)
 
 
 @pytest.fixture(scope="session")

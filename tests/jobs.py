@@ -205,25 +205,16 @@ def queued_at_start(scope: str = "function") -> Callable[[Callable[..., Any]], A
     return declare
 
 
-def _queued_fixtures(item: Any) -> dict[tuple[str, str], Callable[..., Any]]:
-    """The :func:`queued_at_start` fixtures test ``item`` uses: (module, fixture name) -> the fixture's function."""
-    module = getattr(getattr(item, "module", None), "__name__", None)
-    names = getattr(item, "fixturenames", ())
-    return {(module, name): _QUEUED_AT_START[(module, name)] for name in names if (module, name) in _QUEUED_AT_START}
-
-
-def waits_for_jobs(item: Any) -> bool:
-    """Whether test ``item`` asks for the session's shared jobs (uses a :func:`queued_at_start` fixture)."""
-    return bool(_queued_fixtures(item))
-
-
 def queue_at_start(request: Any) -> None:
     """Call every :func:`queued_at_start` fixture that a selected test of ``request``'s session uses, in
     the order of the tests (each once per module), its arguments from ``request.getfixturevalue``."""
     queues = {}
     for item in request.session.items:
-        for key, fn in _queued_fixtures(item).items():
-            queues.setdefault(key, fn)
+        module = getattr(getattr(item, "module", None), "__name__", None)
+        for name in getattr(item, "fixturenames", ()):
+            fn = _QUEUED_AT_START.get((module, name))
+            if fn is not None:
+                queues.setdefault((module, name), fn)
     for fn in queues.values():
         fn(**{arg: request.getfixturevalue(arg) for arg in inspect.signature(fn).parameters})
 

@@ -101,12 +101,6 @@ QUEUEING_MODULE = """
         assert second.result() == "second job"
         LOG.append("test_second")
         Path(__file__).with_name("log.json").write_text(json.dumps(LOG))
-
-
-    @pytest.mark.e2e
-    def test_own_run():
-        LOG.append("test_own_run")
-        Path(__file__).with_name("log.json").write_text(json.dumps(LOG))
 """
 
 
@@ -125,7 +119,7 @@ def _session_log(pytester, monkeypatch, *args: str) -> list[str]:
     )
     pytester.makepyfile(test_queueing=textwrap.dedent(QUEUEING_MODULE))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=300)
-    result.assert_outcomes(passed=3 if not args else 1, deselected=0 if not args else 2)
+    result.assert_outcomes(passed=2 if not args else 1, deselected=0 if not args else 1)
     return json.loads((pytester.path / "log.json").read_text())
 
 
@@ -150,18 +144,9 @@ def test_shared_jobs_start_in_the_order_they_were_queued(tmp_path_factory):
 
 
 def test_the_session_queues_every_selected_tests_jobs_at_its_start_and_runs_e2e_tests_last(pytester, monkeypatch):
-    """Both fixtures' bodies run before the first test, in the order of the tests (e2e last; of those, the one that
-    waits for a job after the one that does not, though it comes first in its file), then again as fixtures
-    (returning the same jobs)."""
-    assert _session_log(pytester, monkeypatch) == [
-        "second",
-        "first",
-        "second",
-        "test_second",
-        "test_own_run",
-        "first",
-        "test_first",
-    ]
+    """Both fixtures' bodies run before the first test, in the order of the tests (e2e last), then again
+    as fixtures (returning the same jobs)."""
+    assert _session_log(pytester, monkeypatch) == ["second", "first", "second", "test_second", "first", "test_first"]
 
 
 @pytest.mark.slow
