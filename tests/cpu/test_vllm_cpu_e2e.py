@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import queued_at_start
 from tests.markers import needs_vllm
 from tests.scenario_runs import (
     PRIMARY_CONFIG,
@@ -231,34 +230,32 @@ MODES_SPEC = {
 SETTINGS = [pytest.param((4, 0), id="s4d0"), pytest.param((4, 1), marks=pytest.mark.extended, id="s4d1")]
 
 
-def _mode_run(demo_runs, mode: str, setting: tuple[int, int]):
-    """``opmd`` at ``setting`` on vLLM in ``mode`` (6 steps, rollout dumps), watched (:func:`run_watched`)."""
-    out = demo_runs.tmp_dir(f"vllm_{mode}_s{setting[0]}d{setting[1]}")
-    return run_watched(
-        preset="opmd",
-        steps=SCHEDULED_STEPS,
-        output_dir=out,
-        config_name=PRIMARY_CONFIG,
-        overrides=[*MODES[mode], *SMALL_DEMO, *schedule(*setting), f"trainer.rollout_data_dir={out / 'rollouts'}"],
-        env=demo_runs.environ,
-    )
+@pytest.fixture(scope="module")
+def vllm_mode_runs(tmp_path_factory):
+    """``setting -> {mode: result}``: ``opmd`` at that (s, d) on vLLM in each mode (6 steps, rollout dumps), run
+    on first use, one after the other; each run's ``/dev/shm`` files of vLLM's kinds left unmapped after it."""
+    cache: dict = {}
 
+    def runs(setting):
+        if setting not in cache:
+            cache[setting] = {}
+            for mode, overlay in MODES.items():
+                out = tmp_path_factory.mktemp(f"vllm_{mode}_s{setting[0]}d{setting[1]}")
+                cache[setting][mode] = run_watched(
+                    preset="opmd",
+                    steps=SCHEDULED_STEPS,
+                    output_dir=out,
+                    config_name=PRIMARY_CONFIG,
+                    overrides=[
+                        *overlay,
+                        *SMALL_DEMO,
+                        *schedule(*setting),
+                        f"trainer.rollout_data_dir={out / 'rollouts'}",
+                    ],
+                )
+        return cache[setting]
 
-def _queue_modes(demo_runs, setting: tuple[int, int]):
-    """The pair at ``setting``, one mode after the other, as one shared job (tests/jobs.py): never two vLLM runs at
-    once, as when they ran in the test process."""
-    return demo_runs.submit(
-        ("vllm_modes", setting), lambda: {mode: _mode_run(demo_runs, mode, setting) for mode in MODES}
-    )
-
-
-@queued_at_start(scope="module")
-def vllm_mode_runs(demo_runs):
-    """``setting -> {mode: result}``. The default tier's pair, at (4, 0), is queued at the session's start: two runs
-    of ~2 min that run beside the rest of the suite instead of in the test process at its end. The extended tier's
-    (4, 1) pair is queued when its test asks for it."""
-    _queue_modes(demo_runs, (4, 0))
-    return lambda setting: _queue_modes(demo_runs, setting).result()  # the same job for the same setting
+    return runs
 
 
 @pytest.mark.timeout(2 * TIMEOUT + 300)
