@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +20,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from verl_offpolicy.demo.cluster import MARKER_NAME, MARKER_TEXT, SERVER_NAME, ClusterError, LocalCluster
+from verl_offpolicy.demo.cluster import (
+    MARKER_NAME,
+    MARKER_TEXT,
+    SERVER_NAME,
+    STATE_NAME,
+    ClusterError,
+    LocalCluster,
+    node_resource,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,10 +159,6 @@ def test_the_workers_by_node_leave_out_a_process_that_ended_while_the_listing_wa
     """A process of the listing ends before its name is read (a Ray worker exiting mid-run): it is left out, and
     the node's raylet (a stand-in named ``raylet`` whose command line names node 0's resource) still reports its
     children (stand-ins named ``ray::Worker``). Before, the ended process's name raised out of the listing."""
-    import shutil
-
-    from verl_offpolicy.demo.cluster import STATE_NAME, node_resource
-
     path, _ = _cluster_dir(tmp_path)
     (path / STATE_NAME).write_text(json.dumps({"nodes": [{}], "address": "127.0.0.1:1"}))
     raylet_exe, worker_exe = tmp_path / "raylet", tmp_path / "ray::Worker"
